@@ -1,0 +1,369 @@
+//! The consume loop every queue worker shares.
+//!
+//! It decodes the envelope, calls the worker's [`Handler`], publishes what the
+//! handler produced (effects and reply) with confirms, and only then acks.
+//! Bad input is dead-lettered with its reason in a header and answered with a
+//! `rejected` reply; transient failures are retried with backoff and, if they
+//! persist, the delivery is requeued (the queue's delivery limit bounds that).
+//! A lost connection is re-established; on shutdown the loop stops consuming,
+//! lets in-flight deliveries finish within the grace period, makes sure the
+//! broker has processed their acks, and closes channels before the connection.
+
+use std::{future::Future, sync::Arc, time::Instant};
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use futures_util::StreamExt;
+use lapin::{
+    message::Delivery,
+    options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions},
+    types::FieldTable,
+    BasicProperties,
+};
+use serde_json::Value;
+use tokio::sync::Semaphore;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tracing::{info_span, Instrument};
+
+use super::{
+    publish::{with_header, Outgoing, Publisher},
+    Route, DLX, ERROR_CODE_HEADER, ERROR_HEADER,
+};
+use crate::{
+    config::Config,
+    messages::{self, ErrorCode, Invalid},
+    ops::Health,
+};
+
+/// What a handled request produced: a reply for the requester (sent only when
+/// it asked, via `reply_to`) and messages to publish before the ack.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub reply: Option<Value>,
+    pub effects: Vec<Outgoing>,
+}
+
+/// Why a request could not be handled.
+#[derive(Debug, thiserror::Error)]
+pub enum HandleError {
+    /// Bad input: dead-letter it, never retry.
+    #[error("invalid request: {0}")]
+    Invalid(#[from] Invalid),
+    /// A dependency failed: retry with backoff, then requeue.
+    #[error("transient failure: {0:#}")]
+    Transient(#[from] anyhow::Error),
+}
+
+impl From<redis::RedisError> for HandleError {
+    fn from(e: redis::RedisError) -> Self {
+        Self::Transient(e.into())
+    }
+}
+
+impl From<sqlx::Error> for HandleError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Transient(e.into())
+    }
+}
+
+impl From<super::publish::PublishError> for HandleError {
+    fn from(e: super::publish::PublishError) -> Self {
+        Self::Transient(e.into())
+    }
+}
+
+/// A queue worker's business logic.
+pub trait Handler: Send + Sync + 'static {
+    /// The queue this worker consumes.
+    fn route(&self) -> Route;
+
+    /// Handles one decoded envelope. `publisher` is there for messages that
+    /// must leave before the handler can finish (an urgent refill); all other
+    /// messages belong in the returned [`Outcome`].
+    fn handle(
+        &self,
+        envelope: Value,
+        publisher: &Publisher,
+    ) -> impl Future<Output = Result<Outcome, HandleError>> + Send;
+}
+
+/// Consumes `handler`'s queue until `shutdown` is cancelled, reconnecting
+/// after failures. Returns once in-flight work is finished and acked.
+pub async fn run<H: Handler>(
+    config: &Config,
+    handler: Arc<H>,
+    health: Health,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut backoff = reconnect_backoff();
+    loop {
+        if shutdown.is_cancelled() {
+            return Ok(());
+        }
+        match session(config, &handler, &health, &shutdown).await {
+            Ok(()) => return Ok(()),
+            Err(error) => {
+                health.set_ready(false);
+                let delay = backoff.next().unwrap_or(std::time::Duration::from_secs(5));
+                tracing::warn!(error = format!("{error:#}"), ?delay, "broker session ended; reconnecting");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+}
+
+fn reconnect_backoff() -> impl Iterator<Item = std::time::Duration> {
+    ExponentialBuilder::default()
+        .with_jitter()
+        .with_min_delay(std::time::Duration::from_millis(100))
+        .with_max_delay(std::time::Duration::from_secs(5))
+        .without_max_times()
+        .build()
+}
+
+async fn session<H: Handler>(
+    config: &Config,
+    handler: &Arc<H>,
+    health: &Health,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    let route = handler.route();
+    let conn = super::connect(&config.amqp_url, route.queue).await?;
+    let channel = conn.create_channel().await?;
+    super::declare_topology(&channel, config.delivery_limit).await?;
+    channel
+        .basic_qos(config.prefetch, BasicQosOptions::default())
+        .await?;
+    let publisher = Publisher::new(conn.create_channel().await?).await?;
+    let tag = format!("{}-{}", route.queue, ulid::Ulid::new());
+    let mut consumer = channel
+        .basic_consume(
+            route.queue.into(),
+            tag.as_str().into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    health.set_ready(true);
+    tracing::info!(queue = route.queue, "consuming");
+
+    let tracker = TaskTracker::new();
+    let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
+    let result = loop {
+        let next = tokio::select! {
+            _ = shutdown.cancelled() => break Ok(()),
+            next = consumer.next() => next,
+        };
+        match next {
+            Some(Ok(delivery)) => {
+                let permit = tokio::select! {
+                    _ = shutdown.cancelled() => break Ok(()),
+                    permit = slots.clone().acquire_owned() => permit?,
+                };
+                let handler = handler.clone();
+                let publisher = publisher.clone();
+                let config = config.clone();
+                tracker.spawn(async move {
+                    process(&config, &*handler, &publisher, delivery).await;
+                    drop(permit);
+                });
+            }
+            Some(Err(e)) => break Err(anyhow::Error::from(e).context("consuming")),
+            None => break Err(anyhow::anyhow!("the broker cancelled the consumer")),
+        }
+    };
+    health.set_ready(false);
+
+    // Stop new deliveries, then let the ones in hand finish.
+    let _ = channel
+        .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+        .await;
+    tracker.close();
+    if tokio::time::timeout(config.shutdown_grace, tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("in-flight deliveries did not finish within the grace period; they will be redelivered");
+    }
+    // A synchronous round trip on the consuming channel: the broker handles a
+    // channel's frames in order, so once qos-ok arrives every ack sent before
+    // it has been processed (acks written just before a close can be lost).
+    let _ = channel
+        .basic_qos(config.prefetch, BasicQosOptions::default())
+        .await;
+    let _ = channel.close(200, "shutting down".into()).await;
+    let _ = publisher.channel().close(200, "shutting down".into()).await;
+    let _ = conn.close(200, "shutting down".into()).await;
+    result
+}
+
+/// Handles one delivery end to end; never panics, never leaves it unanswered
+/// unless the channel itself is gone (then the broker redelivers it).
+async fn process<H: Handler>(config: &Config, handler: &H, publisher: &Publisher, delivery: Delivery) {
+    let started = Instant::now();
+    let route = handler.route();
+    let envelope = messages::decode_envelope(&delivery.data);
+    let request_id = envelope
+        .as_ref()
+        .ok()
+        .and_then(messages::idempotency_id)
+        .map(|(_, id)| id)
+        .unwrap_or_default();
+    let span = info_span!("delivery", queue = route.queue, request.id = %request_id);
+    async move {
+        let outcome = match envelope {
+            Err(invalid) => Err(HandleError::Invalid(invalid)),
+            Ok(value) => handle_with_retry(config, handler, publisher, value).await,
+        };
+        let label = match outcome {
+            Ok(outcome) => finish(publisher, &delivery, outcome).await,
+            Err(HandleError::Invalid(invalid)) => dead_letter(publisher, &delivery, route, &invalid).await,
+            Err(HandleError::Transient(error)) => {
+                tracing::error!(error = format!("{error:#}"), "giving up for now; requeueing");
+                let _ = delivery
+                    .nack(BasicNackOptions {
+                        requeue: true,
+                        ..BasicNackOptions::default()
+                    })
+                    .await;
+                "requeued"
+            }
+        };
+        metrics::counter!("prizepool_messages_total", "queue" => route.queue, "outcome" => label)
+            .increment(1);
+        metrics::histogram!("prizepool_handle_seconds", "queue" => route.queue)
+            .record(started.elapsed().as_secs_f64());
+    }
+    .instrument(span)
+    .await
+}
+
+async fn handle_with_retry<H: Handler>(
+    config: &Config,
+    handler: &H,
+    publisher: &Publisher,
+    value: Value,
+) -> Result<Outcome, HandleError> {
+    let mut delays = ExponentialBuilder::default()
+        .with_jitter()
+        .with_min_delay(std::time::Duration::from_millis(50))
+        .with_max_delay(std::time::Duration::from_secs(2))
+        .with_total_delay(Some(config.transient_retry))
+        .without_max_times()
+        .build();
+    loop {
+        match handler.handle(value.clone(), publisher).await {
+            Err(HandleError::Transient(error)) => match delays.next() {
+                Some(delay) => {
+                    tracing::warn!(error = format!("{error:#}"), ?delay, "transient failure; retrying");
+                    metrics::counter!("prizepool_retries_total").increment(1);
+                    tokio::time::sleep(delay).await;
+                }
+                None => return Err(HandleError::Transient(error)),
+            },
+            other => return other,
+        }
+    }
+}
+
+/// Publishes the outcome's effects and reply, then acks.
+async fn finish(publisher: &Publisher, delivery: &Delivery, outcome: Outcome) -> &'static str {
+    let mut messages = outcome.effects;
+    if let (Some(reply), Some(reply_to)) = (outcome.reply, delivery.properties.reply_to()) {
+        messages.push(Outgoing::reply(
+            reply_to.as_str(),
+            delivery.properties.correlation_id().as_ref(),
+            &reply,
+        ));
+    }
+    match publisher.publish_all(messages).await {
+        Ok(()) => {
+            if let Err(error) = delivery.ack(BasicAckOptions::default()).await {
+                tracing::warn!(%error, "ack failed; the message will be redelivered and replayed");
+            }
+            "acked"
+        }
+        Err(error) => {
+            // Nothing is acked: the request is redelivered and, being
+            // idempotent, replays its first result and republishes.
+            tracing::error!(%error, "publishing the outcome failed; requeueing");
+            let _ = delivery
+                .nack(BasicNackOptions {
+                    requeue: true,
+                    ..BasicNackOptions::default()
+                })
+                .await;
+            "requeued"
+        }
+    }
+}
+
+/// Moves a bad message to its dead-letter queue with the reason in headers,
+/// answers the requester, then acks the original.
+async fn dead_letter(
+    publisher: &Publisher,
+    delivery: &Delivery,
+    route: Route,
+    invalid: &Invalid,
+) -> &'static str {
+    tracing::warn!(reason = %invalid, "bad input; dead-lettering");
+    match publish_dead_letter(publisher, delivery, route, invalid).await {
+        Ok(()) => {
+            let _ = delivery.ack(BasicAckOptions::default()).await;
+            "dead_lettered"
+        }
+        Err(error) => {
+            // Let the broker dead-letter it natively instead (no reason header).
+            tracing::error!(%error, "could not publish the dead letter; rejecting");
+            let _ = delivery
+                .reject(lapin::options::BasicRejectOptions { requeue: false })
+                .await;
+            "rejected"
+        }
+    }
+}
+
+/// The copy of `delivery` that goes to its dead-letter queue: same body and
+/// properties, plus the reason headers.
+fn dead_letter_message(delivery: &Delivery, route: Route, invalid: &Invalid) -> Outgoing {
+    let properties: BasicProperties = with_header(
+        with_header(
+            delivery.properties.clone(),
+            ERROR_CODE_HEADER,
+            ErrorCode::InvalidRequest.as_str(),
+        ),
+        ERROR_HEADER,
+        &invalid.message,
+    );
+    Outgoing {
+        exchange: DLX.into(),
+        routing_key: route.queue.into(),
+        body: delivery.data.clone(),
+        properties,
+        mandatory: true,
+    }
+}
+
+/// Publishes `delivery` to its dead-letter queue with the reason headers and
+/// waits for the confirm; the caller acks the original afterwards. Replies
+/// `rejected` when the request asked for a reply.
+pub async fn publish_dead_letter(
+    publisher: &Publisher,
+    delivery: &Delivery,
+    route: Route,
+    invalid: &Invalid,
+) -> Result<(), super::publish::PublishError> {
+    let mut messages = vec![dead_letter_message(delivery, route, invalid)];
+    if let Some(reply_to) = delivery.properties.reply_to() {
+        let request = messages::decode_envelope(&delivery.data).ok();
+        let reply = messages::rejected_reply(request.as_ref(), ErrorCode::InvalidRequest, &invalid.message);
+        messages.push(Outgoing::reply(
+            reply_to.as_str(),
+            delivery.properties.correlation_id().as_ref(),
+            &reply,
+        ));
+    }
+    publisher.publish_all(messages).await
+}

@@ -1,0 +1,160 @@
+//! Publishing with confirms.
+//!
+//! Every publish goes through a channel in confirm mode. Callers publish all
+//! the messages a request causes first and wait for their confirms together,
+//! so one request costs one confirm round trip however many messages it sends.
+
+use lapin::{
+    options::BasicPublishOptions,
+    types::{AMQPValue, FieldTable, ShortString},
+    BasicProperties, Channel,
+};
+use serde::Serialize;
+
+use super::{EVENTS, EXCHANGE};
+
+/// A message to publish.
+#[derive(Clone, Debug)]
+pub struct Outgoing {
+    pub exchange: String,
+    pub routing_key: String,
+    pub body: Vec<u8>,
+    pub properties: BasicProperties,
+    /// Unroutable is an error (work messages); events and replies may have no
+    /// listener.
+    pub mandatory: bool,
+}
+
+fn json_properties() -> BasicProperties {
+    BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_delivery_mode(2)
+}
+
+impl Outgoing {
+    /// A work message on the request exchange (`draw`, `refill`, `settle`).
+    pub fn work(routing_key: &str, body: &impl Serialize) -> Self {
+        Self {
+            exchange: EXCHANGE.into(),
+            routing_key: routing_key.into(),
+            body: serde_json::to_vec(body).unwrap_or_default(),
+            properties: json_properties(),
+            mandatory: true,
+        }
+    }
+
+    /// A fact on the events exchange (`draw.completed`, `pool.refilled`, …).
+    pub fn event(routing_key: &str, body: &serde_json::Value) -> Self {
+        Self {
+            exchange: EVENTS.into(),
+            routing_key: routing_key.into(),
+            body: serde_json::to_vec(body).unwrap_or_default(),
+            properties: json_properties(),
+            mandatory: false,
+        }
+    }
+
+    /// A reply to `reply_to`, carrying the request's correlation id.
+    pub fn reply(reply_to: &str, correlation_id: Option<&ShortString>, body: &serde_json::Value) -> Self {
+        let mut properties = BasicProperties::default().with_content_type("application/json".into());
+        if let Some(id) = correlation_id {
+            properties = properties.with_correlation_id(id.clone());
+        }
+        Self {
+            exchange: String::new(),
+            routing_key: reply_to.into(),
+            body: serde_json::to_vec(body).unwrap_or_default(),
+            properties,
+            mandatory: false,
+        }
+    }
+}
+
+/// A publish failed or was refused by the broker.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("amqp: {0}")]
+    Amqp(#[from] lapin::Error),
+    #[error("the broker refused (nack) a message for {0}")]
+    Nacked(String),
+    #[error("no queue is bound for {0} (unroutable)")]
+    Unroutable(String),
+}
+
+/// A channel in confirm mode, shared by the tasks of one worker.
+#[derive(Clone, Debug)]
+pub struct Publisher {
+    channel: Channel,
+}
+
+impl Publisher {
+    /// Puts `channel` in confirm mode.
+    pub async fn new(channel: Channel) -> Result<Self, lapin::Error> {
+        channel
+            .confirm_select(lapin::options::ConfirmSelectOptions::default())
+            .await?;
+        Ok(Self { channel })
+    }
+
+    /// The underlying channel.
+    pub fn channel(&self) -> &Channel {
+        &self.channel
+    }
+
+    /// Publishes every message, then waits for all their confirms.
+    pub async fn publish_all(&self, messages: Vec<Outgoing>) -> Result<(), PublishError> {
+        let mut pending = Vec::with_capacity(messages.len());
+        for m in messages {
+            let confirm = self
+                .channel
+                .basic_publish(
+                    m.exchange.as_str().into(),
+                    m.routing_key.as_str().into(),
+                    BasicPublishOptions {
+                        mandatory: m.mandatory,
+                        ..BasicPublishOptions::default()
+                    },
+                    &m.body,
+                    m.properties,
+                )
+                .await?;
+            pending.push((m.exchange, m.routing_key, confirm));
+        }
+        for (exchange, key, confirm) in pending {
+            let confirmation = confirm.await?;
+            let target = format!("{exchange}/{key}");
+            if confirmation.is_nack() {
+                return Err(PublishError::Nacked(target));
+            }
+            // An ack that carries a returned message means it went nowhere.
+            if confirmation.take_message().is_some() {
+                return Err(PublishError::Unroutable(target));
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes one message and waits for its confirm.
+    pub async fn publish(&self, message: Outgoing) -> Result<(), PublishError> {
+        self.publish_all(vec![message]).await
+    }
+}
+
+/// Adds a text header to `properties`.
+pub(crate) fn with_header(properties: BasicProperties, name: &str, value: &str) -> BasicProperties {
+    let mut headers = properties.headers().clone().unwrap_or_default();
+    headers.insert(
+        name.into(),
+        AMQPValue::LongString(value.as_bytes().to_vec().into()),
+    );
+    properties.with_headers(headers)
+}
+
+/// Reads a text header.
+pub(crate) fn header_text(headers: Option<&FieldTable>, name: &str) -> Option<String> {
+    match headers?.inner().get(name)? {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
+        other => Some(format!("{other:?}")),
+    }
+}

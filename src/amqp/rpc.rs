@@ -1,0 +1,151 @@
+//! A request/reply client over RabbitMQ's direct reply-to, for the CLI, the
+//! demo, the benchmark and tests. Many calls may be in flight at once; replies
+//! are matched to callers by correlation id.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use anyhow::Context;
+use futures_util::StreamExt;
+use lapin::{
+    options::{BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions},
+    types::FieldTable,
+    BasicProperties, Channel, Connection,
+};
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+use super::EXCHANGE;
+
+const REPLY_TO: &str = "amq.rabbitmq.reply-to";
+
+type Waiters = Arc<Mutex<HashMap<String, oneshot::Sender<Value>>>>;
+
+/// A connection that publishes requests and awaits their replies.
+#[derive(Debug)]
+pub struct RpcClient {
+    conn: Connection,
+    channel: Channel,
+    waiters: Waiters,
+}
+
+impl RpcClient {
+    /// Connects, declares the topology (so requests are routable before any
+    /// worker started) and starts listening for replies.
+    pub async fn connect(config: &crate::config::Config) -> anyhow::Result<Self> {
+        let conn = super::connect(&config.amqp_url, "prizepool-client").await?;
+        let channel = conn.create_channel().await?;
+        super::declare_topology(&channel, config.delivery_limit).await?;
+        channel.confirm_select(ConfirmSelectOptions::default()).await?;
+        let mut consumer = channel
+            .basic_consume(
+                REPLY_TO.into(),
+                "prizepool-client".into(),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..BasicConsumeOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .context("consuming direct replies")?;
+        let waiters: Waiters = Arc::default();
+        let routes = waiters.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(delivery)) = consumer.next().await {
+                let Some(id) = delivery.properties.correlation_id() else {
+                    continue;
+                };
+                let waiter = routes.lock().ok().and_then(|mut w| w.remove(id.as_str()));
+                if let (Some(tx), Ok(value)) = (waiter, serde_json::from_slice(&delivery.data)) {
+                    let _ = tx.send(value);
+                }
+            }
+        });
+        Ok(Self {
+            conn,
+            channel,
+            waiters,
+        })
+    }
+
+    /// Publishes `body` to the `prizepool` exchange with `routing_key` and
+    /// waits up to `timeout` for the reply.
+    pub async fn call(&self, routing_key: &str, body: &Value, timeout: Duration) -> anyhow::Result<Value> {
+        self.call_raw(routing_key, &serde_json::to_vec(body)?, timeout).await
+    }
+
+    /// Like [`call`](Self::call) with a body sent as is (which may be invalid on purpose).
+    pub async fn call_raw(&self, routing_key: &str, body: &[u8], timeout: Duration) -> anyhow::Result<Value> {
+        let id = ulid::Ulid::new().to_string();
+        let (tx, rx) = oneshot::channel();
+        self.waiters
+            .lock()
+            .map_err(|_| anyhow::anyhow!("reply table poisoned"))?
+            .insert(id.clone(), tx);
+        let props = BasicProperties::default()
+            .with_content_type("application/json".into())
+            .with_delivery_mode(2)
+            .with_reply_to(REPLY_TO.into())
+            .with_correlation_id(id.as_str().into());
+        let confirm = self
+            .channel
+            .basic_publish(
+                EXCHANGE.into(),
+                routing_key.into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                body,
+                props,
+            )
+            .await?
+            .await?;
+        if confirm.is_nack() || confirm.take_message().is_some() {
+            anyhow::bail!("the broker did not accept the request (is a worker's topology declared?)");
+        }
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(reply)) => Ok(reply),
+            _ => {
+                if let Ok(mut w) = self.waiters.lock() {
+                    w.remove(&id);
+                }
+                anyhow::bail!("no reply within {timeout:?}")
+            }
+        }
+    }
+
+    /// Publishes without waiting for a reply (fire and forget, but confirmed).
+    pub async fn send(&self, routing_key: &str, body: &Value) -> anyhow::Result<()> {
+        let confirm = self
+            .channel
+            .basic_publish(
+                EXCHANGE.into(),
+                routing_key.into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                &serde_json::to_vec(body)?,
+                BasicProperties::default()
+                    .with_content_type("application/json".into())
+                    .with_delivery_mode(2),
+            )
+            .await?
+            .await?;
+        if confirm.is_nack() || confirm.take_message().is_some() {
+            anyhow::bail!("the broker did not accept the message");
+        }
+        Ok(())
+    }
+
+    /// Closes the connection.
+    pub async fn close(self) {
+        let _ = self.channel.close(200, "bye".into()).await;
+        let _ = self.conn.close(200, "bye".into()).await;
+    }
+}

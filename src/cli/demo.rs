@@ -1,0 +1,177 @@
+//! `prizepool demo`: the whole fleet on the local services.
+//!
+//! Applies migrations, loads the example pool under a fresh id, starts two
+//! draw workers, a refill worker and a settle worker (in this process, each
+//! with its own broker connection, exactly as the binaries run them), sends
+//! draws from simulated users, then prints a summary and checks that prizes
+//! were conserved and the ledger matches the rewards.
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use anyhow::Context;
+use futures_util::{stream, StreamExt};
+use rand::Rng;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    amqp::{self, rpc::RpcClient},
+    config::Config,
+    kinds::lucky_gift,
+    ops::Health,
+    scripts::{PoolKeys, Scripts},
+};
+
+/// Options of `prizepool demo`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct DemoArgs {
+    /// Simulated users.
+    #[arg(long, default_value_t = 20)]
+    users: u32,
+    /// Draws per user.
+    #[arg(long, default_value_t = 40)]
+    draws: u32,
+    /// Largest `count` of one draw.
+    #[arg(long, default_value_t = 100)]
+    max_count: u32,
+    /// Draw workers to start.
+    #[arg(long, default_value_t = 2)]
+    draw_workers: usize,
+    /// Pool file whose first pool the demo loads (under a fresh id).
+    #[arg(long, default_value = "examples/pools.toml")]
+    pool_file: std::path::PathBuf,
+}
+
+const EXAMPLE_POOLS: &str = include_str!("../../examples/pools.toml");
+
+/// Runs the demo.
+pub(crate) async fn run(config: &Config, args: DemoArgs) -> anyhow::Result<()> {
+    println!("prizepool demo: migrations, one pool, {} draw workers + refill + settle, {} users x {} draws",
+        args.draw_workers, args.users, args.draws);
+    let db = crate::db::migrate(&config.database_url).await?;
+    let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
+    let scripts = Scripts::new();
+
+    let text = std::fs::read_to_string(&args.pool_file).unwrap_or_else(|_| EXAMPLE_POOLS.to_owned());
+    let mut pool = lucky_gift::parse_file(&text)?
+        .into_iter()
+        .next()
+        .context("the pool file defines no pool")?;
+    pool.id = format!("demo-{}", ulid::Ulid::new().to_string().to_lowercase());
+    crate::pools::load(&db, &mut redis, &scripts, &config.redis_prefix, std::slice::from_ref(&pool), config.refill_chunk).await?;
+    println!("loaded pool {} (batch of {} prizes)", pool.id, pool.batch_size());
+
+    // The fleet.
+    let shutdown = CancellationToken::new();
+    let mut workers = Vec::new();
+    let mut healths = Vec::new();
+    for _ in 0..args.draw_workers {
+        let (c, s, h) = (config.clone(), shutdown.clone(), Health::default());
+        healths.push(h.clone());
+        workers.push(tokio::spawn(async move { crate::draw::run(c, h, s).await }));
+    }
+    let (c, s, h) = (config.clone(), shutdown.clone(), Health::default());
+    healths.push(h.clone());
+    workers.push(tokio::spawn(async move { crate::refill::run(c, h, s).await }));
+    let (c, s, h) = (config.clone(), shutdown.clone(), Health::default());
+    healths.push(h.clone());
+    workers.push(tokio::spawn(async move { crate::settle::run(c, h, s).await }));
+    let ready_by = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !healths.iter().all(Health::is_ready) {
+        anyhow::ensure!(tokio::time::Instant::now() < ready_by, "the workers did not become ready within 30 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let client = Arc::new(RpcClient::connect(config).await?);
+    let started = std::time::Instant::now();
+    let mut requests = Vec::new();
+    let mut rng = rand::rng();
+    for user in 1..=i64::from(args.users) {
+        for _ in 0..args.draws {
+            requests.push(json!({
+                "type": "draw", "request_id": ulid::Ulid::new().to_string(), "pool": pool.id,
+                "user_id": user, "count": rng.random_range(1..=args.max_count.min(pool.max_count)),
+            }));
+        }
+    }
+    let replies: Vec<anyhow::Result<Value>> = stream::iter(requests)
+        .map(|req| {
+            let client = client.clone();
+            async move { client.call(amqp::DRAW.routing_key, &req, Duration::from_secs(30)).await }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    let elapsed = started.elapsed();
+
+    let mut ok = 0u64;
+    let mut rejected: BTreeMap<String, u64> = BTreeMap::new();
+    let mut failed = 0u64;
+    let mut prizes = 0u64;
+    let mut by_multiplier: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut total_reward = 0i64;
+    for reply in &replies {
+        match reply {
+            Ok(r) if r["status"] == "ok" => {
+                ok += 1;
+                total_reward += r["reward"].as_i64().unwrap_or(0);
+                for p in r["prizes"].as_array().into_iter().flatten() {
+                    prizes += 1;
+                    *by_multiplier.entry(p["multiplier"].as_u64().unwrap_or(0)).or_default() += 1;
+                }
+            }
+            Ok(r) => *rejected.entry(r["error"]["code"].as_str().unwrap_or("?").to_owned()).or_default() += 1,
+            Err(_) => failed += 1,
+        }
+    }
+
+    // Settlement runs behind the replies; wait for the ledger to catch up.
+    let ledger_total = wait_for_ledger(&db, &pool.id, total_reward).await?;
+    let keys = PoolKeys::new(&config.redis_prefix, &pool.id);
+    let status = lucky_gift::status(&mut redis, &scripts, &keys, &pool.id)
+        .await?
+        .context("the demo pool vanished")?;
+
+    shutdown.cancel();
+    for w in workers {
+        w.await??;
+    }
+    if let Ok(client) = Arc::try_unwrap(client) {
+        client.close().await;
+    }
+
+    println!();
+    println!("draws            {} ok, {} rejected {:?}, {} without reply, in {:.2?} ({:.0} draws/s)",
+        ok, rejected.values().sum::<u64>(), rejected, failed, elapsed, replies.len() as f64 / elapsed.as_secs_f64());
+    println!("prizes drawn     {prizes}");
+    println!("by multiplier    {}", by_multiplier.iter().map(|(m, n)| format!("{m}x: {n}")).collect::<Vec<_>>().join(", "));
+    println!("total reward     {total_reward} {}", pool.asset);
+    println!("ledger total     {ledger_total} {}", pool.asset);
+    println!("pool             {} batches stocked, {} prizes stocked, {} drawn, {} in pool ({} jackpots waiting)",
+        status.generation, status.stocked, status.drawn, status.in_pool, status.held_jackpots);
+    let conserved = status.stocked == status.drawn + status.in_pool && status.drawn == prizes;
+    let settled = ledger_total == total_reward;
+    println!("conservation     stocked {} = drawn {} + in pool {}: {}", status.stocked, status.drawn, status.in_pool,
+        if conserved { "OK" } else { "FAILED" });
+    println!("ledger check     ledger {ledger_total} = rewards {total_reward}: {}", if settled { "OK" } else { "FAILED" });
+    if !conserved || !settled || failed > 0 {
+        anyhow::bail!("the demo found an inconsistency");
+    }
+    Ok(())
+}
+
+async fn wait_for_ledger(db: &sqlx::PgPool, pool: &str, expected: i64) -> anyhow::Result<i64> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (total,): (i64,) = sqlx::query_as(
+            "SELECT coalesce(sum(amount), 0)::bigint FROM ledger_entries WHERE ref->>'pool' = $1",
+        )
+        .bind(pool)
+        .fetch_one(db)
+        .await?;
+        if total == expected || tokio::time::Instant::now() > deadline {
+            return Ok(total);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -1,0 +1,275 @@
+//! The `prizepool` subcommands.
+
+mod demo;
+
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use serde_json::json;
+
+use crate::{
+    amqp::{self, dlq, rpc::RpcClient, Route},
+    config::Config,
+    kinds::lucky_gift,
+    messages::{with_type, RefillRequest},
+    scripts::{PoolKeys, Scripts},
+};
+
+/// prizepool: prize draws over RabbitMQ, Redis and Postgres.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create the database if needed and apply migrations.
+    Migrate,
+    /// Load, inspect and refill lucky-gift pools.
+    Pool {
+        #[command(subcommand)]
+        command: PoolCommand,
+    },
+    /// Publish a draw and print the reply.
+    Draw {
+        #[arg(long)]
+        pool: String,
+        #[arg(long)]
+        user: i64,
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+        /// Idempotency id (default: a fresh ULID).
+        #[arg(long)]
+        request_id: Option<String>,
+        /// Seconds to wait for the reply.
+        #[arg(long, default_value_t = 10)]
+        timeout: u64,
+    },
+    /// Print an account's balances.
+    Balance {
+        account: i64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Inspect and replay dead-letter queues.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
+    /// Run a whole fleet against the local services and print a summary.
+    Demo(demo::DemoArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum PoolCommand {
+    /// Validate a pool file, store a new config version, stock first batches.
+    Load { file: PathBuf },
+    /// Show a pool's counters.
+    Status {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ask the refill worker for the next batch now.
+    Refill { id: String },
+}
+
+#[derive(Debug, Subcommand)]
+enum DlqCommand {
+    /// Show dead letters and why they are there.
+    List {
+        /// The work queue (`prizepool.draw`) or its DLQ.
+        queue: String,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Move dead letters back to their work queue.
+    Replay {
+        queue: String,
+        #[arg(long, default_value_t = usize::MAX)]
+        limit: usize,
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+/// Runs one subcommand.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let config = Config::from_env().context("reading configuration")?;
+    match cli.command {
+        Command::Migrate => {
+            crate::db::migrate(&config.database_url).await?;
+            println!("migrations applied to {}", crate::db::redact(&config.database_url));
+        }
+        Command::Pool { command } => pool(&config, command).await?,
+        Command::Draw {
+            pool,
+            user,
+            count,
+            request_id,
+            timeout,
+        } => {
+            let client = RpcClient::connect(&config).await?;
+            let request = json!({
+                "type": "draw",
+                "request_id": request_id.unwrap_or_else(|| ulid::Ulid::new().to_string()),
+                "pool": pool, "user_id": user, "count": count,
+            });
+            let reply = client
+                .call(amqp::DRAW.routing_key, &request, Duration::from_secs(timeout))
+                .await?;
+            println!("{}", serde_json::to_string_pretty(&reply)?);
+            client.close().await;
+        }
+        Command::Balance { account, json } => {
+            let db = crate::db::connect(&config.database_url).await?;
+            let balances = crate::settle::balances(&db, account).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&balances)?);
+            } else if balances.is_empty() {
+                println!("account {account} has no balance");
+            } else {
+                println!("account {account}");
+                for b in balances {
+                    println!("  {:<24} {:>16}", b.asset, b.balance);
+                }
+            }
+        }
+        Command::Dlq { command } => dlq_command(&config, command).await?,
+        Command::Demo(args) => demo::run(&config, args).await?,
+    }
+    Ok(())
+}
+
+async fn pool(config: &Config, command: PoolCommand) -> anyhow::Result<()> {
+    let scripts = Scripts::new();
+    match command {
+        PoolCommand::Load { file } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let configs = lucky_gift::parse_file(&text)
+                .with_context(|| format!("{} is not a valid pool file", file.display()))?;
+            let db = crate::db::migrate(&config.database_url).await?;
+            let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
+            let loaded = crate::pools::load(
+                &db,
+                &mut redis,
+                &scripts,
+                &config.redis_prefix,
+                &configs,
+                config.refill_chunk,
+            )
+            .await?;
+            for l in loaded {
+                let stocked = match l.first_batch {
+                    Some(lucky_gift::StockOutcome::Stocked { size, .. }) => {
+                        format!(", first batch of {size} prizes stocked")
+                    }
+                    _ => String::new(),
+                };
+                println!("pool {} loaded as version {}{stocked}", l.pool, l.version);
+            }
+        }
+        PoolCommand::Status { id, json } => {
+            let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
+            let keys = PoolKeys::new(&config.redis_prefix, &id);
+            let status = lucky_gift::status(&mut redis, &scripts, &keys, &id)
+                .await?
+                .with_context(|| format!("no pool named {id}"))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&status)?);
+            } else {
+                println!("pool           {}", status.pool);
+                println!("kind           {}", status.kind);
+                println!("config version {}", status.version);
+                println!("batches        {}", status.generation);
+                println!("stocked        {}", status.stocked);
+                println!("drawn          {}", status.drawn);
+                println!("in pool        {} ({} jackpots waiting)", status.in_pool, status.held_jackpots);
+                println!("spent today    {}", status.spent_today);
+                let bytes: Option<u64> = redis::cmd("MEMORY")
+                    .arg("USAGE")
+                    .arg(keys.queue())
+                    .arg("SAMPLES")
+                    .arg(0)
+                    .query_async(&mut redis)
+                    .await
+                    .ok()
+                    .flatten();
+                let stored = status.in_pool.saturating_sub(status.held_jackpots);
+                if let (Some(bytes), true) = (bytes, stored > 0) {
+                    println!("memory         {bytes} bytes, {:.2} bytes per stored prize", bytes as f64 / stored as f64);
+                }
+            }
+        }
+        PoolCommand::Refill { id } => {
+            let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
+            let keys = PoolKeys::new(&config.redis_prefix, &id);
+            let status = lucky_gift::status(&mut redis, &scripts, &keys, &id)
+                .await?
+                .with_context(|| format!("no pool named {id}"))?;
+            let client = RpcClient::connect(config).await?;
+            let request = RefillRequest {
+                pool: id.clone(),
+                trigger: status.generation,
+                urgent: true,
+            };
+            let reply = client
+                .call(amqp::REFILL.routing_key, &with_type("refill", &request), Duration::from_secs(60))
+                .await?;
+            println!("{}", serde_json::to_string_pretty(&reply)?);
+            client.close().await;
+        }
+    }
+    Ok(())
+}
+
+async fn dlq_command(config: &Config, command: DlqCommand) -> anyhow::Result<()> {
+    let route = |name: &str| {
+        Route::by_queue(name).with_context(|| {
+            format!("unknown queue {name}; expected prizepool.draw, prizepool.refill or prizepool.settle")
+        })
+    };
+    let conn = amqp::connect(&config.amqp_url, "prizepool-dlq").await?;
+    match command {
+        DlqCommand::List { queue, limit, json } => {
+            let route = route(&queue)?;
+            let letters = dlq::list(&conn, route, limit).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&letters)?);
+            } else {
+                println!("{} dead letters in {}", letters.len(), route.dlq);
+                for l in letters {
+                    println!(
+                        "- [{}] {}: {}\n    {}",
+                        l.code.as_deref().unwrap_or("-"),
+                        l.message_type.as_deref().unwrap_or("?"),
+                        l.reason,
+                        l.body
+                    );
+                }
+            }
+        }
+        DlqCommand::Replay {
+            queue,
+            limit,
+            dry_run,
+        } => {
+            let route = route(&queue)?;
+            let report = dlq::replay(&conn, route, limit, dry_run).await?;
+            let verb = if dry_run { "would move" } else { "moved" };
+            let n = if dry_run { report.messages.len() } else { report.moved };
+            println!("{verb} {n} messages from {} to {}", route.dlq, route.queue);
+            for l in report.messages {
+                println!("- {}: {}", l.message_type.as_deref().unwrap_or("?"), l.reason);
+            }
+        }
+    }
+    let _ = conn.close(200, "bye".into()).await;
+    Ok(())
+}

@@ -1,0 +1,138 @@
+//! Runtime configuration, read once from the environment at start-up.
+//!
+//! Every setting has a default that points at the local services, so a
+//! newcomer can run `prizepool demo` without exporting anything. Errors name
+//! the variable that is missing or malformed.
+
+use std::{str::FromStr, time::Duration};
+
+/// Default broker address (the `/` vhost on the local RabbitMQ).
+pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// Default Redis address.
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+/// Default Postgres address.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/prizepool";
+/// Default number of unacknowledged deliveries a worker holds.
+pub const DEFAULT_PREFETCH: u16 = 256;
+
+/// An environment variable that could not be used.
+#[derive(Debug, thiserror::Error)]
+#[error("environment variable {name}={value:?} is invalid: {reason}")]
+pub struct ConfigError {
+    name: &'static str,
+    value: String,
+    reason: String,
+}
+
+/// Settings shared by every binary.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// `AMQP_URL`: the broker, including the vhost.
+    pub amqp_url: String,
+    /// `REDIS_URL`: the Redis server holding pool state.
+    pub redis_url: String,
+    /// `DATABASE_URL`: the Postgres ledger.
+    pub database_url: String,
+    /// `REDIS_PREFIX`: first segment of every Redis key (`pp:{pool}:meta`).
+    pub redis_prefix: String,
+    /// `PREFETCH`: deliveries a consumer may hold unacknowledged.
+    pub prefetch: u16,
+    /// `CONCURRENCY`: deliveries a worker handles at once.
+    pub concurrency: usize,
+    /// `DELIVERY_LIMIT`: redeliveries before the broker dead-letters a message.
+    pub delivery_limit: u32,
+    /// `SETTLE_BATCH_SIZE`: ledger entries written per transaction at most.
+    pub settle_batch_size: usize,
+    /// `SETTLE_BATCH_WAIT_MS`: how long a settle batch waits to fill up.
+    pub settle_batch_wait: Duration,
+    /// `REFILL_CHUNK`: prizes pushed to Redis per Lua call while stocking.
+    pub refill_chunk: usize,
+    /// `SHORT_POOL_WAIT_MS`: how long a draw waits for a refill before `pool_exhausted`.
+    pub short_pool_wait: Duration,
+    /// `RESULT_TTL_S`: how long draw results are kept for idempotent replays.
+    pub result_ttl: Duration,
+    /// `TRANSIENT_RETRY_MS`: how long a delivery retries transient failures before requeue.
+    pub transient_retry: Duration,
+    /// `SHUTDOWN_GRACE_MS`: how long in-flight work may take after SIGTERM.
+    pub shutdown_grace: Duration,
+    /// `METRICS_ADDR`: where `/metrics`, `/healthz` and `/readyz` are served
+    /// (empty: not served).
+    pub metrics_addr: Option<String>,
+}
+
+impl Config {
+    /// Reads the configuration from the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the configuration through `lookup`; used by tests and by the CLI
+    /// to start workers with overrides.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let text = |name: &'static str, default: &str| {
+            lookup(name)
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| default.to_owned())
+        };
+        let ms = |name: &'static str, default: u64| -> Result<Duration, ConfigError> {
+            parse(&lookup, name, default).map(Duration::from_millis)
+        };
+        Ok(Self {
+            amqp_url: text("AMQP_URL", DEFAULT_AMQP_URL),
+            redis_url: text("REDIS_URL", DEFAULT_REDIS_URL),
+            database_url: text("DATABASE_URL", DEFAULT_DATABASE_URL),
+            redis_prefix: text("REDIS_PREFIX", "pp"),
+            prefetch: parse(&lookup, "PREFETCH", DEFAULT_PREFETCH)?,
+            concurrency: parse(&lookup, "CONCURRENCY", 128)?,
+            delivery_limit: parse(&lookup, "DELIVERY_LIMIT", 20)?,
+            settle_batch_size: parse(&lookup, "SETTLE_BATCH_SIZE", 500)?,
+            settle_batch_wait: ms("SETTLE_BATCH_WAIT_MS", 20)?,
+            refill_chunk: parse(&lookup, "REFILL_CHUNK", 4000)?,
+            short_pool_wait: ms("SHORT_POOL_WAIT_MS", 3000)?,
+            result_ttl: Duration::from_secs(parse(&lookup, "RESULT_TTL_S", 90_000)?),
+            transient_retry: ms("TRANSIENT_RETRY_MS", 30_000)?,
+            shutdown_grace: ms("SHUTDOWN_GRACE_MS", 10_000)?,
+            metrics_addr: lookup("METRICS_ADDR").filter(|v| !v.is_empty()),
+        })
+    }
+}
+
+fn parse<T>(
+    lookup: &impl Fn(&str) -> Option<String>,
+    name: &'static str,
+    default: T,
+) -> Result<T, ConfigError>
+where
+    T: FromStr,
+    T::Err: std::fmt::Display,
+{
+    match lookup(name).filter(|v| !v.is_empty()) {
+        None => Ok(default),
+        Some(value) => value.trim().parse().map_err(|e: T::Err| ConfigError {
+            name,
+            reason: e.to_string(),
+            value,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_point_at_local_services() {
+        let cfg = Config::from_lookup(|_| None).unwrap();
+        assert_eq!(cfg.amqp_url, DEFAULT_AMQP_URL);
+        assert_eq!(cfg.prefetch, DEFAULT_PREFETCH);
+        assert!(cfg.metrics_addr.is_none());
+    }
+
+    #[test]
+    fn bad_number_names_the_variable() {
+        let err = Config::from_lookup(|n| (n == "PREFETCH").then(|| "lots".to_owned()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("PREFETCH"), "{err}");
+    }
+}

@@ -1,0 +1,247 @@
+//! The draw worker: decodes a request, dispatches it by the pool's kind, and
+//! returns the reply plus the messages it causes (settlement, refill, event).
+//!
+//! The draw itself is one Lua step in Redis; everything around it is
+//! idempotent, so a redelivered request replays its first result and
+//! republishes the same settlement (which the ledger applies once).
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use redis::aio::ConnectionManager;
+use serde_json::{json, Value};
+use tokio::sync::RwLock;
+
+use crate::{
+    amqp::{self, HandleError, Handler, Outcome, Outgoing, Publisher},
+    config::Config,
+    kinds::lucky_gift::{self, CodeTable, DrawStep, Drawn},
+    messages::{
+        decode_typed, with_type, DrawQueueMessage, DrawRequest, DrawResult, ErrorBody, ErrorCode,
+        GrantRequest, Invalid, Prize, RefillRequest, SettleRequest, Status,
+    },
+    scripts::{PoolKeys, Scripts},
+};
+
+/// Everything a draw needs; shared by all in-flight deliveries.
+#[derive(Debug)]
+pub struct DrawWorker {
+    config: Config,
+    redis: ConnectionManager,
+    scripts: Scripts,
+    /// Decoding tables per pool. Tables only grow, so a cached table is
+    /// reloaded only when a code past its end shows up.
+    codes: RwLock<HashMap<String, Arc<(CodeTable, String)>>>,
+}
+
+impl DrawWorker {
+    /// Builds the worker from its connections.
+    pub fn new(config: Config, redis: ConnectionManager) -> Self {
+        Self {
+            config,
+            redis,
+            scripts: Scripts::new(),
+            codes: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// Handles one draw request.
+    pub async fn draw(&self, req: DrawRequest, publisher: &Publisher) -> Result<Outcome, HandleError> {
+        req.validate()?;
+        tracing::Span::current().record("request.id", req.request_id.as_str());
+        let keys = PoolKeys::new(&self.config.redis_prefix, &req.pool);
+        let mut conn = self.redis.clone();
+        let mut delays = ExponentialBuilder::default()
+            .with_jitter()
+            .with_min_delay(Duration::from_millis(10))
+            .with_max_delay(Duration::from_millis(250))
+            .with_total_delay(Some(self.config.short_pool_wait))
+            .without_max_times()
+            .build();
+        let mut refill_asked: Option<u64> = None;
+        let step = loop {
+            let step = lucky_gift::draw(
+                &mut conn,
+                &self.scripts,
+                &keys,
+                &req.request_id,
+                req.count,
+                self.config.result_ttl.as_secs(),
+            )
+            .await?;
+            let DrawStep::Short { in_pool, generation } = step else {
+                break step;
+            };
+            // Ask for the next batch once per batch seen short; the refill
+            // worker stocks one batch per trigger however often it is asked.
+            if refill_asked != Some(generation) {
+                let refill = RefillRequest {
+                    pool: req.pool.clone(),
+                    trigger: generation,
+                    urgent: true,
+                };
+                publisher
+                    .publish(Outgoing::work(amqp::REFILL.routing_key, &with_type("refill", &refill)))
+                    .await?;
+                refill_asked = Some(generation);
+                metrics::counter!("prizepool_urgent_refills_total").increment(1);
+            }
+            match delays.next() {
+                Some(delay) => tokio::time::sleep(delay).await,
+                None => {
+                    metrics::counter!("prizepool_pool_exhausted_total").increment(1);
+                    return Ok(rejected(
+                        &req,
+                        ErrorCode::PoolExhausted,
+                        format!(
+                            "pool {} holds {in_pool} prizes, fewer than {} asked, and no refill arrived in time",
+                            req.pool, req.count
+                        ),
+                    ));
+                }
+            }
+        };
+        match step {
+            DrawStep::Drawn(drawn) | DrawStep::Replayed(drawn) => self.drawn(&req, &keys, drawn).await,
+            DrawStep::TooMany { max_count } => Err(Invalid::new(format!(
+                "`count` {} is above the max_count {max_count} of pool {}",
+                req.count, req.pool
+            ))
+            .into()),
+            DrawStep::Unknown => Ok(rejected(
+                &req,
+                ErrorCode::UnknownPool,
+                format!("no pool named {}", req.pool),
+            )),
+            DrawStep::Short { .. } => unreachable_short(),
+        }
+    }
+
+    async fn table(&self, keys: &PoolKeys, pool: &str, needed: u32) -> Result<Arc<(CodeTable, String)>, HandleError> {
+        if let Some(t) = self.codes.read().await.get(pool) {
+            if (needed as usize) < t.0.len() {
+                return Ok(t.clone());
+            }
+        }
+        let mut conn = self.redis.clone();
+        let loaded = lucky_gift::load_codes(&mut conn, keys)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("pool {pool} has no code table"))?;
+        let loaded = Arc::new(loaded);
+        self.codes.write().await.insert(pool.to_owned(), loaded.clone());
+        Ok(loaded)
+    }
+
+    async fn drawn(&self, req: &DrawRequest, keys: &PoolKeys, drawn: Drawn) -> Result<Outcome, HandleError> {
+        let highest = drawn.codes.iter().copied().max().unwrap_or(0);
+        let table = self.table(keys, &req.pool, highest).await?;
+        let (codes, asset) = (&table.0, &table.1);
+        let mut prizes = Vec::with_capacity(drawn.codes.len());
+        let mut total: u64 = 0;
+        for &code in &drawn.codes {
+            let (combo, multiplier) = codes
+                .decode(code)
+                .ok_or_else(|| anyhow::anyhow!("code {code} is not in the table of pool {}", req.pool))?;
+            total += multiplier;
+            prizes.push(Prize::Multiplier {
+                multiplier,
+                combo: combo.to_owned(),
+            });
+        }
+        let reward = i64::try_from(total)
+            .ok()
+            .and_then(|t| t.checked_mul(drawn.unit_price))
+            .ok_or_else(|| anyhow::anyhow!("reward overflows"))?;
+        let result = DrawResult {
+            request_id: req.request_id.clone(),
+            status: Status::Ok,
+            pool: Some(req.pool.clone()),
+            user_id: Some(req.user_id),
+            prizes,
+            total_multiplier: Some(total),
+            reward: Some(reward),
+            asset: Some(asset.clone()),
+            ..DrawResult::default()
+        };
+        let mut effects = Vec::with_capacity(3);
+        if reward != 0 {
+            let entry = SettleRequest::new(
+                format!("draw:{}", req.request_id),
+                req.user_id,
+                asset.as_str(),
+                reward,
+                "lucky_gift",
+                json!({ "pool": req.pool, "request_id": req.request_id }),
+            );
+            effects.push(Outgoing::work(amqp::SETTLE.routing_key, &entry));
+        }
+        if let Some(trigger) = drawn.trigger {
+            let refill = RefillRequest {
+                pool: req.pool.clone(),
+                trigger,
+                urgent: false,
+            };
+            effects.push(Outgoing::work(amqp::REFILL.routing_key, &with_type("refill", &refill)));
+        }
+        effects.push(Outgoing::event("draw.completed", &with_type("draw.completed", &result)));
+        metrics::counter!("prizepool_prizes_drawn_total").increment(drawn.codes.len() as u64);
+        Ok(Outcome {
+            reply: Some(with_type("draw_result", &result)),
+            effects,
+        })
+    }
+
+    async fn grant(&self, grant: GrantRequest) -> Result<Outcome, HandleError> {
+        grant.validate()?;
+        Ok(Outcome {
+            reply: Some(json!({
+                "type": "grant_result",
+                "grant_id": grant.grant_id,
+                "status": "rejected",
+                "error": { "code": ErrorCode::UnknownPool, "message": format!("no activity named {}", grant.activity) },
+            })),
+            effects: Vec::new(),
+        })
+    }
+}
+
+fn unreachable_short() -> Result<Outcome, HandleError> {
+    // The retry loop above only breaks on a step that is not `Short`.
+    Err(HandleError::Transient(anyhow::anyhow!("draw loop left a short pool unanswered")))
+}
+
+/// A `rejected` draw result: a business refusal, not bad input.
+pub fn rejected(req: &DrawRequest, code: ErrorCode, message: String) -> Outcome {
+    let result = DrawResult {
+        request_id: req.request_id.clone(),
+        status: Status::Rejected,
+        pool: Some(req.pool.clone()),
+        user_id: Some(req.user_id),
+        error: Some(ErrorBody { code, message }),
+        ..DrawResult::default()
+    };
+    Outcome {
+        reply: Some(with_type("draw_result", &result)),
+        effects: Vec::new(),
+    }
+}
+
+impl Handler for DrawWorker {
+    fn route(&self) -> amqp::Route {
+        amqp::DRAW
+    }
+
+    async fn handle(&self, envelope: Value, publisher: &Publisher) -> Result<Outcome, HandleError> {
+        match decode_typed::<DrawQueueMessage>(envelope)? {
+            DrawQueueMessage::Draw(req) => self.draw(req, publisher).await,
+            DrawQueueMessage::Grant(grant) => self.grant(grant).await,
+        }
+    }
+}
+
+/// Runs a draw worker until `shutdown`.
+pub async fn run(config: Config, health: crate::ops::Health, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
+    let redis = crate::redis_conn::connect(&config.redis_url).await?;
+    let worker = Arc::new(DrawWorker::new(config.clone(), redis));
+    amqp::run(&config, worker, health, shutdown).await
+}

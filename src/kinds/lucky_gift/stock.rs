@@ -1,0 +1,147 @@
+//! Stocking one batch: claim a lease, push the batch in chunks behind the
+//! visible prizes, then make it visible in one O(1) step.
+//!
+//! Each chunk is a separate Lua call of a few thousand elements, so stocking
+//! millions of prizes never keeps Redis busy for more than about a
+//! millisecond at a time. Draws cannot see a half-stocked batch: they only
+//! touch the first `visible` elements of the list.
+
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+
+use super::{Batch, CodeTable, PoolConfig};
+use crate::scripts::{now_ms, PoolKeys, Scripts};
+
+/// How long a stocking attempt may go quiet before another may take over.
+pub const DEFAULT_LEASE_MS: i64 = 30_000;
+
+/// What a stocking request achieved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StockOutcome {
+    /// This call stocked batch `generation` of `size` prizes.
+    Stocked { generation: u64, size: usize },
+    /// The batch after the trigger existed already (a duplicate request).
+    AlreadyDone { generation: u64 },
+    /// Another live attempt is stocking it; ask again after `retry_in`.
+    Busy { retry_in: Duration },
+    /// The trigger names a batch that was never stocked: a bogus request.
+    Ahead { generation: u64 },
+    /// No pool under these keys.
+    Unknown,
+}
+
+/// A stocking step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StockError {
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("another attempt took over the stocking lease")]
+    LeaseLost,
+    #[error("the stocked tail holds {pushed} prizes, expected {expected}")]
+    Mismatch { pushed: i64, expected: usize },
+}
+
+/// Stocks the batch that follows batch `trigger` (0 stocks the first batch),
+/// unless it exists or is being stocked.
+#[allow(clippy::too_many_arguments)]
+pub async fn stock_next<C: ConnectionLike + Send>(
+    conn: &mut C,
+    scripts: &Scripts,
+    keys: &PoolKeys,
+    config: &PoolConfig,
+    table: &CodeTable,
+    trigger: u64,
+    chunk: usize,
+    lease_ms: i64,
+) -> Result<StockOutcome, StockError> {
+    let token = ulid::Ulid::new().to_string();
+    let (status, number): (String, i64) = scripts
+        .stock_begin
+        .key(keys.meta())
+        .key(keys.queue())
+        .arg(trigger)
+        .arg(&token)
+        .arg(now_ms())
+        .arg(lease_ms)
+        .invoke_async(conn)
+        .await?;
+    match status.as_str() {
+        "claimed" => {}
+        "done" => {
+            return Ok(StockOutcome::AlreadyDone {
+                generation: number.unsigned_abs(),
+            })
+        }
+        "busy" => {
+            return Ok(StockOutcome::Busy {
+                retry_in: Duration::from_millis(number.clamp(10, 1000) as u64),
+            })
+        }
+        "ahead" => {
+            return Ok(StockOutcome::Ahead {
+                generation: number.unsigned_abs(),
+            })
+        }
+        _ => return Ok(StockOutcome::Unknown),
+    }
+
+    // A dead attempt may have left part of a batch behind the visible prizes.
+    let mut stale = number;
+    while stale > 0 {
+        stale = scripts
+            .stock_trim
+            .key(keys.meta())
+            .key(keys.queue())
+            .arg(&token)
+            .arg(chunk)
+            .invoke_async(conn)
+            .await?;
+        if stale < 0 {
+            return Err(StockError::LeaseLost);
+        }
+    }
+
+    // Shuffling happens after the claim so duplicate requests cost nothing.
+    let batch = Batch::build(config, table, &mut rand::rng());
+    let size = batch.codes.len();
+    let elements: Vec<String> = batch.elements(trigger + 1).collect();
+    for piece in elements.chunks(chunk.max(1)) {
+        let pushed: i64 = scripts
+            .stock_push
+            .key(keys.meta())
+            .key(keys.queue())
+            .arg(&token)
+            .arg(now_ms())
+            .arg(lease_ms)
+            .arg(piece)
+            .invoke_async(conn)
+            .await?;
+        if pushed < 0 {
+            return Err(StockError::LeaseLost);
+        }
+    }
+    let (status, number): (String, i64) = scripts
+        .stock_commit
+        .key(keys.meta())
+        .key(keys.queue())
+        .arg(&token)
+        .arg(trigger)
+        .arg(size)
+        .invoke_async(conn)
+        .await?;
+    match status.as_str() {
+        "ok" => {}
+        "mismatch" => {
+            return Err(StockError::Mismatch {
+                pushed: number,
+                expected: size,
+            })
+        }
+        _ => return Err(StockError::LeaseLost),
+    }
+    Ok(StockOutcome::Stocked {
+        generation: number.unsigned_abs(),
+        size,
+    })
+}

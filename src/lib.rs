@@ -1,0 +1,44 @@
+//! prizepool: a worker fleet that hands out prizes under very high
+//! concurrency — lucky-gift multiplier draws, red packets and lottery
+//! activities — over RabbitMQ, Redis and Postgres.
+//!
+//! # Layout
+//!
+//! | module | what lives there |
+//! |--------|------------------|
+//! | [`config`], [`telemetry`], [`shutdown`], [`ops`] | start-up plumbing: environment, logs, signals, `/metrics` + health |
+//! | [`amqp`] | topology, publishing with confirms, the shared consume loop, dead letters |
+//! | [`messages`] | the wire contract: payloads, validation, error codes |
+//! | [`scripts`] | the Lua scripts of `lua/` and the Redis key names |
+//! | [`kinds`] | one module per prize kind (`lucky_gift`, …) |
+//! | [`draw`], [`refill`], [`settle`] | the three workers |
+//! | [`pools`], [`db`] | the pool registry and the Postgres connection |
+//! | [`cli`] | the `prizepool` subcommands, including `demo` |
+//!
+//! The binaries in `src/bin/` only wire these together.
+
+pub mod amqp;
+pub mod cli;
+pub mod config;
+pub mod db;
+pub mod draw;
+pub mod kinds;
+pub mod messages;
+pub mod ops;
+pub mod pools;
+pub mod redis_conn;
+pub mod refill;
+pub mod scripts;
+pub mod settle;
+pub mod shutdown;
+pub mod telemetry;
+
+/// Starts the ops endpoint when `METRICS_ADDR` is set; logs and carries on
+/// if it cannot (a worker without metrics still does its job).
+pub async fn start_ops(config: &config::Config, health: &ops::Health, shutdown: &tokio_util::sync::CancellationToken) {
+    if let Some(addr) = &config.metrics_addr {
+        if let Err(error) = ops::serve(addr, health.clone(), shutdown.clone()).await {
+            tracing::warn!(error = format!("{error:#}"), "ops endpoint not started");
+        }
+    }
+}

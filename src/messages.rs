@@ -1,0 +1,459 @@
+//! The wire contract (SPEC §2): JSON payloads on the `prizepool` exchange,
+//! their validation, and the error codes of `rejected` replies.
+//!
+//! Incoming messages are decoded in two steps: the envelope is checked first
+//! (size, UTF-8 JSON object, known `type`), then the typed payload. Either step
+//! failing is *bad input*: the message is dead-lettered and, when the request
+//! asked for a reply, answered with `invalid_request`.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Largest message body accepted, in bytes.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+/// Largest `count` a single draw may ask for, whatever the pool allows.
+pub const MAX_DRAW_COUNT: u32 = 10_000;
+/// Longest idempotency id or pool id, in bytes.
+pub const MAX_ID_LEN: usize = 128;
+
+/// Why a request was refused. The names are part of the public contract:
+/// they may be extended, never renamed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    InvalidRequest,
+    UnknownPool,
+    PoolClosed,
+    SoldOut,
+    AlreadyGrabbed,
+    NotStarted,
+    Ended,
+    NoChances,
+    PoolExhausted,
+    InsufficientFunds,
+    Internal,
+}
+
+impl ErrorCode {
+    /// The wire name (`"unknown_pool"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidRequest => "invalid_request",
+            Self::UnknownPool => "unknown_pool",
+            Self::PoolClosed => "pool_closed",
+            Self::SoldOut => "sold_out",
+            Self::AlreadyGrabbed => "already_grabbed",
+            Self::NotStarted => "not_started",
+            Self::Ended => "ended",
+            Self::NoChances => "no_chances",
+            Self::PoolExhausted => "pool_exhausted",
+            Self::InsufficientFunds => "insufficient_funds",
+            Self::Internal => "internal",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The `error` object of a rejected reply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+/// A request the draw queue carries.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum DrawQueueMessage {
+    #[serde(rename = "draw")]
+    Draw(DrawRequest),
+    #[serde(rename = "lottery.grant")]
+    Grant(GrantRequest),
+}
+
+/// `{"type":"draw", ...}`: draw `count` prizes from `pool` for `user_id`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DrawRequest {
+    pub request_id: String,
+    pub pool: String,
+    pub user_id: i64,
+    pub count: u32,
+}
+
+/// `{"type":"lottery.grant", ...}`: give `user_id` more chances in `activity`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrantRequest {
+    pub grant_id: String,
+    pub activity: String,
+    pub user_id: i64,
+    pub chances: u32,
+}
+
+/// A request the refill queue carries.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum RefillQueueMessage {
+    #[serde(rename = "refill")]
+    Refill(RefillRequest),
+}
+
+/// `{"type":"refill","pool":…,"trigger":N}`: batch `trigger` of `pool` reached
+/// its refill point (or ran short), so batch `trigger + 1` must exist. The
+/// pair (`pool`, `trigger`) is the idempotency id: any number of requests for
+/// one trigger stock one batch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RefillRequest {
+    pub pool: String,
+    pub trigger: u64,
+    /// Set when a draw found the pool short rather than at its refill point.
+    #[serde(default)]
+    pub urgent: bool,
+}
+
+/// `{"type":"settle", ...}`: one ledger movement.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SettleRequest {
+    #[serde(rename = "type")]
+    pub kind: SettleType,
+    pub entry_id: String,
+    pub account: i64,
+    pub asset: String,
+    pub amount: i64,
+    pub reason: String,
+    #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
+    pub reference: Option<Value>,
+}
+
+/// The only `type` the settle queue accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SettleType {
+    #[serde(rename = "settle")]
+    Settle,
+}
+
+impl SettleRequest {
+    /// A credit (positive) or debit (negative) of `amount` units of `asset`.
+    pub fn new(
+        entry_id: impl Into<String>,
+        account: i64,
+        asset: impl Into<String>,
+        amount: i64,
+        reason: impl Into<String>,
+        reference: Value,
+    ) -> Self {
+        Self {
+            kind: SettleType::Settle,
+            entry_id: entry_id.into(),
+            account,
+            asset: asset.into(),
+            amount,
+            reason: reason.into(),
+            reference: Some(reference),
+        }
+    }
+}
+
+/// One prize of a draw result; which fields appear depends on the prize kind.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Prize {
+    /// A lucky-gift prize: its multiplier and the combo it came from.
+    Multiplier { multiplier: u64, combo: String },
+    /// A red-packet share.
+    Share { share: u32, amount: i64 },
+    /// A lottery prize.
+    Item { prize: String, asset: String, amount: i64 },
+}
+
+/// `{"type":"draw_result", ...}`: the reply to a draw.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrawResult {
+    pub request_id: String,
+    pub status: Status,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prizes: Vec<Prize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_multiplier: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asset: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chances_left: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<Prize>,
+}
+
+/// `ok` or `rejected`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    #[default]
+    Ok,
+    Rejected,
+}
+
+/// Bad input: the message cannot be processed as sent. It is dead-lettered
+/// with this reason in a header.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Invalid {
+    pub message: String,
+}
+
+impl Invalid {
+    /// Bad input described by `message`.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+        }
+    }
+}
+
+/// Checks the envelope every queue shares: size, JSON object, a string `type`.
+pub fn decode_envelope(body: &[u8]) -> Result<Value, Invalid> {
+    if body.len() > MAX_MESSAGE_BYTES {
+        return Err(Invalid::new(format!(
+            "message is {} bytes, the limit is {MAX_MESSAGE_BYTES}",
+            body.len()
+        )));
+    }
+    let text = std::str::from_utf8(body).map_err(|e| Invalid::new(format!("not UTF-8: {e}")))?;
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| Invalid::new(format!("not JSON: {e}")))?;
+    match value.get("type") {
+        Some(Value::String(_)) => Ok(value),
+        Some(_) => Err(Invalid::new("field `type` must be a string")),
+        None if value.is_object() => Err(Invalid::new("missing field `type`")),
+        None => Err(Invalid::new("message must be a JSON object")),
+    }
+}
+
+/// Decodes a typed payload from an envelope, turning serde's complaint into a
+/// readable reason (`unknown variant` becomes `unknown type`).
+pub fn decode_typed<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, Invalid> {
+    let kind = value
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    serde_json::from_value(value).map_err(|e| {
+        let text = e.to_string();
+        if text.contains("unknown variant") {
+            Invalid::new(format!("unknown type {kind:?}"))
+        } else {
+            Invalid::new(text)
+        }
+    })
+}
+
+/// Checks an id field: non-empty, at most [`MAX_ID_LEN`] bytes, printable.
+pub fn check_id(field: &str, id: &str) -> Result<(), Invalid> {
+    if id.is_empty() {
+        return Err(Invalid::new(format!("`{field}` must not be empty")));
+    }
+    if id.len() > MAX_ID_LEN {
+        return Err(Invalid::new(format!(
+            "`{field}` is longer than {MAX_ID_LEN} bytes"
+        )));
+    }
+    if id.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(Invalid::new(format!(
+            "`{field}` must not contain spaces or control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks an account or user id: non-negative.
+pub fn check_account(field: &str, account: i64) -> Result<(), Invalid> {
+    if account < 0 {
+        return Err(Invalid::new(format!("`{field}` must not be negative")));
+    }
+    Ok(())
+}
+
+impl DrawRequest {
+    /// Checks the fields serde cannot: id shapes and the `count` range.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        check_id("request_id", &self.request_id)?;
+        check_id("pool", &self.pool)?;
+        check_account("user_id", self.user_id)?;
+        if self.count == 0 || self.count > MAX_DRAW_COUNT {
+            return Err(Invalid::new(format!(
+                "`count` must be between 1 and {MAX_DRAW_COUNT}, got {}",
+                self.count
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl GrantRequest {
+    /// Checks ids and that at least one chance is granted.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        check_id("grant_id", &self.grant_id)?;
+        check_id("activity", &self.activity)?;
+        check_account("user_id", self.user_id)?;
+        if self.chances == 0 || self.chances > 1_000_000 {
+            return Err(Invalid::new("`chances` must be between 1 and 1000000"));
+        }
+        Ok(())
+    }
+}
+
+impl SettleRequest {
+    /// Checks ids and the asset name.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        check_id("entry_id", &self.entry_id)?;
+        check_id("asset", &self.asset)?;
+        check_account("account", self.account)?;
+        if self.amount == 0 {
+            return Err(Invalid::new("`amount` must not be zero"));
+        }
+        Ok(())
+    }
+}
+
+impl RefillRequest {
+    /// Checks the pool id.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        check_id("pool", &self.pool)
+    }
+}
+
+/// The idempotency id a message carries, whatever its type, for echoing in a
+/// rejected reply even when the rest of the message is unusable.
+pub fn idempotency_id(value: &Value) -> Option<(&'static str, String)> {
+    ["request_id", "grant_id", "packet_id", "entry_id"]
+        .into_iter()
+        .find_map(|field| match value.get(field) {
+            Some(Value::String(s)) => Some((field, s.clone())),
+            _ => None,
+        })
+}
+
+/// The reply `type` for a request `type`.
+pub fn reply_type(request_type: Option<&str>) -> &'static str {
+    match request_type {
+        Some("lottery.grant") => "grant_result",
+        Some("redpacket.create") => "redpacket_result",
+        Some("refill") => "refill_result",
+        Some("settle") => "settle_result",
+        _ => "draw_result",
+    }
+}
+
+/// Builds a `rejected` reply for a request that could not be processed.
+pub fn rejected_reply(request: Option<&Value>, code: ErrorCode, message: &str) -> Value {
+    let request_type = request.and_then(|v| v.get("type")).and_then(Value::as_str);
+    let mut reply = serde_json::json!({
+        "type": reply_type(request_type),
+        "status": "rejected",
+        "error": { "code": code, "message": message },
+    });
+    if let Some((field, id)) = request.and_then(idempotency_id) {
+        reply[field] = Value::String(id);
+    }
+    reply
+}
+
+/// Serialises a reply body with its `type` field first.
+pub fn with_type(reply_type: &str, body: &impl Serialize) -> Value {
+    let mut map = serde_json::Map::new();
+    map.insert("type".into(), Value::String(reply_type.into()));
+    if let Ok(Value::Object(fields)) = serde_json::to_value(body) {
+        map.extend(fields);
+    }
+    Value::Object(map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_draw_example_decodes() {
+        let v = decode_envelope(
+            br#"{"type":"draw","request_id":"01JD","pool":"gift-1001","user_id":42,"count":100}"#,
+        )
+        .unwrap();
+        let msg: DrawQueueMessage = decode_typed(v).unwrap();
+        let DrawQueueMessage::Draw(d) = msg else {
+            panic!("not a draw")
+        };
+        assert_eq!(d.count, 100);
+        d.validate().unwrap();
+    }
+
+    #[test]
+    fn bad_input_classes_are_invalid() {
+        for (body, needle) in [
+            (&b"not json"[..], "not JSON"),
+            (br#"[1,2]"#, "JSON object"),
+            (br#"{"type":"draw","request_id":"a","pool":"p","user_id":"x","count":1}"#, "invalid type"),
+            (br#"{"type":"draw","request_id":"a","pool":"p","count":1}"#, "missing field"),
+            (br#"{"type":"explode","request_id":"a"}"#, "unknown type"),
+        ] {
+            let err = decode_envelope(body)
+                .and_then(decode_typed::<DrawQueueMessage>)
+                .unwrap_err();
+            assert!(err.message.contains(needle), "{body:?}: {err}");
+        }
+        let big = vec![b' '; MAX_MESSAGE_BYTES + 1];
+        assert!(decode_envelope(&big).unwrap_err().message.contains("limit"));
+        let zero = DrawRequest {
+            request_id: "r".into(),
+            pool: "p".into(),
+            user_id: 1,
+            count: 0,
+        };
+        assert!(zero.validate().is_err());
+    }
+
+    #[test]
+    fn rejected_reply_echoes_the_id() {
+        let req = serde_json::json!({"type":"lottery.grant","grant_id":"g-1"});
+        let reply = rejected_reply(Some(&req), ErrorCode::InvalidRequest, "bad");
+        assert_eq!(reply["type"], "grant_result");
+        assert_eq!(reply["grant_id"], "g-1");
+        assert_eq!(reply["error"]["code"], "invalid_request");
+    }
+
+    #[test]
+    fn draw_result_matches_the_spec_shape() {
+        let r = DrawResult {
+            request_id: "01JD".into(),
+            pool: Some("gift-1001".into()),
+            user_id: Some(42),
+            prizes: vec![Prize::Multiplier {
+                multiplier: 10,
+                combo: "c3".into(),
+            }],
+            total_multiplier: Some(10),
+            reward: Some(1000),
+            asset: Some("coin".into()),
+            ..Default::default()
+        };
+        let v = with_type("draw_result", &r);
+        assert_eq!(
+            v.to_string(),
+            r#"{"type":"draw_result","request_id":"01JD","status":"ok","pool":"gift-1001","user_id":42,"prizes":[{"multiplier":10,"combo":"c3"}],"total_multiplier":10,"reward":1000,"asset":"coin"}"#
+        );
+    }
+}

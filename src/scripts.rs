@@ -1,0 +1,97 @@
+//! Every Redis Lua script, loaded once and called through a typed wrapper.
+//!
+//! The scripts live in `lua/` as plain files with a contract header. Each one
+//! receives every key it touches in `KEYS` (Redis Cluster needs that), and all
+//! keys of one pool share the pool's `{hash tag}`, so a script touches one slot.
+//! `redis::Script` calls EVALSHA and falls back to loading the script when the
+//! server answers NOSCRIPT (after a restart or failover).
+
+use redis::Script;
+
+/// The compiled-in scripts.
+#[derive(Debug)]
+pub struct Scripts {
+    pub draw_lucky_gift: Script,
+    pub stock_begin: Script,
+    pub stock_trim: Script,
+    pub stock_push: Script,
+    pub stock_commit: Script,
+    pub configure_pool: Script,
+    pub pool_status: Script,
+}
+
+impl Scripts {
+    /// Builds the script table (hashing only; nothing is sent to Redis yet).
+    pub fn new() -> Self {
+        Self {
+            draw_lucky_gift: Script::new(include_str!("../lua/draw_lucky_gift.lua")),
+            stock_begin: Script::new(include_str!("../lua/stock_begin.lua")),
+            stock_trim: Script::new(include_str!("../lua/stock_trim.lua")),
+            stock_push: Script::new(include_str!("../lua/stock_push.lua")),
+            stock_commit: Script::new(include_str!("../lua/stock_commit.lua")),
+            configure_pool: Script::new(include_str!("../lua/configure_pool.lua")),
+            pool_status: Script::new(include_str!("../lua/pool_status.lua")),
+        }
+    }
+}
+
+impl Default for Scripts {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Names the Redis keys of one pool (or packet, or activity: they share one
+/// namespace). Every key carries the id as its cluster hash tag.
+#[derive(Clone, Debug)]
+pub struct PoolKeys {
+    base: String,
+}
+
+impl PoolKeys {
+    /// Keys of pool `id` under `prefix` (`pp:{gift-1001}:…`).
+    pub fn new(prefix: &str, id: &str) -> Self {
+        Self {
+            base: format!("{prefix}:{{{id}}}:"),
+        }
+    }
+
+    fn key(&self, suffix: &str) -> String {
+        format!("{}{suffix}", self.base)
+    }
+
+    /// Hash of settings and counters; its `kind` field names the prize kind.
+    pub fn meta(&self) -> String {
+        self.key("meta")
+    }
+
+    /// List of stocked prizes.
+    pub fn queue(&self) -> String {
+        self.key("q")
+    }
+
+    /// List of gated jackpots waiting for a draw that may win them.
+    pub fn held(&self) -> String {
+        self.key("held")
+    }
+
+    /// Consumption counter of one UTC day (`YYYYMMDD`).
+    pub fn spent(&self, day: &str) -> String {
+        self.key(&format!("spent:{day}"))
+    }
+
+    /// Stored result of one request, for idempotent replays.
+    pub fn result(&self, request_id: &str) -> String {
+        self.key(&format!("r:{request_id}"))
+    }
+}
+
+/// Today's UTC day as `YYYYMMDD`, the suffix of daily counters.
+pub fn utc_day() -> String {
+    chrono::Utc::now().format("%Y%m%d").to_string()
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}

@@ -1,0 +1,81 @@
+//! The settle worker: applies credits and debits to the Postgres ledger.
+//!
+//! Messages are gathered into batches (up to `SETTLE_BATCH_SIZE`, waiting at
+//! most `SETTLE_BATCH_WAIT_MS` for a batch to fill) and written in one
+//! transaction with a single `unnest` insert. A duplicate `entry_id` is
+//! skipped by the database, so redeliveries and replays change nothing. The
+//! batch is acknowledged only after the commit; when Postgres is down the
+//! batch is retried with backoff and never acknowledged early.
+
+mod worker;
+
+use serde_json::Value;
+use sqlx::PgPool;
+
+pub use worker::run;
+
+use crate::messages::SettleRequest;
+
+/// What one batch changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Applied {
+    /// Entries written now (duplicates excluded).
+    pub inserted: i64,
+}
+
+/// Writes `entries` to the ledger in one transaction.
+pub async fn apply(db: &PgPool, entries: &[SettleRequest]) -> Result<Applied, sqlx::Error> {
+    let n = entries.len();
+    let mut ids = Vec::with_capacity(n);
+    let mut accounts = Vec::with_capacity(n);
+    let mut assets = Vec::with_capacity(n);
+    let mut amounts = Vec::with_capacity(n);
+    let mut reasons = Vec::with_capacity(n);
+    let mut refs = Vec::with_capacity(n);
+    for e in entries {
+        ids.push(e.entry_id.clone());
+        accounts.push(e.account);
+        assets.push(e.asset.clone());
+        amounts.push(e.amount);
+        reasons.push(e.reason.clone());
+        refs.push(e.reference.clone().unwrap_or(Value::Null));
+    }
+    let mut tx = db.begin().await?;
+    let (inserted, _accounts): (i64, i64) = sqlx::query_as(include_str!("ledger.sql"))
+        .bind(&ids)
+        .bind(&accounts)
+        .bind(&assets)
+        .bind(&amounts)
+        .bind(&reasons)
+        .bind(&refs)
+        .fetch_one(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(Applied { inserted })
+}
+
+/// One account's balance in one asset.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
+pub struct Balance {
+    pub asset: String,
+    pub balance: i64,
+}
+
+/// The balances of `account`, by asset.
+pub async fn balances(db: &PgPool, account: i64) -> Result<Vec<Balance>, sqlx::Error> {
+    sqlx::query_as("SELECT asset, balance FROM balances WHERE account = $1 ORDER BY asset")
+        .bind(account)
+        .fetch_all(db)
+        .await
+}
+
+/// Sum of every entry for `reason` (or all reasons), per asset.
+pub async fn totals(db: &PgPool, reason: Option<&str>) -> Result<Vec<(String, i64, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT asset, coalesce(sum(amount), 0)::bigint, count(*) FROM ledger_entries \
+         WHERE $1::text IS NULL OR reason = $1 GROUP BY asset ORDER BY asset",
+    )
+    .bind(reason)
+    .fetch_all(db)
+    .await
+}

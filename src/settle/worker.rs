@@ -1,0 +1,221 @@
+//! The settle worker's consume loop. Unlike the other workers it handles
+//! deliveries in batches: one transaction per batch, one `multiple` ack after
+//! the commit.
+
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use futures_util::StreamExt;
+use lapin::{
+    message::Delivery,
+    options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions},
+    types::FieldTable,
+};
+use serde_json::json;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    amqp::{self, publish_dead_letter, Outgoing, Publisher},
+    config::Config,
+    messages::{decode_envelope, decode_typed, Invalid, SettleRequest},
+    ops::Health,
+};
+
+/// Runs a settle worker until `shutdown`, reconnecting after failures.
+pub async fn run(config: Config, health: Health, shutdown: CancellationToken) -> anyhow::Result<()> {
+    // Lazy: the worker starts (and keeps its deliveries unacked) while
+    // Postgres is down, and connects once it is back.
+    let db = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(3))
+        .connect_lazy(&config.database_url)?;
+    let mut backoff = ExponentialBuilder::default()
+        .with_jitter()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(5))
+        .without_max_times()
+        .build();
+    loop {
+        if shutdown.is_cancelled() {
+            return Ok(());
+        }
+        match session(&config, &db, &health, &shutdown).await {
+            Ok(()) => return Ok(()),
+            Err(error) => {
+                health.set_ready(false);
+                let delay = backoff.next().unwrap_or(Duration::from_secs(5));
+                tracing::warn!(error = format!("{error:#}"), ?delay, "broker session ended; reconnecting");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+}
+
+async fn session(config: &Config, db: &PgPool, health: &Health, shutdown: &CancellationToken) -> anyhow::Result<()> {
+    let conn = amqp::connect(&config.amqp_url, "settle-worker").await?;
+    let channel = conn.create_channel().await?;
+    amqp::declare_topology(&channel, config.delivery_limit).await?;
+    let prefetch = config
+        .prefetch
+        .max(u16::try_from(config.settle_batch_size * 2).unwrap_or(u16::MAX));
+    channel.basic_qos(prefetch, BasicQosOptions::default()).await?;
+    let publisher = Publisher::new(conn.create_channel().await?).await?;
+    let tag = format!("settle-{}", ulid::Ulid::new());
+    let mut consumer = channel
+        .basic_consume(
+            amqp::SETTLE.queue.into(),
+            tag.as_str().into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    health.set_ready(true);
+    tracing::info!(queue = amqp::SETTLE.queue, "consuming");
+
+    let result: anyhow::Result<()> = loop {
+        let first = tokio::select! {
+            _ = shutdown.cancelled() => break Ok(()),
+            next = consumer.next() => next,
+        };
+        let mut batch = match first {
+            Some(Ok(d)) => vec![d],
+            Some(Err(e)) => break Err(e.into()),
+            None => break Err(anyhow::anyhow!("the broker cancelled the consumer")),
+        };
+        let deadline = tokio::time::Instant::now() + config.settle_batch_wait;
+        let mut failed = None;
+        while batch.len() < config.settle_batch_size {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => break,
+                next = consumer.next() => match next {
+                    Some(Ok(d)) => batch.push(d),
+                    Some(Err(e)) => { failed = Some(anyhow::Error::from(e)); break }
+                    None => { failed = Some(anyhow::anyhow!("the broker cancelled the consumer")); break }
+                },
+            }
+        }
+        if let Err(e) = settle_batch(db, &publisher, batch, shutdown).await {
+            break Err(e);
+        }
+        if let Some(e) = failed {
+            break Err(e);
+        }
+    };
+    health.set_ready(false);
+    let _ = channel
+        .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+        .await;
+    // Make sure the broker processed our acks before the channel closes.
+    let _ = channel.basic_qos(prefetch, BasicQosOptions::default()).await;
+    let _ = channel.close(200, "shutting down".into()).await;
+    let _ = publisher.channel().close(200, "shutting down".into()).await;
+    let _ = conn.close(200, "shutting down".into()).await;
+    result
+}
+
+/// Applies one batch: dead-letters bad entries, commits the good ones (with
+/// retries while Postgres is unreachable), replies when asked, then acks the
+/// whole batch with one `multiple` ack.
+async fn settle_batch(
+    db: &PgPool,
+    publisher: &Publisher,
+    batch: Vec<Delivery>,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    let mut entries = Vec::with_capacity(batch.len());
+    let mut owners = Vec::with_capacity(batch.len());
+    let mut dead = Vec::new();
+    for delivery in &batch {
+        match decode(&delivery.data) {
+            Ok(entry) => {
+                entries.push(entry);
+                owners.push(delivery);
+            }
+            Err(invalid) => dead.push((delivery, invalid)),
+        }
+    }
+    for (delivery, invalid) in &dead {
+        tracing::warn!(reason = %invalid, "bad settle message; dead-lettering");
+        publish_dead_letter(publisher, delivery, amqp::SETTLE, invalid).await?;
+    }
+
+    let mut delays = ExponentialBuilder::default()
+        .with_jitter()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(5))
+        .without_max_times()
+        .build();
+    while !entries.is_empty() {
+        match super::apply(db, &entries).await {
+            Ok(applied) => {
+                metrics::counter!("prizepool_ledger_entries_total").increment(applied.inserted.unsigned_abs());
+                break;
+            }
+            Err(sqlx::Error::Database(error)) => {
+                // The data itself is refused (not an outage): find the culprits
+                // one by one so the rest of the batch still lands.
+                tracing::warn!(%error, "batch refused by Postgres; applying entries one by one");
+                let mut keep_entries = Vec::new();
+                let mut keep_owners = Vec::new();
+                for (entry, owner) in entries.drain(..).zip(owners.drain(..)) {
+                    match super::apply(db, std::slice::from_ref(&entry)).await {
+                        Ok(_) => {}
+                        Err(sqlx::Error::Database(e)) => {
+                            let invalid = Invalid::new(format!("refused by the ledger: {e}"));
+                            publish_dead_letter(publisher, owner, amqp::SETTLE, &invalid).await?;
+                        }
+                        Err(_) => {
+                            keep_entries.push(entry);
+                            keep_owners.push(owner);
+                        }
+                    }
+                }
+                entries = keep_entries;
+                owners = keep_owners;
+            }
+            Err(error) => {
+                let delay = delays.next().unwrap_or(Duration::from_secs(5));
+                tracing::warn!(%error, ?delay, "ledger unreachable; keeping the batch and retrying");
+                tokio::select! {
+                    // Unacked deliveries go back to the queue when the channel closes.
+                    _ = shutdown.cancelled() => anyhow::bail!("shutdown while the ledger is unreachable"),
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+
+    let replies: Vec<Outgoing> = owners
+        .iter()
+        .zip(&entries)
+        .filter_map(|(d, e)| {
+            d.properties.reply_to().as_ref().map(|to| {
+                Outgoing::reply(
+                    to.as_str(),
+                    d.properties.correlation_id().as_ref(),
+                    &json!({"type": "settle_result", "entry_id": e.entry_id, "status": "ok"}),
+                )
+            })
+        })
+        .collect();
+    if !replies.is_empty() {
+        publisher.publish_all(replies).await?;
+    }
+    if let Some(last) = batch.iter().map(|d| d.delivery_tag).max() {
+        let acker = &batch.iter().find(|d| d.delivery_tag == last).map(|d| d.acker.clone());
+        if let Some(acker) = acker {
+            acker.ack(BasicAckOptions { multiple: true }).await?;
+        }
+    }
+    Ok(())
+}
+
+fn decode(body: &[u8]) -> Result<SettleRequest, Invalid> {
+    let entry: SettleRequest = decode_typed(decode_envelope(body)?)?;
+    entry.validate()?;
+    Ok(entry)
+}

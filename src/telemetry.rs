@@ -1,0 +1,22 @@
+//! Logging set-up: `RUST_LOG` filters (default `info`), `LOG_FORMAT=json`
+//! switches to one JSON object per line.
+
+use tracing_subscriber::{fmt, prelude::*, EnvFilter};
+
+/// Installs the global subscriber for `service`. Safe to call twice (the
+/// second call is ignored), so tests may call it freely.
+pub fn init(service: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let json = std::env::var("LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
+    let registry = tracing_subscriber::registry().with(filter);
+    let result = if json {
+        registry
+            .with(fmt::layer().json().with_current_span(true).with_writer(std::io::stderr))
+            .try_init()
+    } else {
+        registry.with(fmt::layer().with_writer(std::io::stderr)).try_init()
+    };
+    if result.is_ok() {
+        tracing::debug!(service, "telemetry initialised");
+    }
+}
