@@ -105,7 +105,8 @@ else
   if #held_now > 0 then redis.call('RPUSH', KEYS[3], unpack(held_now)) end
 end
 
-redis.call('HINCRBY', KEYS[1], 'visible', -from_q)
+-- (Lua 5.1 prints -0 as "-0", which Redis refuses: skip a zero move.)
+if from_q > 0 then redis.call('HINCRBY', KEYS[1], 'visible', -from_q) end
 redis.call('HINCRBY', KEYS[1], 'drawn', count)
 redis.call('INCRBY', KEYS[4], count * unit_price)
 redis.call('EXPIRE', KEYS[4], tonumber(ARGV[3]))

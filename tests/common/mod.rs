@@ -1,0 +1,245 @@
+//! Test harness: every test gets its own RabbitMQ vhost (the queue names are
+//! the public contract, so tests cannot rename them), its own Redis key
+//! prefix (so its pools live under hash tags no other test uses) and its own
+//! Postgres database. All of it is removed when the test ends.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::{process::Command, time::Duration};
+
+use prizepool::{
+    amqp::rpc::RpcClient,
+    config::Config,
+    kinds::lucky_gift::{self, PoolConfig},
+    ops::Health,
+    scripts::{PoolKeys, Scripts},
+};
+use redis::aio::ConnectionManager;
+use sqlx::PgPool;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Postgres server used to create per-test databases.
+fn admin_url() -> String {
+    std::env::var("TEST_DATABASE_ADMIN_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+pub struct TestEnv {
+    pub config: Config,
+    pub vhost: String,
+    pub db_name: String,
+    pub db: PgPool,
+    pub redis: ConnectionManager,
+    pub scripts: Scripts,
+    shutdown: CancellationToken,
+    workers: Vec<JoinHandle<anyhow::Result<()>>>,
+}
+
+fn rabbitmqctl(args: &[&str]) {
+    let out = Command::new("rabbitmqctl")
+        .args(args)
+        .output()
+        .expect("rabbitmqctl runs");
+    assert!(
+        out.status.success(),
+        "rabbitmqctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl TestEnv {
+    /// A fresh vhost, Redis prefix and database, with `overrides` applied to
+    /// the configuration.
+    pub async fn new(overrides: &[(&str, &str)]) -> Self {
+        let id = ulid::Ulid::new().to_string().to_lowercase();
+        let vhost = format!("pp-test-{id}");
+        rabbitmqctl(&["add_vhost", &vhost]);
+        rabbitmqctl(&["set_permissions", "-p", &vhost, "guest", ".*", ".*", ".*"]);
+        let db_name = format!("pp_test_{id}");
+        let base = admin_url();
+        let db_url = match base.rfind('/') {
+            Some(i) => format!("{}/{db_name}", &base[..i]),
+            None => panic!("bad admin url"),
+        };
+        let mut vars: std::collections::HashMap<String, String> = [
+            ("AMQP_URL", format!("amqp://guest:guest@127.0.0.1:5672/{vhost}")),
+            ("DATABASE_URL", db_url.clone()),
+            ("REDIS_PREFIX", format!("t{id}")),
+            ("SETTLE_BATCH_WAIT_MS", "5".into()),
+            ("SHUTDOWN_GRACE_MS", "5000".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        for (k, v) in overrides {
+            vars.insert((*k).to_owned(), (*v).to_owned());
+        }
+        let config = Config::from_lookup(|name| vars.get(name).cloned()).unwrap();
+        let db = prizepool::db::migrate(&config.database_url).await.unwrap();
+        let redis = prizepool::redis_conn::connect(&config.redis_url).await.unwrap();
+        Self {
+            config,
+            vhost,
+            db_name,
+            db,
+            redis,
+            scripts: Scripts::new(),
+            shutdown: CancellationToken::new(),
+            workers: Vec::new(),
+        }
+    }
+
+    /// Environment variables that point a worker process at this test's
+    /// vhost, prefix and database.
+    pub fn env(&self) -> Vec<(String, String)> {
+        vec![
+            ("AMQP_URL".into(), self.config.amqp_url.clone()),
+            ("DATABASE_URL".into(), self.config.database_url.clone()),
+            ("REDIS_PREFIX".into(), self.config.redis_prefix.clone()),
+            ("REDIS_URL".into(), self.config.redis_url.clone()),
+            ("SHORT_POOL_WAIT_MS".into(), self.config.short_pool_wait.as_millis().to_string()),
+        ]
+    }
+
+    pub fn keys(&self, pool: &str) -> PoolKeys {
+        PoolKeys::new(&self.config.redis_prefix, pool)
+    }
+
+    /// Loads pools from TOML text.
+    pub async fn load(&self, toml: &str) -> Vec<PoolConfig> {
+        let configs = lucky_gift::parse_file(toml).unwrap();
+        let mut redis = self.redis.clone();
+        prizepool::pools::load(&self.db, &mut redis, &self.scripts, &self.config.redis_prefix, &configs, self.config.refill_chunk)
+            .await
+            .unwrap();
+        configs
+    }
+
+    pub async fn status(&self, pool: &str) -> lucky_gift::PoolStatus {
+        let mut redis = self.redis.clone();
+        lucky_gift::status(&mut redis, &self.scripts, &self.keys(pool), pool)
+            .await
+            .unwrap()
+            .expect("pool exists")
+    }
+
+    async fn wait_ready(health: &Health) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !health.is_ready() {
+            assert!(tokio::time::Instant::now() < deadline, "worker not ready in 30 s");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    pub async fn start_draw_worker(&mut self) {
+        let (c, s, h) = (self.config.clone(), self.shutdown.clone(), Health::default());
+        let ready = h.clone();
+        self.workers.push(tokio::spawn(async move { prizepool::draw::run(c, h, s).await }));
+        Self::wait_ready(&ready).await;
+    }
+
+    pub async fn start_refill_worker(&mut self) {
+        let (c, s, h) = (self.config.clone(), self.shutdown.clone(), Health::default());
+        let ready = h.clone();
+        self.workers.push(tokio::spawn(async move { prizepool::refill::run(c, h, s).await }));
+        Self::wait_ready(&ready).await;
+    }
+
+    pub async fn start_settle_worker(&mut self) {
+        let (c, s, h) = (self.config.clone(), self.shutdown.clone(), Health::default());
+        let ready = h.clone();
+        self.workers.push(tokio::spawn(async move { prizepool::settle::run(c, h, s).await }));
+        Self::wait_ready(&ready).await;
+    }
+
+    pub async fn start_fleet(&mut self) {
+        self.start_draw_worker().await;
+        self.start_refill_worker().await;
+        self.start_settle_worker().await;
+    }
+
+    /// Stops the in-process workers and waits for them to drain.
+    pub async fn stop_workers(&mut self) {
+        self.shutdown.cancel();
+        for w in self.workers.drain(..) {
+            w.await.unwrap().unwrap();
+        }
+        self.shutdown = CancellationToken::new();
+    }
+
+    pub async fn client(&self) -> RpcClient {
+        RpcClient::connect(&self.config).await.unwrap()
+    }
+
+    /// Messages waiting in `queue` (ready, not unacked).
+    pub async fn queue_depth(&self, queue: &str) -> u32 {
+        let conn = prizepool::amqp::connect(&self.config.amqp_url, "test").await.unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        let q = ch
+            .queue_declare(
+                queue.into(),
+                lapin::options::QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                Default::default(),
+            )
+            .await
+            .unwrap();
+        let _ = conn.close(200, "bye".into()).await;
+        q.message_count()
+    }
+
+    /// Waits until the ledger holds `expected` in total for `pool`.
+    pub async fn wait_ledger(&self, pool: &str, expected: i64) -> i64 {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let (total,): (i64,) = sqlx::query_as(
+                "SELECT coalesce(sum(amount), 0)::bigint FROM ledger_entries WHERE ref->>'pool' = $1",
+            )
+            .bind(pool)
+            .fetch_one(&self.db)
+            .await
+            .unwrap();
+            if total == expected || tokio::time::Instant::now() > deadline {
+                return total;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        let _ = Command::new("rabbitmqctl")
+            .args(["delete_vhost", &self.vhost])
+            .output();
+        let _ = Command::new("psql")
+            .args([
+                &admin_url(),
+                "-qc",
+                &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.db_name),
+            ])
+            .output();
+    }
+}
+
+/// A draw request body.
+pub fn draw(pool: &str, user: i64, count: u32) -> serde_json::Value {
+    serde_json::json!({
+        "type": "draw", "request_id": ulid::Ulid::new().to_string(),
+        "pool": pool, "user_id": user, "count": count,
+    })
+}
+
+/// A pool file with one pool of the given combos (`(id, [(multiplier, stock)])`).
+pub fn pool_toml(id: &str, extra: &str, combos: &[(&str, &[(u64, u64)])]) -> String {
+    let mut text = format!("[[pools]]\nid = \"{id}\"\nkind = \"lucky_gift\"\nunit_price = 10\n{extra}\n");
+    for (cid, stock) in combos {
+        let items: Vec<String> = stock.iter().map(|(m, n)| format!("\"{m}\" = {n}")).collect();
+        text.push_str(&format!("[[pools.combos]]\nid = \"{cid}\"\nstock = {{ {} }}\n", items.join(", ")));
+    }
+    text
+}
