@@ -35,7 +35,11 @@ pub mod telemetry;
 
 /// Starts the ops endpoint when `METRICS_ADDR` is set; logs and carries on
 /// if it cannot (a worker without metrics still does its job).
-pub async fn start_ops(config: &config::Config, health: &ops::Health, shutdown: &tokio_util::sync::CancellationToken) {
+pub async fn start_ops(
+    config: &config::Config,
+    health: &ops::Health,
+    shutdown: &tokio_util::sync::CancellationToken,
+) {
     if let Some(addr) = &config.metrics_addr {
         if let Err(error) = ops::serve(addr, health.clone(), shutdown.clone()).await {
             tracing::warn!(error = format!("{error:#}"), "ops endpoint not started");

@@ -171,7 +171,11 @@ pub enum Prize {
     /// A red-packet share.
     Share { share: u32, amount: i64 },
     /// A lottery prize.
-    Item { prize: String, asset: String, amount: i64 },
+    Item {
+        prize: String,
+        asset: String,
+        amount: i64,
+    },
 }
 
 /// `{"type":"draw_result", ...}`: the reply to a draw.
@@ -406,8 +410,14 @@ mod tests {
         for (body, needle) in [
             (&b"not json"[..], "not JSON"),
             (br#"[1,2]"#, "JSON object"),
-            (br#"{"type":"draw","request_id":"a","pool":"p","user_id":"x","count":1}"#, "invalid type"),
-            (br#"{"type":"draw","request_id":"a","pool":"p","count":1}"#, "missing field"),
+            (
+                br#"{"type":"draw","request_id":"a","pool":"p","user_id":"x","count":1}"#,
+                "invalid type",
+            ),
+            (
+                br#"{"type":"draw","request_id":"a","pool":"p","count":1}"#,
+                "missing field",
+            ),
             (br#"{"type":"explode","request_id":"a"}"#, "unknown type"),
         ] {
             let err = decode_envelope(body)

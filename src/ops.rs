@@ -46,7 +46,10 @@ pub async fn serve(
         .install_recorder()
         .context("installing the metrics recorder")?;
     let app = Router::new()
-        .route("/metrics", get(|State(s): State<OpsState>| async move { s.metrics.render() }))
+        .route(
+            "/metrics",
+            get(|State(s): State<OpsState>| async move { s.metrics.render() }),
+        )
         .route("/healthz", get(|| async { "ok" }))
         .route(
             "/readyz",

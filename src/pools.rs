@@ -44,7 +44,10 @@ pub async fn load<C: ConnectionLike + Send>(
             .fetch_one(&mut *tx)
             .await?;
         if kind != lucky_gift::KIND {
-            anyhow::bail!("id {:?} already names a {kind}, not a lucky-gift pool", config.id);
+            anyhow::bail!(
+                "id {:?} already names a {kind}, not a lucky-gift pool",
+                config.id
+            );
         }
         let previous: Option<(i32, sqlx::types::Json<CodeTable>)> = sqlx::query_as(
             "SELECT version, codes FROM pool_versions WHERE pool_id = $1 ORDER BY version DESC LIMIT 1",
@@ -54,13 +57,15 @@ pub async fn load<C: ConnectionLike + Send>(
         .await?;
         let version = previous.as_ref().map_or(1, |(v, _)| v + 1);
         let table = CodeTable::extend(previous.as_ref().map(|(_, t)| &t.0), config);
-        sqlx::query("INSERT INTO pool_versions (pool_id, version, config, codes) VALUES ($1, $2, $3, $4)")
-            .bind(&config.id)
-            .bind(version)
-            .bind(sqlx::types::Json(config))
-            .bind(sqlx::types::Json(&table))
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "INSERT INTO pool_versions (pool_id, version, config, codes) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(&config.id)
+        .bind(version)
+        .bind(sqlx::types::Json(config))
+        .bind(sqlx::types::Json(&table))
+        .execute(&mut *tx)
+        .await?;
         staged.push((config, version, table));
     }
     tx.commit().await.context("storing pool versions")?;
@@ -97,7 +102,10 @@ pub async fn load<C: ConnectionLike + Send>(
 }
 
 /// The latest configuration of a lucky-gift pool and its code table.
-pub async fn latest(db: &PgPool, pool: &str) -> Result<Option<(i32, PoolConfig, CodeTable)>, sqlx::Error> {
+pub async fn latest(
+    db: &PgPool,
+    pool: &str,
+) -> Result<Option<(i32, PoolConfig, CodeTable)>, sqlx::Error> {
     let row: Option<(i32, sqlx::types::Json<PoolConfig>, sqlx::types::Json<CodeTable>)> = sqlx::query_as(
         "SELECT version, config, codes FROM pool_versions WHERE pool_id = $1 ORDER BY version DESC LIMIT 1",
     )

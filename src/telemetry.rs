@@ -11,10 +11,17 @@ pub fn init(service: &str) {
     let registry = tracing_subscriber::registry().with(filter);
     let result = if json {
         registry
-            .with(fmt::layer().json().with_current_span(true).with_writer(std::io::stderr))
+            .with(
+                fmt::layer()
+                    .json()
+                    .with_current_span(true)
+                    .with_writer(std::io::stderr),
+            )
             .try_init()
     } else {
-        registry.with(fmt::layer().with_writer(std::io::stderr)).try_init()
+        registry
+            .with(fmt::layer().with_writer(std::io::stderr))
+            .try_init()
     };
     if result.is_ok() {
         tracing::debug!(service, "telemetry initialised");

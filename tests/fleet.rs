@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! The fleet over real RabbitMQ, Redis and Postgres: replies, settlement,
 //! refills, idempotency, bad input, dead letters, shutdown and reconnection.
 
@@ -11,12 +12,16 @@ use serde_json::{json, Value};
 
 const T: Duration = Duration::from_secs(20);
 
-const GIFT: &[(&str, &[(u64, u64)])] = &[("a", &[(0, 300), (1, 60), (5, 20)]), ("b", &[(0, 200), (2, 50), (10, 10)])];
+const GIFT: &[(&str, &[(u64, u64)])] = &[
+    ("a", &[(0, 300), (1, 60), (5, 20)]),
+    ("b", &[(0, 200), (2, 50), (10, 10)]),
+];
 
 #[tokio::test]
 async fn draws_refill_and_settle_with_conservation() {
     let mut env = TestEnv::new(&[]).await;
-    env.load(&pool_toml("g", "refill_at = 0.5\nmax_count = 100", GIFT)).await;
+    env.load(&pool_toml("g", "refill_at = 0.5\nmax_count = 100", GIFT))
+        .await;
     env.start_fleet().await;
     let client = env.client().await;
     let mut rewards = 0;
@@ -25,7 +30,12 @@ async fn draws_refill_and_settle_with_conservation() {
         let reply = client.call("draw", &draw("g", i % 7, 50), T).await.unwrap();
         assert_eq!(reply["status"], "ok", "{reply}");
         assert_eq!(reply["type"], "draw_result");
-        let total: u64 = reply["prizes"].as_array().unwrap().iter().map(|p| p["multiplier"].as_u64().unwrap()).sum();
+        let total: u64 = reply["prizes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["multiplier"].as_u64().unwrap())
+            .sum();
         assert_eq!(reply["total_multiplier"].as_u64().unwrap(), total);
         assert_eq!(reply["reward"].as_i64().unwrap(), total as i64 * 10);
         rewards += reply["reward"].as_i64().unwrap();
@@ -54,7 +64,11 @@ async fn a_redelivered_draw_replays_its_first_result() {
     assert_eq!(env.status("g").await.drawn, 40);
     let reward = first["reward"].as_i64().unwrap();
     assert_eq!(env.wait_ledger("g", reward).await, reward);
-    let (entries,): (i64,) = sqlx::query_as("SELECT count(*) FROM ledger_entries WHERE account = 9").fetch_one(&env.db).await.unwrap();
+    let (entries,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM ledger_entries WHERE account = 9")
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
     assert_eq!(entries, i64::from(reward != 0));
     env.stop_workers().await;
 }
@@ -73,14 +87,19 @@ async fn unknown_pool_is_rejected_at_once() {
 #[tokio::test]
 async fn a_short_pool_asks_for_a_refill_then_gives_up_with_pool_exhausted() {
     let mut env = TestEnv::new(&[("SHORT_POOL_WAIT_MS", "300")]).await;
-    env.load(&pool_toml("s", "refill_at = 1.0", &[("a", &[(0, 10)])])).await;
+    env.load(&pool_toml("s", "refill_at = 1.0", &[("a", &[(0, 10)])]))
+        .await;
     // No refill worker: the urgent refill stays in its queue.
     env.start_draw_worker().await;
     let client = env.client().await;
     let reply = client.call("draw", &draw("s", 1, 11), T).await.unwrap();
     assert_eq!(reply["error"]["code"], "pool_exhausted", "{reply}");
     assert_eq!(env.status("s").await.in_pool, 10, "nothing was drawn");
-    assert_eq!(env.queue_depth(amqp::REFILL.queue).await, 1, "one urgent refill requested");
+    assert_eq!(
+        env.queue_depth(amqp::REFILL.queue).await,
+        1,
+        "one urgent refill requested"
+    );
     // With a refill worker the same draw succeeds.
     env.start_refill_worker().await;
     let reply = client.call("draw", &draw("s", 1, 11), T).await.unwrap();
@@ -96,7 +115,13 @@ async fn fifty_refill_requests_for_one_trigger_through_the_queue_stock_one_batch
     env.load(&pool_toml("r", "", GIFT)).await;
     let client = env.client().await;
     for _ in 0..50 {
-        client.send("refill", &json!({"type": "refill", "pool": "r", "trigger": 1})).await.unwrap();
+        client
+            .send(
+                "refill",
+                &json!({"type": "refill", "pool": "r", "trigger": 1}),
+            )
+            .await
+            .unwrap();
     }
     env.start_refill_worker().await;
     env.start_refill_worker().await;
@@ -115,14 +140,32 @@ async fn every_class_of_bad_input_is_answered_dead_lettered_and_survived() {
     env.load(&pool_toml("g", "max_count = 5", GIFT)).await;
     env.start_draw_worker().await;
     let client = env.client().await;
-    let oversize = format!(r#"{{"type":"draw","request_id":"big","pool":"g","user_id":1,"count":1,"pad":"{}"}}"#, "x".repeat(70_000));
+    let oversize = format!(
+        r#"{{"type":"draw","request_id":"big","pool":"g","user_id":1,"count":1,"pad":"{}"}}"#,
+        "x".repeat(70_000)
+    );
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("not json", b"{oops".to_vec()),
-        ("wrong type", br#"{"type":"draw","request_id":"w","pool":"g","user_id":"one","count":1}"#.to_vec()),
-        ("missing field", br#"{"type":"draw","request_id":"m","pool":"g","count":1}"#.to_vec()),
-        ("count zero", br#"{"type":"draw","request_id":"z","pool":"g","user_id":1,"count":0}"#.to_vec()),
-        ("count above max_count", br#"{"type":"draw","request_id":"x","pool":"g","user_id":1,"count":6}"#.to_vec()),
-        ("unknown type", br#"{"type":"teleport","request_id":"u"}"#.to_vec()),
+        (
+            "wrong type",
+            br#"{"type":"draw","request_id":"w","pool":"g","user_id":"one","count":1}"#.to_vec(),
+        ),
+        (
+            "missing field",
+            br#"{"type":"draw","request_id":"m","pool":"g","count":1}"#.to_vec(),
+        ),
+        (
+            "count zero",
+            br#"{"type":"draw","request_id":"z","pool":"g","user_id":1,"count":0}"#.to_vec(),
+        ),
+        (
+            "count above max_count",
+            br#"{"type":"draw","request_id":"x","pool":"g","user_id":1,"count":6}"#.to_vec(),
+        ),
+        (
+            "unknown type",
+            br#"{"type":"teleport","request_id":"u"}"#.to_vec(),
+        ),
         ("oversize", oversize.into_bytes()),
     ];
     for (name, body) in &cases {
@@ -143,18 +186,34 @@ async fn every_class_of_bad_input_is_answered_dead_lettered_and_survived() {
         assert_ne!(l.reason, "unknown");
     }
     // Listing leaves them in place; a dry run moves nothing.
-    let dry = amqp::dlq::replay(&conn, amqp::DRAW, 100, true).await.unwrap();
+    let dry = amqp::dlq::replay(&conn, amqp::DRAW, 100, true)
+        .await
+        .unwrap();
     assert_eq!((dry.moved, dry.messages.len()), (0, cases.len()));
     // Replay moves them back with their properties and headers.
-    let moved = amqp::dlq::replay(&conn, amqp::DRAW, 3, false).await.unwrap();
+    let moved = amqp::dlq::replay(&conn, amqp::DRAW, 3, false)
+        .await
+        .unwrap();
     assert_eq!(moved.moved, 3);
-    assert_eq!(env.queue_depth(amqp::DRAW.dlq).await as usize, cases.len() - 3);
+    assert_eq!(
+        env.queue_depth(amqp::DRAW.dlq).await as usize,
+        cases.len() - 3
+    );
     assert_eq!(env.queue_depth(amqp::DRAW.queue).await, 3);
     let ch = conn.create_channel().await.unwrap();
-    let got = ch.basic_get(amqp::DRAW.queue.into(), Default::default()).await.unwrap().unwrap();
+    let got = ch
+        .basic_get(amqp::DRAW.queue.into(), Default::default())
+        .await
+        .unwrap()
+        .unwrap();
     let props = &got.delivery.properties;
     assert!(props.reply_to().is_some() && props.correlation_id().is_some());
-    assert!(props.headers().as_ref().unwrap().inner().contains_key(amqp::ERROR_HEADER));
+    assert!(props
+        .headers()
+        .as_ref()
+        .unwrap()
+        .inner()
+        .contains_key(amqp::ERROR_HEADER));
 }
 
 #[tokio::test]
@@ -162,22 +221,46 @@ async fn settlement_applies_each_entry_once() {
     let mut env = TestEnv::new(&[("SETTLE_BATCH_SIZE", "7")]).await;
     env.start_settle_worker().await;
     let client = env.client().await;
-    let entry = |i: i64| SettleRequest::new(format!("topup:{i}"), 77, "coin", 100 + i, "topup", json!({"pool": "topups"}));
+    let entry = |i: i64| {
+        SettleRequest::new(
+            format!("topup:{i}"),
+            77,
+            "coin",
+            100 + i,
+            "topup",
+            json!({"pool": "topups"}),
+        )
+    };
     // Every entry three times, interleaved, plus a bad one.
     for _ in 0..3 {
         for i in 0..20 {
-            client.send("settle", &serde_json::to_value(entry(i)).unwrap()).await.unwrap();
+            client
+                .send("settle", &serde_json::to_value(entry(i)).unwrap())
+                .await
+                .unwrap();
         }
     }
-    client.send("settle", &json!({"type": "settle", "entry_id": "bad"})).await.unwrap();
+    client
+        .send("settle", &json!({"type": "settle", "entry_id": "bad"}))
+        .await
+        .unwrap();
     let expected: i64 = (0..20).map(|i| 100 + i).sum();
     assert_eq!(env.wait_ledger("topups", expected).await, expected);
     let balances = prizepool::settle::balances(&env.db, 77).await.unwrap();
     assert_eq!(balances[0].balance, expected);
     // Direct replays of a committed batch change nothing either.
     let batch: Vec<SettleRequest> = (0..20).map(entry).collect();
-    assert_eq!(prizepool::settle::apply(&env.db, &batch).await.unwrap().inserted, 0);
-    assert_eq!(prizepool::settle::balances(&env.db, 77).await.unwrap()[0].balance, expected);
+    assert_eq!(
+        prizepool::settle::apply(&env.db, &batch)
+            .await
+            .unwrap()
+            .inserted,
+        0
+    );
+    assert_eq!(
+        prizepool::settle::balances(&env.db, 77).await.unwrap()[0].balance,
+        expected
+    );
     let deadline = tokio::time::Instant::now() + T;
     while env.queue_depth(amqp::SETTLE.dlq).await < 1 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -204,7 +287,10 @@ async fn wait_exit(child: &mut std::process::Child, within: Duration) -> std::pr
         if let Some(status) = child.try_wait().unwrap() {
             return status;
         }
-        assert!(tokio::time::Instant::now() < deadline, "worker did not exit within {within:?}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "worker did not exit within {within:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -212,7 +298,8 @@ async fn wait_exit(child: &mut std::process::Child, within: Duration) -> std::pr
 #[tokio::test]
 async fn two_draw_worker_processes_conserve_prizes_and_the_ledger_matches() {
     let mut env = TestEnv::new(&[]).await;
-    env.load(&pool_toml("two", "refill_at = 0.5\nmax_count = 100", GIFT)).await;
+    env.load(&pool_toml("two", "refill_at = 0.5\nmax_count = 100", GIFT))
+        .await;
     env.start_refill_worker().await;
     env.start_settle_worker().await;
     let mut procs = vec![
@@ -226,7 +313,16 @@ async fn two_draw_worker_processes_conserve_prizes_and_the_ledger_matches() {
         tasks.push(tokio::spawn(async move {
             let mut out = Vec::new();
             for i in 0..15 {
-                out.push(client.call("draw", &draw("two", user, 1 + (i * 7 + user as u32) % 60), T).await.unwrap());
+                out.push(
+                    client
+                        .call(
+                            "draw",
+                            &draw("two", user, 1 + (i * 7 + user as u32) % 60),
+                            T,
+                        )
+                        .await
+                        .unwrap(),
+                );
             }
             out
         }));
@@ -245,7 +341,9 @@ async fn two_draw_worker_processes_conserve_prizes_and_the_ledger_matches() {
     assert_eq!(s.stocked, s.drawn + s.in_pool);
     assert_eq!(env.wait_ledger("two", rewards).await, rewards);
     for p in &mut procs {
-        let _ = std::process::Command::new("kill").args(["-TERM", &p.id().to_string()]).status();
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &p.id().to_string()])
+            .status();
         assert!(wait_exit(p, Duration::from_secs(15)).await.success());
     }
     env.stop_workers().await;
@@ -254,7 +352,12 @@ async fn two_draw_worker_processes_conserve_prizes_and_the_ledger_matches() {
 #[tokio::test]
 async fn sigterm_drains_in_flight_draws_and_exits_zero() {
     let mut env = TestEnv::new(&[]).await;
-    env.load(&pool_toml("drain", "refill_at = 0.5\nmax_count = 100", GIFT)).await;
+    env.load(&pool_toml(
+        "drain",
+        "refill_at = 0.5\nmax_count = 100",
+        GIFT,
+    ))
+    .await;
     env.start_refill_worker().await;
     env.start_settle_worker().await;
     let mut worker = spawn_binary(&env, "draw-worker", env!("CARGO_BIN_EXE_draw-worker"));
@@ -269,7 +372,9 @@ async fn sigterm_drains_in_flight_draws_and_exits_zero() {
         requests.push(req);
     }
     tokio::time::sleep(Duration::from_millis(30)).await;
-    let _ = std::process::Command::new("kill").args(["-TERM", &worker.id().to_string()]).status();
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &worker.id().to_string()])
+        .status();
     let status = wait_exit(&mut worker, Duration::from_secs(15)).await;
     assert!(status.success(), "exit status {status:?}");
     // Whatever it did not finish is still queued: a second worker finishes it,
@@ -292,7 +397,10 @@ async fn workers_reconnect_after_the_broker_drops_their_connections() {
     env.load(&pool_toml("rc", "", GIFT)).await;
     env.start_fleet().await;
     let client = env.client().await;
-    assert_eq!(client.call("draw", &draw("rc", 1, 3), T).await.unwrap()["status"], "ok");
+    assert_eq!(
+        client.call("draw", &draw("rc", 1, 3), T).await.unwrap()["status"],
+        "ok"
+    );
     client.close().await;
     let out = std::process::Command::new("rabbitmqctl")
         .args(["close_all_connections", "-p", &env.vhost, "test"])
@@ -304,7 +412,9 @@ async fn workers_reconnect_after_the_broker_drops_their_connections() {
     let reply: Value = loop {
         let attempt = async {
             let client = prizepool::amqp::rpc::RpcClient::connect(&env.config).await?;
-            client.call("draw", &draw("rc", 1, 3), Duration::from_secs(3)).await
+            client
+                .call("draw", &draw("rc", 1, 3), Duration::from_secs(3))
+                .await
         };
         match attempt.await {
             Ok(v) => break v,

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! SPEC §3 rules for list-mode lucky-gift pools, against a real Redis (and
 //! Postgres for the config registry).
 
@@ -10,9 +11,16 @@ use prizepool::kinds::lucky_gift::{self, CodeTable, DrawStep, Drawn, StockOutcom
 
 async fn draw(env: &TestEnv, pool: &str, count: u32) -> DrawStep {
     let mut redis = env.redis.clone();
-    lucky_gift::draw(&mut redis, &env.scripts, &env.keys(pool), &ulid::Ulid::new().to_string(), count, 3600)
-        .await
-        .unwrap()
+    lucky_gift::draw(
+        &mut redis,
+        &env.scripts,
+        &env.keys(pool),
+        &ulid::Ulid::new().to_string(),
+        count,
+        3600,
+    )
+    .await
+    .unwrap()
 }
 
 fn drawn(step: DrawStep) -> Drawn {
@@ -24,17 +32,33 @@ fn drawn(step: DrawStep) -> Drawn {
 
 async fn table(env: &TestEnv, pool: &str) -> CodeTable {
     let mut redis = env.redis.clone();
-    lucky_gift::load_codes(&mut redis, &env.keys(pool)).await.unwrap().unwrap().0
+    lucky_gift::load_codes(&mut redis, &env.keys(pool))
+        .await
+        .unwrap()
+        .unwrap()
+        .0
 }
 
 /// Stocks the batch after the pool's current one, as a refill would.
 async fn refill(env: &TestEnv, pool: &str) -> StockOutcome {
-    let (_, config, codes) = prizepool::pools::latest(&env.db, pool).await.unwrap().unwrap();
-    let gen = env.status(pool).await.generation;
-    let mut redis = env.redis.clone();
-    lucky_gift::stock_next(&mut redis, &env.scripts, &env.keys(pool), &config, &codes, gen, 7, 30_000)
+    let (_, config, codes) = prizepool::pools::latest(&env.db, pool)
         .await
         .unwrap()
+        .unwrap();
+    let gen = env.status(pool).await.generation;
+    let mut redis = env.redis.clone();
+    lucky_gift::stock_next(
+        &mut redis,
+        &env.scripts,
+        &env.keys(pool),
+        &config,
+        &codes,
+        gen,
+        7,
+        30_000,
+    )
+    .await
+    .unwrap()
 }
 
 const COMBOS: &[(&str, &[(u64, u64)])] = &[
@@ -49,12 +73,20 @@ const BATCH: u32 = 27 + 19 + 14 + 10;
 async fn each_batch_holds_exactly_the_config_and_combos_run_contiguously() {
     let env = TestEnv::new(&[]).await;
     let pool = "exact";
-    env.load(&pool_toml(pool, "refill_at = 1.0\nmax_count = 1000", COMBOS)).await;
+    env.load(&pool_toml(
+        pool,
+        "refill_at = 1.0\nmax_count = 1000",
+        COMBOS,
+    ))
+    .await;
     let codes = table(&env, pool).await;
     let mut orders = Vec::new();
     for batch in 0..12 {
         if batch > 0 {
-            assert!(matches!(refill(&env, pool).await, StockOutcome::Stocked { .. }));
+            assert!(matches!(
+                refill(&env, pool).await,
+                StockOutcome::Stocked { .. }
+            ));
         }
         // Draw the whole batch in uneven pieces.
         let mut prizes = Vec::new();
@@ -88,7 +120,10 @@ async fn each_batch_holds_exactly_the_config_and_combos_run_contiguously() {
     orders.sort();
     orders.dedup();
     // 12 batches over 24 possible orders: all equal would mean no shuffling.
-    assert!(orders.len() > 1, "combo order never changed across 12 batches");
+    assert!(
+        orders.len() > 1,
+        "combo order never changed across 12 batches"
+    );
 }
 
 #[tokio::test]
@@ -99,7 +134,13 @@ async fn a_draw_is_all_or_nothing_and_may_span_batches() {
     drawn(draw(&env, pool, BATCH - 3).await);
     let before = env.status(pool).await;
     assert_eq!(before.in_pool, 3);
-    assert_eq!(draw(&env, pool, 5).await, DrawStep::Short { in_pool: 3, generation: 1 });
+    assert_eq!(
+        draw(&env, pool, 5).await,
+        DrawStep::Short {
+            in_pool: 3,
+            generation: 1
+        }
+    );
     let after = env.status(pool).await;
     assert_eq!(before, after, "a short draw changed the pool");
     // With the next batch stocked the same draw spans the boundary.
@@ -116,7 +157,8 @@ async fn the_prize_at_the_refill_point_carries_the_trigger() {
     let env = TestEnv::new(&[]).await;
     let pool = "flag";
     // 10 prizes, refill_at 0.5: the 5th prize drawn is flagged.
-    env.load(&pool_toml(pool, "refill_at = 0.5", &[("only", &[(0, 10)])])).await;
+    env.load(&pool_toml(pool, "refill_at = 0.5", &[("only", &[(0, 10)])]))
+        .await;
     assert_eq!(drawn(draw(&env, pool, 4).await).trigger, None);
     assert_eq!(drawn(draw(&env, pool, 1).await).trigger, Some(1));
     assert_eq!(drawn(draw(&env, pool, 5).await).trigger, None);
@@ -127,7 +169,10 @@ async fn unknown_pool_and_count_above_max_count() {
     let env = TestEnv::new(&[]).await;
     assert_eq!(draw(&env, "nope", 1).await, DrawStep::Unknown);
     env.load(&pool_toml("small", "max_count = 3", COMBOS)).await;
-    assert_eq!(draw(&env, "small", 4).await, DrawStep::TooMany { max_count: 3 });
+    assert_eq!(
+        draw(&env, "small", 4).await,
+        DrawStep::TooMany { max_count: 3 }
+    );
 }
 
 #[tokio::test]
@@ -142,14 +187,23 @@ async fn gated_jackpots_wait_at_the_head_for_the_first_draw_that_may_win_them() 
     ))
     .await;
     let codes = table(&env, pool).await;
-    let multipliers = |d: &Drawn| d.codes.iter().map(|c| codes.decode(*c).unwrap().1).collect::<Vec<_>>();
+    let multipliers = |d: &Drawn| {
+        d.codes
+            .iter()
+            .map(|c| codes.decode(*c).unwrap().1)
+            .collect::<Vec<_>>()
+    };
     // Consumption so far 10 per prize drawn; the ninth prize takes it to 90.
     let mut seen = Vec::new();
     for _ in 0..8 {
         let d = drawn(draw(&env, pool, 1).await);
         seen.extend(multipliers(&d));
     }
-    assert_eq!(seen, vec![0; 8], "a gated jackpot was won below the threshold");
+    assert_eq!(
+        seen,
+        vec![0; 8],
+        "a gated jackpot was won below the threshold"
+    );
     let s = env.status(pool).await;
     assert_eq!(s.in_pool, 2, "both jackpots are still in the pool");
     // Gated, nothing else left: short, and nothing moves.
@@ -161,9 +215,17 @@ async fn gated_jackpots_wait_at_the_head_for_the_first_draw_that_may_win_them() 
     refill(&env, pool).await;
     let d = drawn(draw(&env, pool, 1).await);
     assert!(multipliers(&d)[0] < 100);
-    assert_eq!(env.status(pool).await.held_jackpots, 2, "both jackpots wait at the head");
+    assert_eq!(
+        env.status(pool).await.held_jackpots,
+        2,
+        "both jackpots wait at the head"
+    );
     let d = drawn(draw(&env, pool, 2).await);
-    assert_eq!(multipliers(&d), vec![100, 100], "the waiting jackpots come first");
+    assert_eq!(
+        multipliers(&d),
+        vec![100, 100],
+        "the waiting jackpots come first"
+    );
     let s = env.status(pool).await;
     assert_eq!(s.held_jackpots, 0);
     assert_eq!(s.stocked, s.drawn + s.in_pool);
@@ -191,10 +253,26 @@ async fn waiting_jackpots_are_not_touched_by_gated_draws() {
     assert!(s.held_jackpots >= 29, "{} jackpots wait", s.held_jackpots);
     let waiting = s.held_jackpots as usize;
     let mut redis = env.redis.clone();
-    let held_before: Vec<String> = redis::cmd("LRANGE").arg(env.keys(pool).held()).arg(0).arg(-1).query_async(&mut redis).await.unwrap();
+    let held_before: Vec<String> = redis::cmd("LRANGE")
+        .arg(env.keys(pool).held())
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
     drawn(draw(&env, pool, 5).await);
-    let held_after: Vec<String> = redis::cmd("LRANGE").arg(env.keys(pool).held()).arg(0).arg(-1).query_async(&mut redis).await.unwrap();
-    assert_eq!(&held_after[..waiting], &held_before[..], "the waiting pile was rewritten");
+    let held_after: Vec<String> = redis::cmd("LRANGE")
+        .arg(env.keys(pool).held())
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(
+        &held_after[..waiting],
+        &held_before[..],
+        "the waiting pile was rewritten"
+    );
     let s = env.status(pool).await;
     assert_eq!(s.stocked, s.drawn + s.in_pool);
 }
@@ -203,8 +281,12 @@ async fn waiting_jackpots_are_not_touched_by_gated_draws() {
 async fn fifty_concurrent_refills_for_one_trigger_stock_one_batch() {
     let env = TestEnv::new(&[]).await;
     let pool = "race";
-    env.load(&pool_toml(pool, "", &[("c", &[(0, 3000), (5, 100)])])).await;
-    let (_, config, codes) = prizepool::pools::latest(&env.db, pool).await.unwrap().unwrap();
+    env.load(&pool_toml(pool, "", &[("c", &[(0, 3000), (5, 100)])]))
+        .await;
+    let (_, config, codes) = prizepool::pools::latest(&env.db, pool)
+        .await
+        .unwrap()
+        .unwrap();
     let mut tasks = Vec::new();
     for _ in 0..50 {
         // Separate connections, so the calls really interleave in Redis.
@@ -214,8 +296,15 @@ async fn fifty_concurrent_refills_for_one_trigger_stock_one_batch() {
             let mut redis = prizepool::redis_conn::connect(&url).await.unwrap();
             let scripts = prizepool::scripts::Scripts::new();
             loop {
-                match lucky_gift::stock_next(&mut redis, &scripts, &keys, &config, &codes, 1, 50, 30_000).await.unwrap() {
-                    StockOutcome::Busy { retry_in } => tokio::time::sleep(retry_in.min(std::time::Duration::from_millis(5))).await,
+                match lucky_gift::stock_next(
+                    &mut redis, &scripts, &keys, &config, &codes, 1, 50, 30_000,
+                )
+                .await
+                .unwrap()
+                {
+                    StockOutcome::Busy { retry_in } => {
+                        tokio::time::sleep(retry_in.min(std::time::Duration::from_millis(5))).await
+                    }
                     other => return other,
                 }
             }
@@ -241,24 +330,55 @@ async fn fifty_concurrent_refills_for_one_trigger_stock_one_batch() {
 async fn a_dead_stocking_attempt_is_cleaned_up_by_the_next() {
     let env = TestEnv::new(&[]).await;
     let pool = "crash";
-    env.load(&pool_toml(pool, "", &[("c", &[(0, 50), (5, 10)])])).await;
+    env.load(&pool_toml(pool, "", &[("c", &[(0, 50), (5, 10)])]))
+        .await;
     let keys = env.keys(pool);
     let mut redis = env.redis.clone();
     // An attempt claims the lease, pushes half a batch, and dies.
-    let (status, _): (String, i64) = env.scripts.stock_begin.key(keys.meta()).key(keys.queue())
-        .arg(1).arg("dead").arg(0).arg(1).invoke_async(&mut redis).await.unwrap();
+    let (status, _): (String, i64) = env
+        .scripts
+        .stock_begin
+        .key(keys.meta())
+        .key(keys.queue())
+        .arg(1)
+        .arg("dead")
+        .arg(0)
+        .arg(1)
+        .invoke_async(&mut redis)
+        .await
+        .unwrap();
     assert_eq!(status, "claimed");
-    let pushed: i64 = env.scripts.stock_push.key(keys.meta()).key(keys.queue())
-        .arg("dead").arg(0).arg(1).arg(&["0", "0", "0"][..]).invoke_async(&mut redis).await.unwrap();
+    let pushed: i64 = env
+        .scripts
+        .stock_push
+        .key(keys.meta())
+        .key(keys.queue())
+        .arg("dead")
+        .arg(0)
+        .arg(1)
+        .arg(&["0", "0", "0"][..])
+        .invoke_async(&mut redis)
+        .await
+        .unwrap();
     assert_eq!(pushed, 3);
     // Draws never see the hidden tail.
     drawn(draw(&env, pool, 60).await);
     assert!(matches!(draw(&env, pool, 1).await, DrawStep::Short { .. }));
     // Its lease (1 ms at time 0) is long gone: the next attempt trims and stocks.
-    assert!(matches!(refill(&env, pool).await, StockOutcome::Stocked { generation: 2, size: 60 }));
+    assert!(matches!(
+        refill(&env, pool).await,
+        StockOutcome::Stocked {
+            generation: 2,
+            size: 60
+        }
+    ));
     let s = env.status(pool).await;
     assert_eq!((s.stocked, s.drawn, s.in_pool), (120, 60, 60));
-    let len: u64 = redis::cmd("LLEN").arg(keys.queue()).query_async(&mut redis).await.unwrap();
+    let len: u64 = redis::cmd("LLEN")
+        .arg(keys.queue())
+        .query_async(&mut redis)
+        .await
+        .unwrap();
     assert_eq!(len, 60);
 }
 
@@ -266,10 +386,24 @@ async fn a_dead_stocking_attempt_is_cleaned_up_by_the_next() {
 async fn list_mode_costs_about_two_bytes_per_prize() {
     let env = TestEnv::new(&[("REFILL_CHUNK", "4000")]).await;
     let pool = "mem";
-    env.load(&pool_toml(pool, "", &[("a", &[(0, 90_000), (1, 8000), (10, 2000)]), ("b", &[(0, 99_000), (3, 1000)])])).await;
+    env.load(&pool_toml(
+        pool,
+        "",
+        &[
+            ("a", &[(0, 90_000), (1, 8000), (10, 2000)]),
+            ("b", &[(0, 99_000), (3, 1000)]),
+        ],
+    ))
+    .await;
     let mut redis = env.redis.clone();
-    let bytes: u64 = redis::cmd("MEMORY").arg("USAGE").arg(env.keys(pool).queue()).arg("SAMPLES").arg(0)
-        .query_async(&mut redis).await.unwrap();
+    let bytes: u64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(env.keys(pool).queue())
+        .arg("SAMPLES")
+        .arg(0)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
     let per_prize = bytes as f64 / 200_000.0;
     println!("list mode: {bytes} bytes for 200000 prizes = {per_prize:.3} bytes/prize");
     assert!(per_prize <= 2.5, "{per_prize} bytes per prize");

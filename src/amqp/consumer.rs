@@ -15,7 +15,9 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use futures_util::StreamExt;
 use lapin::{
     message::Delivery,
-    options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions},
+    options::{
+        BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
+    },
     types::FieldTable,
     BasicProperties,
 };
@@ -104,7 +106,11 @@ pub async fn run<H: Handler>(
             Err(error) => {
                 health.set_ready(false);
                 let delay = backoff.next().unwrap_or(std::time::Duration::from_secs(5));
-                tracing::warn!(error = format!("{error:#}"), ?delay, "broker session ended; reconnecting");
+                tracing::warn!(
+                    error = format!("{error:#}"),
+                    ?delay,
+                    "broker session ended; reconnecting"
+                );
                 tokio::select! {
                     _ = shutdown.cancelled() => return Ok(()),
                     _ = tokio::time::sleep(delay) => {}
@@ -185,7 +191,9 @@ async fn session<H: Handler>(
         .await
         .is_err()
     {
-        tracing::warn!("in-flight deliveries did not finish within the grace period; they will be redelivered");
+        tracing::warn!(
+            "in-flight deliveries did not finish within the grace period; they will be redelivered"
+        );
     }
     // A synchronous round trip on the consuming channel: the broker handles a
     // channel's frames in order, so once qos-ok arrives every ack sent before
@@ -201,7 +209,12 @@ async fn session<H: Handler>(
 
 /// Handles one delivery end to end; never panics, never leaves it unanswered
 /// unless the channel itself is gone (then the broker redelivers it).
-async fn process<H: Handler>(config: &Config, handler: &H, publisher: &Publisher, delivery: Delivery) {
+async fn process<H: Handler>(
+    config: &Config,
+    handler: &H,
+    publisher: &Publisher,
+    delivery: Delivery,
+) {
     let started = Instant::now();
     let route = handler.route();
     let envelope = messages::decode_envelope(&delivery.data);
@@ -219,9 +232,14 @@ async fn process<H: Handler>(config: &Config, handler: &H, publisher: &Publisher
         };
         let label = match outcome {
             Ok(outcome) => finish(publisher, &delivery, outcome).await,
-            Err(HandleError::Invalid(invalid)) => dead_letter(publisher, &delivery, route, &invalid).await,
+            Err(HandleError::Invalid(invalid)) => {
+                dead_letter(publisher, &delivery, route, &invalid).await
+            }
             Err(HandleError::Transient(error)) => {
-                tracing::error!(error = format!("{error:#}"), "giving up for now; requeueing");
+                tracing::error!(
+                    error = format!("{error:#}"),
+                    "giving up for now; requeueing"
+                );
                 let _ = delivery
                     .nack(BasicNackOptions {
                         requeue: true,
@@ -257,7 +275,11 @@ async fn handle_with_retry<H: Handler>(
         match handler.handle(value.clone(), publisher).await {
             Err(HandleError::Transient(error)) => match delays.next() {
                 Some(delay) => {
-                    tracing::warn!(error = format!("{error:#}"), ?delay, "transient failure; retrying");
+                    tracing::warn!(
+                        error = format!("{error:#}"),
+                        ?delay,
+                        "transient failure; retrying"
+                    );
                     metrics::counter!("prizepool_retries_total").increment(1);
                     tokio::time::sleep(delay).await;
                 }
@@ -358,7 +380,11 @@ pub async fn publish_dead_letter(
     let mut messages = vec![dead_letter_message(delivery, route, invalid)];
     if let Some(reply_to) = delivery.properties.reply_to() {
         let request = messages::decode_envelope(&delivery.data).ok();
-        let reply = messages::rejected_reply(request.as_ref(), ErrorCode::InvalidRequest, &invalid.message);
+        let reply = messages::rejected_reply(
+            request.as_ref(),
+            ErrorCode::InvalidRequest,
+            &invalid.message,
+        );
         messages.push(Outgoing::reply(
             reply_to.as_str(),
             delivery.properties.correlation_id().as_ref(),

@@ -51,7 +51,11 @@ fn death_reason(headers: Option<&FieldTable>) -> Option<String> {
 
 /// Lists up to `limit` dead letters of `route` without removing them: they
 /// are fetched unacknowledged and return to the queue when the channel closes.
-pub async fn list(conn: &Connection, route: Route, limit: usize) -> anyhow::Result<Vec<DeadLetter>> {
+pub async fn list(
+    conn: &Connection,
+    route: Route,
+    limit: usize,
+) -> anyhow::Result<Vec<DeadLetter>> {
     let channel = conn.create_channel().await?;
     let mut out = Vec::new();
     while out.len() < limit {
@@ -61,7 +65,10 @@ pub async fn list(conn: &Connection, route: Route, limit: usize) -> anyhow::Resu
         else {
             break;
         };
-        out.push(describe(&msg.delivery.data, msg.delivery.properties.headers().as_ref()));
+        out.push(describe(
+            &msg.delivery.data,
+            msg.delivery.properties.headers().as_ref(),
+        ));
     }
     channel.close(200, "listed".into()).await?;
     Ok(out)
@@ -79,13 +86,20 @@ pub struct Replay {
 /// Moves up to `limit` dead letters of `route` back to its work queue,
 /// keeping their properties and headers. Each one is acked on the DLQ only
 /// after the broker confirmed its republication. A dry run only lists.
-pub async fn replay(conn: &Connection, route: Route, limit: usize, dry_run: bool) -> anyhow::Result<Replay> {
+pub async fn replay(
+    conn: &Connection,
+    route: Route,
+    limit: usize,
+    dry_run: bool,
+) -> anyhow::Result<Replay> {
     if dry_run {
         let messages = list(conn, route, limit).await?;
         return Ok(Replay { moved: 0, messages });
     }
     let channel = conn.create_channel().await?;
-    channel.confirm_select(ConfirmSelectOptions::default()).await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
     let mut report = Replay::default();
     while report.moved < limit {
         let Some(msg) = channel
@@ -109,13 +123,17 @@ pub async fn replay(conn: &Connection, route: Route, limit: usize, dry_run: bool
             .await?
             .await?;
         if confirm.is_nack() || confirm.take_message().is_some() {
-            anyhow::bail!("the broker did not take the replayed message (is {} declared?)", route.queue);
+            anyhow::bail!(
+                "the broker did not take the replayed message (is {} declared?)",
+                route.queue
+            );
         }
         delivery.ack(BasicAckOptions::default()).await?;
         report.moved += 1;
-        report
-            .messages
-            .push(describe(&delivery.data, delivery.properties.headers().as_ref()));
+        report.messages.push(describe(
+            &delivery.data,
+            delivery.properties.headers().as_ref(),
+        ));
     }
     channel.close(200, "replayed".into()).await?;
     Ok(report)

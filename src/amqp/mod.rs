@@ -12,8 +12,8 @@
 
 mod consumer;
 pub mod dlq;
-pub mod rpc;
 mod publish;
+pub mod rpc;
 
 use anyhow::Context;
 use lapin::{

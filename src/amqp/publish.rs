@@ -55,8 +55,13 @@ impl Outgoing {
     }
 
     /// A reply to `reply_to`, carrying the request's correlation id.
-    pub fn reply(reply_to: &str, correlation_id: Option<&ShortString>, body: &serde_json::Value) -> Self {
-        let mut properties = BasicProperties::default().with_content_type("application/json".into());
+    pub fn reply(
+        reply_to: &str,
+        correlation_id: Option<&ShortString>,
+        body: &serde_json::Value,
+    ) -> Self {
+        let mut properties =
+            BasicProperties::default().with_content_type("application/json".into());
         if let Some(id) = correlation_id {
             properties = properties.with_correlation_id(id.clone());
         }

@@ -39,7 +39,9 @@ impl RpcClient {
         let conn = super::connect(&config.amqp_url, "prizepool-client").await?;
         let channel = conn.create_channel().await?;
         super::declare_topology(&channel, config.delivery_limit).await?;
-        channel.confirm_select(ConfirmSelectOptions::default()).await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
         let mut consumer = channel
             .basic_consume(
                 REPLY_TO.into(),
@@ -74,12 +76,23 @@ impl RpcClient {
 
     /// Publishes `body` to the `prizepool` exchange with `routing_key` and
     /// waits up to `timeout` for the reply.
-    pub async fn call(&self, routing_key: &str, body: &Value, timeout: Duration) -> anyhow::Result<Value> {
-        self.call_raw(routing_key, &serde_json::to_vec(body)?, timeout).await
+    pub async fn call(
+        &self,
+        routing_key: &str,
+        body: &Value,
+        timeout: Duration,
+    ) -> anyhow::Result<Value> {
+        self.call_raw(routing_key, &serde_json::to_vec(body)?, timeout)
+            .await
     }
 
     /// Like [`call`](Self::call) with a body sent as is (which may be invalid on purpose).
-    pub async fn call_raw(&self, routing_key: &str, body: &[u8], timeout: Duration) -> anyhow::Result<Value> {
+    pub async fn call_raw(
+        &self,
+        routing_key: &str,
+        body: &[u8],
+        timeout: Duration,
+    ) -> anyhow::Result<Value> {
         let id = ulid::Ulid::new().to_string();
         let (tx, rx) = oneshot::channel();
         self.waiters
@@ -106,7 +119,9 @@ impl RpcClient {
             .await?
             .await?;
         if confirm.is_nack() || confirm.take_message().is_some() {
-            anyhow::bail!("the broker did not accept the request (is a worker's topology declared?)");
+            anyhow::bail!(
+                "the broker did not accept the request (is a worker's topology declared?)"
+            );
         }
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(reply)) => Ok(reply),

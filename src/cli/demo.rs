@@ -52,14 +52,27 @@ pub(crate) async fn run(config: &Config, args: DemoArgs) -> anyhow::Result<()> {
     let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
     let scripts = Scripts::new();
 
-    let text = std::fs::read_to_string(&args.pool_file).unwrap_or_else(|_| EXAMPLE_POOLS.to_owned());
+    let text =
+        std::fs::read_to_string(&args.pool_file).unwrap_or_else(|_| EXAMPLE_POOLS.to_owned());
     let mut pool = lucky_gift::parse_file(&text)?
         .into_iter()
         .next()
         .context("the pool file defines no pool")?;
     pool.id = format!("demo-{}", ulid::Ulid::new().to_string().to_lowercase());
-    crate::pools::load(&db, &mut redis, &scripts, &config.redis_prefix, std::slice::from_ref(&pool), config.refill_chunk).await?;
-    println!("loaded pool {} (batch of {} prizes)", pool.id, pool.batch_size());
+    crate::pools::load(
+        &db,
+        &mut redis,
+        &scripts,
+        &config.redis_prefix,
+        std::slice::from_ref(&pool),
+        config.refill_chunk,
+    )
+    .await?;
+    println!(
+        "loaded pool {} (batch of {} prizes)",
+        pool.id,
+        pool.batch_size()
+    );
 
     // The fleet.
     let shutdown = CancellationToken::new();
@@ -72,13 +85,20 @@ pub(crate) async fn run(config: &Config, args: DemoArgs) -> anyhow::Result<()> {
     }
     let (c, s, h) = (config.clone(), shutdown.clone(), Health::default());
     healths.push(h.clone());
-    workers.push(tokio::spawn(async move { crate::refill::run(c, h, s).await }));
+    workers.push(tokio::spawn(
+        async move { crate::refill::run(c, h, s).await },
+    ));
     let (c, s, h) = (config.clone(), shutdown.clone(), Health::default());
     healths.push(h.clone());
-    workers.push(tokio::spawn(async move { crate::settle::run(c, h, s).await }));
+    workers.push(tokio::spawn(
+        async move { crate::settle::run(c, h, s).await },
+    ));
     let ready_by = tokio::time::Instant::now() + Duration::from_secs(30);
     while !healths.iter().all(Health::is_ready) {
-        anyhow::ensure!(tokio::time::Instant::now() < ready_by, "the workers did not become ready within 30 s");
+        anyhow::ensure!(
+            tokio::time::Instant::now() < ready_by,
+            "the workers did not become ready within 30 s"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
@@ -97,7 +117,11 @@ pub(crate) async fn run(config: &Config, args: DemoArgs) -> anyhow::Result<()> {
     let replies: Vec<anyhow::Result<Value>> = stream::iter(requests)
         .map(|req| {
             let client = client.clone();
-            async move { client.call(amqp::DRAW.routing_key, &req, Duration::from_secs(30)).await }
+            async move {
+                client
+                    .call(amqp::DRAW.routing_key, &req, Duration::from_secs(30))
+                    .await
+            }
         })
         .buffer_unordered(64)
         .collect()
@@ -117,10 +141,16 @@ pub(crate) async fn run(config: &Config, args: DemoArgs) -> anyhow::Result<()> {
                 total_reward += r["reward"].as_i64().unwrap_or(0);
                 for p in r["prizes"].as_array().into_iter().flatten() {
                     prizes += 1;
-                    *by_multiplier.entry(p["multiplier"].as_u64().unwrap_or(0)).or_default() += 1;
+                    *by_multiplier
+                        .entry(p["multiplier"].as_u64().unwrap_or(0))
+                        .or_default() += 1;
                 }
             }
-            Ok(r) => *rejected.entry(r["error"]["code"].as_str().unwrap_or("?").to_owned()).or_default() += 1,
+            Ok(r) => {
+                *rejected
+                    .entry(r["error"]["code"].as_str().unwrap_or("?").to_owned())
+                    .or_default() += 1
+            }
             Err(_) => failed += 1,
         }
     }
@@ -141,19 +171,41 @@ pub(crate) async fn run(config: &Config, args: DemoArgs) -> anyhow::Result<()> {
     }
 
     println!();
-    println!("draws            {} ok, {} rejected {:?}, {} without reply, in {:.2?} ({:.0} draws/s)",
-        ok, rejected.values().sum::<u64>(), rejected, failed, elapsed, replies.len() as f64 / elapsed.as_secs_f64());
+    println!(
+        "draws            {} ok, {} rejected {:?}, {} without reply, in {:.2?} ({:.0} draws/s)",
+        ok,
+        rejected.values().sum::<u64>(),
+        rejected,
+        failed,
+        elapsed,
+        replies.len() as f64 / elapsed.as_secs_f64()
+    );
     println!("prizes drawn     {prizes}");
-    println!("by multiplier    {}", by_multiplier.iter().map(|(m, n)| format!("{m}x: {n}")).collect::<Vec<_>>().join(", "));
+    println!(
+        "by multiplier    {}",
+        by_multiplier
+            .iter()
+            .map(|(m, n)| format!("{m}x: {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     println!("total reward     {total_reward} {}", pool.asset);
     println!("ledger total     {ledger_total} {}", pool.asset);
     println!("pool             {} batches stocked, {} prizes stocked, {} drawn, {} in pool ({} jackpots waiting)",
         status.generation, status.stocked, status.drawn, status.in_pool, status.held_jackpots);
     let conserved = status.stocked == status.drawn + status.in_pool && status.drawn == prizes;
     let settled = ledger_total == total_reward;
-    println!("conservation     stocked {} = drawn {} + in pool {}: {}", status.stocked, status.drawn, status.in_pool,
-        if conserved { "OK" } else { "FAILED" });
-    println!("ledger check     ledger {ledger_total} = rewards {total_reward}: {}", if settled { "OK" } else { "FAILED" });
+    println!(
+        "conservation     stocked {} = drawn {} + in pool {}: {}",
+        status.stocked,
+        status.drawn,
+        status.in_pool,
+        if conserved { "OK" } else { "FAILED" }
+    );
+    println!(
+        "ledger check     ledger {ledger_total} = rewards {total_reward}: {}",
+        if settled { "OK" } else { "FAILED" }
+    );
     if !conserved || !settled || failed > 0 {
         anyhow::bail!("the demo found an inconsistency");
     }

@@ -104,7 +104,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Migrate => {
             crate::db::migrate(&config.database_url).await?;
-            println!("migrations applied to {}", crate::db::redact(&config.database_url));
+            println!(
+                "migrations applied to {}",
+                crate::db::redact(&config.database_url)
+            );
         }
         Command::Pool { command } => pool(&config, command).await?,
         Command::Draw {
@@ -121,7 +124,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 "pool": pool, "user_id": user, "count": count,
             });
             let reply = client
-                .call(amqp::DRAW.routing_key, &request, Duration::from_secs(timeout))
+                .call(
+                    amqp::DRAW.routing_key,
+                    &request,
+                    Duration::from_secs(timeout),
+                )
                 .await?;
             println!("{}", serde_json::to_string_pretty(&reply)?);
             client.close().await;
@@ -190,7 +197,10 @@ async fn pool(config: &Config, command: PoolCommand) -> anyhow::Result<()> {
                 println!("batches        {}", status.generation);
                 println!("stocked        {}", status.stocked);
                 println!("drawn          {}", status.drawn);
-                println!("in pool        {} ({} jackpots waiting)", status.in_pool, status.held_jackpots);
+                println!(
+                    "in pool        {} ({} jackpots waiting)",
+                    status.in_pool, status.held_jackpots
+                );
                 println!("spent today    {}", status.spent_today);
                 let bytes: Option<u64> = redis::cmd("MEMORY")
                     .arg("USAGE")
@@ -203,7 +213,10 @@ async fn pool(config: &Config, command: PoolCommand) -> anyhow::Result<()> {
                     .flatten();
                 let stored = status.in_pool.saturating_sub(status.held_jackpots);
                 if let (Some(bytes), true) = (bytes, stored > 0) {
-                    println!("memory         {bytes} bytes, {:.2} bytes per stored prize", bytes as f64 / stored as f64);
+                    println!(
+                        "memory         {bytes} bytes, {:.2} bytes per stored prize",
+                        bytes as f64 / stored as f64
+                    );
                 }
             }
         }
@@ -220,7 +233,11 @@ async fn pool(config: &Config, command: PoolCommand) -> anyhow::Result<()> {
                 urgent: true,
             };
             let reply = client
-                .call(amqp::REFILL.routing_key, &with_type("refill", &request), Duration::from_secs(60))
+                .call(
+                    amqp::REFILL.routing_key,
+                    &with_type("refill", &request),
+                    Duration::from_secs(60),
+                )
                 .await?;
             println!("{}", serde_json::to_string_pretty(&reply)?);
             client.close().await;
@@ -263,10 +280,18 @@ async fn dlq_command(config: &Config, command: DlqCommand) -> anyhow::Result<()>
             let route = route(&queue)?;
             let report = dlq::replay(&conn, route, limit, dry_run).await?;
             let verb = if dry_run { "would move" } else { "moved" };
-            let n = if dry_run { report.messages.len() } else { report.moved };
+            let n = if dry_run {
+                report.messages.len()
+            } else {
+                report.moved
+            };
             println!("{verb} {n} messages from {} to {}", route.dlq, route.queue);
             for l in report.messages {
-                println!("- {}: {}", l.message_type.as_deref().unwrap_or("?"), l.reason);
+                println!(
+                    "- {}: {}",
+                    l.message_type.as_deref().unwrap_or("?"),
+                    l.reason
+                );
             }
         }
     }

@@ -46,7 +46,11 @@ impl DrawWorker {
     }
 
     /// Handles one draw request.
-    pub async fn draw(&self, req: DrawRequest, publisher: &Publisher) -> Result<Outcome, HandleError> {
+    pub async fn draw(
+        &self,
+        req: DrawRequest,
+        publisher: &Publisher,
+    ) -> Result<Outcome, HandleError> {
         req.validate()?;
         tracing::Span::current().record("request.id", req.request_id.as_str());
         let keys = PoolKeys::new(&self.config.redis_prefix, &req.pool);
@@ -69,7 +73,11 @@ impl DrawWorker {
                 self.config.result_ttl.as_secs(),
             )
             .await?;
-            let DrawStep::Short { in_pool, generation } = step else {
+            let DrawStep::Short {
+                in_pool,
+                generation,
+            } = step
+            else {
                 break step;
             };
             // Ask for the next batch once per batch seen short; the refill
@@ -81,7 +89,10 @@ impl DrawWorker {
                     urgent: true,
                 };
                 publisher
-                    .publish(Outgoing::work(amqp::REFILL.routing_key, &with_type("refill", &refill)))
+                    .publish(Outgoing::work(
+                        amqp::REFILL.routing_key,
+                        &with_type("refill", &refill),
+                    ))
                     .await?;
                 refill_asked = Some(generation);
                 metrics::counter!("prizepool_urgent_refills_total").increment(1);
@@ -102,7 +113,9 @@ impl DrawWorker {
             }
         };
         match step {
-            DrawStep::Drawn(drawn) | DrawStep::Replayed(drawn) => self.drawn(&req, &keys, drawn).await,
+            DrawStep::Drawn(drawn) | DrawStep::Replayed(drawn) => {
+                self.drawn(&req, &keys, drawn).await
+            }
             DrawStep::TooMany { max_count } => Err(Invalid::new(format!(
                 "`count` {} is above the max_count {max_count} of pool {}",
                 req.count, req.pool
@@ -117,7 +130,12 @@ impl DrawWorker {
         }
     }
 
-    async fn table(&self, keys: &PoolKeys, pool: &str, needed: u32) -> Result<Arc<(CodeTable, String)>, HandleError> {
+    async fn table(
+        &self,
+        keys: &PoolKeys,
+        pool: &str,
+        needed: u32,
+    ) -> Result<Arc<(CodeTable, String)>, HandleError> {
         if let Some(t) = self.codes.read().await.get(pool) {
             if (needed as usize) < t.0.len() {
                 return Ok(t.clone());
@@ -128,20 +146,28 @@ impl DrawWorker {
             .await?
             .ok_or_else(|| anyhow::anyhow!("pool {pool} has no code table"))?;
         let loaded = Arc::new(loaded);
-        self.codes.write().await.insert(pool.to_owned(), loaded.clone());
+        self.codes
+            .write()
+            .await
+            .insert(pool.to_owned(), loaded.clone());
         Ok(loaded)
     }
 
-    async fn drawn(&self, req: &DrawRequest, keys: &PoolKeys, drawn: Drawn) -> Result<Outcome, HandleError> {
+    async fn drawn(
+        &self,
+        req: &DrawRequest,
+        keys: &PoolKeys,
+        drawn: Drawn,
+    ) -> Result<Outcome, HandleError> {
         let highest = drawn.codes.iter().copied().max().unwrap_or(0);
         let table = self.table(keys, &req.pool, highest).await?;
         let (codes, asset) = (&table.0, &table.1);
         let mut prizes = Vec::with_capacity(drawn.codes.len());
         let mut total: u64 = 0;
         for &code in &drawn.codes {
-            let (combo, multiplier) = codes
-                .decode(code)
-                .ok_or_else(|| anyhow::anyhow!("code {code} is not in the table of pool {}", req.pool))?;
+            let (combo, multiplier) = codes.decode(code).ok_or_else(|| {
+                anyhow::anyhow!("code {code} is not in the table of pool {}", req.pool)
+            })?;
             total += multiplier;
             prizes.push(Prize::Multiplier {
                 multiplier,
@@ -181,9 +207,15 @@ impl DrawWorker {
                 trigger,
                 urgent: false,
             };
-            effects.push(Outgoing::work(amqp::REFILL.routing_key, &with_type("refill", &refill)));
+            effects.push(Outgoing::work(
+                amqp::REFILL.routing_key,
+                &with_type("refill", &refill),
+            ));
         }
-        effects.push(Outgoing::event("draw.completed", &with_type("draw.completed", &result)));
+        effects.push(Outgoing::event(
+            "draw.completed",
+            &with_type("draw.completed", &result),
+        ));
         metrics::counter!("prizepool_prizes_drawn_total").increment(drawn.codes.len() as u64);
         Ok(Outcome {
             reply: Some(with_type("draw_result", &result)),
@@ -207,7 +239,9 @@ impl DrawWorker {
 
 fn unreachable_short() -> Result<Outcome, HandleError> {
     // The retry loop above only breaks on a step that is not `Short`.
-    Err(HandleError::Transient(anyhow::anyhow!("draw loop left a short pool unanswered")))
+    Err(HandleError::Transient(anyhow::anyhow!(
+        "draw loop left a short pool unanswered"
+    )))
 }
 
 /// A `rejected` draw result: a business refusal, not bad input.
@@ -240,7 +274,11 @@ impl Handler for DrawWorker {
 }
 
 /// Runs a draw worker until `shutdown`.
-pub async fn run(config: Config, health: crate::ops::Health, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
+pub async fn run(
+    config: Config,
+    health: crate::ops::Health,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
     let redis = crate::redis_conn::connect(&config.redis_url).await?;
     let worker = Arc::new(DrawWorker::new(config.clone(), redis));
     amqp::run(&config, worker, health, shutdown).await

@@ -72,20 +72,28 @@ impl RefillWorker {
                         "size": size, "version": version, "urgent": req.urgent,
                     });
                     return Ok(Outcome {
-                        reply: Some(json!({"type": "refill_result", "status": "ok", "pool": req.pool, "generation": generation})),
+                        reply: Some(
+                            json!({"type": "refill_result", "status": "ok", "pool": req.pool, "generation": generation}),
+                        ),
                         effects: vec![Outgoing::event("pool.refilled", &event)],
                     });
                 }
                 Ok(StockOutcome::AlreadyDone { generation }) => {
                     tracing::debug!(pool = %req.pool, trigger = req.trigger, generation, "duplicate refill request");
                     return Ok(Outcome {
-                        reply: Some(json!({"type": "refill_result", "status": "ok", "pool": req.pool, "generation": generation})),
+                        reply: Some(
+                            json!({"type": "refill_result", "status": "ok", "pool": req.pool, "generation": generation}),
+                        ),
                         effects: Vec::new(),
                     });
                 }
                 Ok(StockOutcome::Busy { retry_in }) => {
                     if tokio::time::Instant::now() > deadline {
-                        return Err(anyhow::anyhow!("pool {} is still being stocked by another attempt", req.pool).into());
+                        return Err(anyhow::anyhow!(
+                            "pool {} is still being stocked by another attempt",
+                            req.pool
+                        )
+                        .into());
                     }
                     tokio::time::sleep(retry_in.min(Duration::from_millis(50))).await;
                 }
@@ -97,7 +105,11 @@ impl RefillWorker {
                     .into())
                 }
                 Ok(StockOutcome::Unknown) => {
-                    return Err(Invalid::new(format!("pool {} is not in Redis (load it again)", req.pool)).into())
+                    return Err(Invalid::new(format!(
+                        "pool {} is not in Redis (load it again)",
+                        req.pool
+                    ))
+                    .into())
                 }
                 Err(StockError::Redis(e)) => return Err(e.into()),
                 Err(e) => return Err(anyhow::Error::from(e).into()),
@@ -111,7 +123,11 @@ impl Handler for RefillWorker {
         amqp::REFILL
     }
 
-    async fn handle(&self, envelope: Value, _publisher: &Publisher) -> Result<Outcome, HandleError> {
+    async fn handle(
+        &self,
+        envelope: Value,
+        _publisher: &Publisher,
+    ) -> Result<Outcome, HandleError> {
         match decode_typed::<RefillQueueMessage>(envelope)? {
             RefillQueueMessage::Refill(req) => self.refill(req).await,
         }
@@ -119,7 +135,11 @@ impl Handler for RefillWorker {
 }
 
 /// Runs a refill worker until `shutdown`.
-pub async fn run(config: Config, health: crate::ops::Health, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
+pub async fn run(
+    config: Config,
+    health: crate::ops::Health,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
     let redis = crate::redis_conn::connect(&config.redis_url).await?;
     let db = crate::db::connect(&config.database_url).await?;
     let worker = Arc::new(RefillWorker::new(config.clone(), redis, db));

@@ -70,7 +70,10 @@ pub async fn balances(db: &PgPool, account: i64) -> Result<Vec<Balance>, sqlx::E
 }
 
 /// Sum of every entry for `reason` (or all reasons), per asset.
-pub async fn totals(db: &PgPool, reason: Option<&str>) -> Result<Vec<(String, i64, i64)>, sqlx::Error> {
+pub async fn totals(
+    db: &PgPool,
+    reason: Option<&str>,
+) -> Result<Vec<(String, i64, i64)>, sqlx::Error> {
     sqlx::query_as(
         "SELECT asset, coalesce(sum(amount), 0)::bigint, count(*) FROM ledger_entries \
          WHERE $1::text IS NULL OR reason = $1 GROUP BY asset ORDER BY asset",

@@ -23,7 +23,11 @@ use crate::{
 };
 
 /// Runs a settle worker until `shutdown`, reconnecting after failures.
-pub async fn run(config: Config, health: Health, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(
+    config: Config,
+    health: Health,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     // Lazy: the worker starts (and keeps its deliveries unacked) while
     // Postgres is down, and connects once it is back.
     let db = sqlx::postgres::PgPoolOptions::new()
@@ -45,7 +49,11 @@ pub async fn run(config: Config, health: Health, shutdown: CancellationToken) ->
             Err(error) => {
                 health.set_ready(false);
                 let delay = backoff.next().unwrap_or(Duration::from_secs(5));
-                tracing::warn!(error = format!("{error:#}"), ?delay, "broker session ended; reconnecting");
+                tracing::warn!(
+                    error = format!("{error:#}"),
+                    ?delay,
+                    "broker session ended; reconnecting"
+                );
                 tokio::select! {
                     _ = shutdown.cancelled() => return Ok(()),
                     _ = tokio::time::sleep(delay) => {}
@@ -55,14 +63,21 @@ pub async fn run(config: Config, health: Health, shutdown: CancellationToken) ->
     }
 }
 
-async fn session(config: &Config, db: &PgPool, health: &Health, shutdown: &CancellationToken) -> anyhow::Result<()> {
+async fn session(
+    config: &Config,
+    db: &PgPool,
+    health: &Health,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
     let conn = amqp::connect(&config.amqp_url, "settle-worker").await?;
     let channel = conn.create_channel().await?;
     amqp::declare_topology(&channel, config.delivery_limit).await?;
     let prefetch = config
         .prefetch
         .max(u16::try_from(config.settle_batch_size * 2).unwrap_or(u16::MAX));
-    channel.basic_qos(prefetch, BasicQosOptions::default()).await?;
+    channel
+        .basic_qos(prefetch, BasicQosOptions::default())
+        .await?;
     let publisher = Publisher::new(conn.create_channel().await?).await?;
     let tag = format!("settle-{}", ulid::Ulid::new());
     let mut consumer = channel
@@ -110,7 +125,9 @@ async fn session(config: &Config, db: &PgPool, health: &Health, shutdown: &Cance
         .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
         .await;
     // Make sure the broker processed our acks before the channel closes.
-    let _ = channel.basic_qos(prefetch, BasicQosOptions::default()).await;
+    let _ = channel
+        .basic_qos(prefetch, BasicQosOptions::default())
+        .await;
     let _ = channel.close(200, "shutting down".into()).await;
     let _ = publisher.channel().close(200, "shutting down".into()).await;
     let _ = conn.close(200, "shutting down".into()).await;
@@ -152,7 +169,8 @@ async fn settle_batch(
     while !entries.is_empty() {
         match super::apply(db, &entries).await {
             Ok(applied) => {
-                metrics::counter!("prizepool_ledger_entries_total").increment(applied.inserted.unsigned_abs());
+                metrics::counter!("prizepool_ledger_entries_total")
+                    .increment(applied.inserted.unsigned_abs());
                 break;
             }
             Err(sqlx::Error::Database(error)) => {
@@ -206,7 +224,10 @@ async fn settle_batch(
         publisher.publish_all(replies).await?;
     }
     if let Some(last) = batch.iter().map(|d| d.delivery_tag).max() {
-        let acker = &batch.iter().find(|d| d.delivery_tag == last).map(|d| d.acker.clone());
+        let acker = &batch
+            .iter()
+            .find(|d| d.delivery_tag == last)
+            .map(|d| d.acker.clone());
         if let Some(acker) = acker {
             acker.ack(BasicAckOptions { multiple: true }).await?;
         }

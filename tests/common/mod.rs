@@ -3,7 +3,7 @@
 //! prefix (so its pools live under hash tags no other test uses) and its own
 //! Postgres database. All of it is removed when the test ends.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
 use std::{process::Command, time::Duration};
 
@@ -63,7 +63,10 @@ impl TestEnv {
             None => panic!("bad admin url"),
         };
         let mut vars: std::collections::HashMap<String, String> = [
-            ("AMQP_URL", format!("amqp://guest:guest@127.0.0.1:5672/{vhost}")),
+            (
+                "AMQP_URL",
+                format!("amqp://guest:guest@127.0.0.1:5672/{vhost}"),
+            ),
             ("DATABASE_URL", db_url.clone()),
             ("REDIS_PREFIX", format!("t{id}")),
             ("SETTLE_BATCH_WAIT_MS", "5".into()),
@@ -77,7 +80,9 @@ impl TestEnv {
         }
         let config = Config::from_lookup(|name| vars.get(name).cloned()).unwrap();
         let db = prizepool::db::migrate(&config.database_url).await.unwrap();
-        let redis = prizepool::redis_conn::connect(&config.redis_url).await.unwrap();
+        let redis = prizepool::redis_conn::connect(&config.redis_url)
+            .await
+            .unwrap();
         Self {
             config,
             vhost,
@@ -98,7 +103,10 @@ impl TestEnv {
             ("DATABASE_URL".into(), self.config.database_url.clone()),
             ("REDIS_PREFIX".into(), self.config.redis_prefix.clone()),
             ("REDIS_URL".into(), self.config.redis_url.clone()),
-            ("SHORT_POOL_WAIT_MS".into(), self.config.short_pool_wait.as_millis().to_string()),
+            (
+                "SHORT_POOL_WAIT_MS".into(),
+                self.config.short_pool_wait.as_millis().to_string(),
+            ),
         ]
     }
 
@@ -110,9 +118,16 @@ impl TestEnv {
     pub async fn load(&self, toml: &str) -> Vec<PoolConfig> {
         let configs = lucky_gift::parse_file(toml).unwrap();
         let mut redis = self.redis.clone();
-        prizepool::pools::load(&self.db, &mut redis, &self.scripts, &self.config.redis_prefix, &configs, self.config.refill_chunk)
-            .await
-            .unwrap();
+        prizepool::pools::load(
+            &self.db,
+            &mut redis,
+            &self.scripts,
+            &self.config.redis_prefix,
+            &configs,
+            self.config.refill_chunk,
+        )
+        .await
+        .unwrap();
         configs
     }
 
@@ -127,29 +142,50 @@ impl TestEnv {
     async fn wait_ready(health: &Health) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         while !health.is_ready() {
-            assert!(tokio::time::Instant::now() < deadline, "worker not ready in 30 s");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "worker not ready in 30 s"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 
     pub async fn start_draw_worker(&mut self) {
-        let (c, s, h) = (self.config.clone(), self.shutdown.clone(), Health::default());
+        let (c, s, h) = (
+            self.config.clone(),
+            self.shutdown.clone(),
+            Health::default(),
+        );
         let ready = h.clone();
-        self.workers.push(tokio::spawn(async move { prizepool::draw::run(c, h, s).await }));
+        self.workers.push(tokio::spawn(
+            async move { prizepool::draw::run(c, h, s).await },
+        ));
         Self::wait_ready(&ready).await;
     }
 
     pub async fn start_refill_worker(&mut self) {
-        let (c, s, h) = (self.config.clone(), self.shutdown.clone(), Health::default());
+        let (c, s, h) = (
+            self.config.clone(),
+            self.shutdown.clone(),
+            Health::default(),
+        );
         let ready = h.clone();
-        self.workers.push(tokio::spawn(async move { prizepool::refill::run(c, h, s).await }));
+        self.workers.push(tokio::spawn(async move {
+            prizepool::refill::run(c, h, s).await
+        }));
         Self::wait_ready(&ready).await;
     }
 
     pub async fn start_settle_worker(&mut self) {
-        let (c, s, h) = (self.config.clone(), self.shutdown.clone(), Health::default());
+        let (c, s, h) = (
+            self.config.clone(),
+            self.shutdown.clone(),
+            Health::default(),
+        );
         let ready = h.clone();
-        self.workers.push(tokio::spawn(async move { prizepool::settle::run(c, h, s).await }));
+        self.workers.push(tokio::spawn(async move {
+            prizepool::settle::run(c, h, s).await
+        }));
         Self::wait_ready(&ready).await;
     }
 
@@ -174,7 +210,9 @@ impl TestEnv {
 
     /// Messages waiting in `queue` (ready, not unacked).
     pub async fn queue_depth(&self, queue: &str) -> u32 {
-        let conn = prizepool::amqp::connect(&self.config.amqp_url, "test").await.unwrap();
+        let conn = prizepool::amqp::connect(&self.config.amqp_url, "test")
+            .await
+            .unwrap();
         let ch = conn.create_channel().await.unwrap();
         let q = ch
             .queue_declare(
@@ -236,10 +274,17 @@ pub fn draw(pool: &str, user: i64, count: u32) -> serde_json::Value {
 
 /// A pool file with one pool of the given combos (`(id, [(multiplier, stock)])`).
 pub fn pool_toml(id: &str, extra: &str, combos: &[(&str, &[(u64, u64)])]) -> String {
-    let mut text = format!("[[pools]]\nid = \"{id}\"\nkind = \"lucky_gift\"\nunit_price = 10\n{extra}\n");
+    let mut text =
+        format!("[[pools]]\nid = \"{id}\"\nkind = \"lucky_gift\"\nunit_price = 10\n{extra}\n");
     for (cid, stock) in combos {
-        let items: Vec<String> = stock.iter().map(|(m, n)| format!("\"{m}\" = {n}")).collect();
-        text.push_str(&format!("[[pools.combos]]\nid = \"{cid}\"\nstock = {{ {} }}\n", items.join(", ")));
+        let items: Vec<String> = stock
+            .iter()
+            .map(|(m, n)| format!("\"{m}\" = {n}"))
+            .collect();
+        text.push_str(&format!(
+            "[[pools.combos]]\nid = \"{cid}\"\nstock = {{ {} }}\n",
+            items.join(", ")
+        ));
     }
     text
 }

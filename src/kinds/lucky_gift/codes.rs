@@ -148,11 +148,13 @@ mod tests {
     use proptest::prelude::*;
 
     fn config(stocks: &[(&str, &[(u64, i64)])]) -> PoolConfig {
-        let mut text = String::from(
-            "[[pools]]\nid = \"p\"\nkind = \"lucky_gift\"\nunit_price = 10\n",
-        );
+        let mut text =
+            String::from("[[pools]]\nid = \"p\"\nkind = \"lucky_gift\"\nunit_price = 10\n");
         for (id, stock) in stocks {
-            let items: Vec<String> = stock.iter().map(|(m, n)| format!("\"{m}\" = {n}")).collect();
+            let items: Vec<String> = stock
+                .iter()
+                .map(|(m, n)| format!("\"{m}\" = {n}"))
+                .collect();
             text.push_str(&format!(
                 "[[pools.combos]]\nid = \"{id}\"\nstock = {{ {} }}\n",
                 items.join(", ")

@@ -209,11 +209,17 @@ fn validate(raw: RawPool) -> Result<PoolConfig, ConfigError> {
     if raw.kind != "lucky_gift" {
         return Err(at.err(
             "kind",
-            format!("unknown kind {:?} (pool files hold \"lucky_gift\" pools)", raw.kind),
+            format!(
+                "unknown kind {:?} (pool files hold \"lucky_gift\" pools)",
+                raw.kind
+            ),
         ));
     }
     if raw.unit_price <= 0 {
-        return Err(at.err("unit_price", format!("must be positive, got {}", raw.unit_price)));
+        return Err(at.err(
+            "unit_price",
+            format!("must be positive, got {}", raw.unit_price),
+        ));
     }
     let storage = match raw.storage.as_str() {
         "list" => Storage::List,
@@ -226,7 +232,10 @@ fn validate(raw: RawPool) -> Result<PoolConfig, ConfigError> {
         }
     };
     if !(raw.refill_at > 0.0 && raw.refill_at <= 1.0) {
-        return Err(at.err("refill_at", format!("must be in (0, 1], got {}", raw.refill_at)));
+        return Err(at.err(
+            "refill_at",
+            format!("must be in (0, 1], got {}", raw.refill_at),
+        ));
     }
     if raw.max_count < 1 || raw.max_count > i64::from(crate::messages::MAX_DRAW_COUNT) {
         return Err(at.err(
@@ -246,7 +255,10 @@ fn validate(raw: RawPool) -> Result<PoolConfig, ConfigError> {
                 return Err(at.err("jackpot.min_multiplier", "must be positive"));
             }
             if j.daily_consumption_threshold < 0 {
-                return Err(at.err("jackpot.daily_consumption_threshold", "must not be negative"));
+                return Err(at.err(
+                    "jackpot.daily_consumption_threshold",
+                    "must not be negative",
+                ));
             }
             Some(Jackpot {
                 min_multiplier: j.min_multiplier.unsigned_abs(),
@@ -307,7 +319,10 @@ fn validate(raw: RawPool) -> Result<PoolConfig, ConfigError> {
             pool: &config.id,
             combo: None,
         }
-        .err("combos", format!("a batch of {size} prizes is above the limit of {MAX_BATCH_SIZE}")));
+        .err(
+            "combos",
+            format!("a batch of {size} prizes is above the limit of {MAX_BATCH_SIZE}"),
+        ));
     }
     Ok(config)
 }
@@ -346,7 +361,10 @@ stock = { "0" = 29994, "10" = 293, "50" = 139, "500" = 27, "5000" = 1 }
     #[test]
     fn errors_name_pool_combo_and_field() {
         let e = error_of(&GOOD.replace("\"10\" = 293", "\"10\" = -3"));
-        assert!(e.contains("gift-1001") && e.contains("\"c1\"") && e.contains("stock.\"10\""), "{e}");
+        assert!(
+            e.contains("gift-1001") && e.contains("\"c1\"") && e.contains("stock.\"10\""),
+            "{e}"
+        );
         let e = error_of(&GOOD.replace("\"10\" = 293", "\"10\" = 0"));
         assert!(e.contains("must be positive"), "{e}");
         let e = error_of(&GOOD.replace("storage = \"list\"", "storage = \"tape\""));

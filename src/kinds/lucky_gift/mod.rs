@@ -158,7 +158,9 @@ pub async fn configure<C: ConnectionLike + Send>(
         .arg("codes")
         .arg(serde_json::to_string(table)?);
     match &config.jackpot {
-        Some(j) => inv.arg("jackpot_threshold").arg(j.daily_consumption_threshold),
+        Some(j) => inv
+            .arg("jackpot_threshold")
+            .arg(j.daily_consumption_threshold),
         // An empty threshold reads as "no rule" in the draw script.
         None => inv.arg("jackpot_threshold").arg(""),
     };
