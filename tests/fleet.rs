@@ -1,6 +1,6 @@
-#![allow(clippy::unwrap_used)]
 //! The fleet over real RabbitMQ, Redis and Postgres: replies, settlement,
 //! refills, idempotency, bad input, dead letters, shutdown and reconnection.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 

@@ -1,6 +1,6 @@
-#![allow(clippy::unwrap_used)]
 //! SPEC §3 rules for list-mode lucky-gift pools, against a real Redis (and
 //! Postgres for the config registry).
+#![allow(clippy::unwrap_used)]
 
 mod common;
 
@@ -215,11 +215,9 @@ async fn gated_jackpots_wait_at_the_head_for_the_first_draw_that_may_win_them() 
     refill(&env, pool).await;
     let d = drawn(draw(&env, pool, 1).await);
     assert!(multipliers(&d)[0] < 100);
-    assert_eq!(
-        env.status(pool).await.held_jackpots,
-        2,
-        "both jackpots wait at the head"
-    );
+    // Both jackpots of batch 1 wait; one of batch 2 may too if it came first.
+    let waiting = env.status(pool).await.held_jackpots;
+    assert!((2..=3).contains(&waiting), "{waiting} jackpots wait");
     let d = drawn(draw(&env, pool, 2).await);
     assert_eq!(
         multipliers(&d),
@@ -227,7 +225,7 @@ async fn gated_jackpots_wait_at_the_head_for_the_first_draw_that_may_win_them() 
         "the waiting jackpots come first"
     );
     let s = env.status(pool).await;
-    assert_eq!(s.held_jackpots, 0);
+    assert_eq!(s.held_jackpots, waiting - 2);
     assert_eq!(s.stocked, s.drawn + s.in_pool);
 }
 

@@ -1,0 +1,188 @@
+//! The `prizepool` command line as an operator uses it, and recovery from a
+//! Redis connection loss on a throwaway Redis server.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::{process::Command, time::Duration};
+
+use common::{draw, pool_toml, TestEnv};
+
+/// Runs the CLI without blocking the runtime (in-process workers keep running).
+async fn prizepool(env: &TestEnv, args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_prizepool"))
+        .args(args)
+        .envs(env.env())
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .unwrap()
+}
+
+/// A redis-server of the test's own, stopped when dropped (even on panic).
+struct OwnRedis(std::process::Child);
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn pool_load_rejects_a_bad_file_whole_and_status_reports_the_pool() {
+    let env = TestEnv::new(&[]).await;
+    let dir = std::env::temp_dir().join(format!("pp-{}", ulid::Ulid::new()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = pool_toml("ok-pool", "", &[("c1", &[(0, 90), (5, 10)])]);
+    let bad = format!(
+        "{good}\n{}",
+        pool_toml("bad-pool", "", &[("c9", &[(0, 10)])]).replace("\"0\" = 10", "\"0\" = -4")
+    );
+    let bad_path = dir.join("bad.toml");
+    std::fs::write(&bad_path, &bad).unwrap();
+    let out = prizepool(&env, &["pool", "load", bad_path.to_str().unwrap()]).await;
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad-pool") && err.contains("c9") && err.contains("stock.\"0\""),
+        "{err}"
+    );
+    // Nothing changed: the good pool of the same file was not loaded either.
+    let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM pools")
+        .fetch_one(&env.db)
+        .await
+        .unwrap();
+    assert_eq!(n, 0);
+    let out = prizepool(&env, &["pool", "status", "ok-pool"]).await;
+    assert!(!out.status.success());
+
+    let good_path = dir.join("good.toml");
+    std::fs::write(&good_path, &good).unwrap();
+    let out = prizepool(&env, &["pool", "load", good_path.to_str().unwrap()]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("version 1"));
+    let out = prizepool(&env, &["pool", "load", good_path.to_str().unwrap()]).await;
+    assert!(String::from_utf8_lossy(&out.stdout).contains("version 2"));
+    let out = prizepool(&env, &["pool", "status", "ok-pool", "--json"]).await;
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status["stocked"], 100);
+    assert_eq!(status["in_pool"], 100);
+    assert_eq!(status["generation"], 1);
+    assert_eq!(status["version"], 2);
+    assert_eq!(status["spent_today"], 0);
+}
+
+#[tokio::test]
+async fn draw_and_balance_commands() {
+    let mut env = TestEnv::new(&[]).await;
+    env.load(&pool_toml("cli", "", &[("c1", &[(3, 100)])]))
+        .await;
+    env.start_fleet().await;
+    let out = prizepool(
+        &env,
+        &["draw", "--pool", "cli", "--user", "5", "--count", "4"],
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reply["reward"], 120);
+    assert_eq!(env.wait_ledger("cli", 120).await, 120);
+    let out = prizepool(&env, &["balance", "5", "--json"]).await;
+    let balances: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        balances,
+        serde_json::json!([{"asset": "coin", "balance": 120}])
+    );
+    env.stop_workers().await;
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test]
+async fn draws_resume_after_redis_drops_every_connection() {
+    let port = free_port();
+    let dir = std::env::temp_dir().join(format!("pp-redis-{port}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _server = OwnRedis(
+        Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(&dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let url = format!("redis://127.0.0.1:{port}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .is_err()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "redis-server did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut env = TestEnv::new(&[("REDIS_URL", &url)]).await;
+    env.load(&pool_toml("rr", "", &[("c1", &[(0, 90), (2, 10)])]))
+        .await;
+    env.start_draw_worker().await;
+    let client = env.client().await;
+    assert_eq!(
+        client
+            .call("draw", &draw("rr", 1, 2), Duration::from_secs(10))
+            .await
+            .unwrap()["status"],
+        "ok"
+    );
+    let mut admin = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    // Drop every client connection, ours included (the admin one comes back too).
+    let _: redis::RedisResult<()> = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .query_async(&mut admin)
+        .await;
+    let reply = client
+        .call("draw", &draw("rr", 1, 2), Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert_eq!(reply["status"], "ok", "{reply}");
+    // The harness's own connection was dropped too; its first command may fail.
+    let mut redis = env.redis.clone();
+    let _: redis::RedisResult<String> = redis::cmd("PING").query_async(&mut redis).await;
+    assert_eq!(env.status("rr").await.drawn, 4);
+    env.stop_workers().await;
+}
