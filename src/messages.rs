@@ -102,6 +102,42 @@ pub struct GrantRequest {
 pub enum RefillQueueMessage {
     #[serde(rename = "refill")]
     Refill(RefillRequest),
+    #[serde(rename = "redpacket.create")]
+    RedPacketCreate(RedPacketCreate),
+    #[serde(rename = "redpacket.expire")]
+    RedPacketExpire(RedPacketExpire),
+}
+
+/// `{"type":"redpacket.create", ...}`: escrow `total` from `sender` and split
+/// it into `count` shares of at least `min`, grabbable for `expires_in_s`.
+/// Idempotent by `packet_id`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedPacketCreate {
+    pub packet_id: String,
+    pub sender: i64,
+    pub total: i64,
+    pub count: i64,
+    #[serde(default)]
+    pub min: i64,
+    pub expires_in_s: i64,
+    #[serde(default = "default_asset")]
+    pub asset: String,
+}
+
+fn default_asset() -> String {
+    "coin".into()
+}
+
+/// `{"type":"redpacket.expire", ...}`: close the packet if its time has come
+/// (sent by the refill worker to itself through the delay queues).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedPacketExpire {
+    pub packet_id: String,
+    /// When the packet expires; an early message is delayed again.
+    #[serde(default)]
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// `{"type":"refill","pool":…,"trigger":N}`: batch `trigger` of `pool` reached

@@ -18,6 +18,12 @@ pub struct Scripts {
     pub stock_commit: Script,
     pub configure_pool: Script,
     pub pool_status: Script,
+    pub stock_red_packet: Script,
+    pub grab_red_packet: Script,
+    pub close_red_packet: Script,
+    pub configure_activity: Script,
+    pub draw_wheel: Script,
+    pub grant_chances: Script,
 }
 
 impl Scripts {
@@ -31,6 +37,12 @@ impl Scripts {
             stock_commit: Script::new(include_str!("../lua/stock_commit.lua")),
             configure_pool: Script::new(include_str!("../lua/configure_pool.lua")),
             pool_status: Script::new(include_str!("../lua/pool_status.lua")),
+            stock_red_packet: Script::new(include_str!("../lua/stock_red_packet.lua")),
+            grab_red_packet: Script::new(include_str!("../lua/grab_red_packet.lua")),
+            close_red_packet: Script::new(include_str!("../lua/close_red_packet.lua")),
+            configure_activity: Script::new(include_str!("../lua/configure_activity.lua")),
+            draw_wheel: Script::new(include_str!("../lua/draw_wheel.lua")),
+            grant_chances: Script::new(include_str!("../lua/grant_chances.lua")),
         }
     }
 }
@@ -78,6 +90,46 @@ impl PoolKeys {
     /// Consumption counter of one UTC day (`YYYYMMDD`).
     pub fn spent(&self, day: &str) -> String {
         self.key(&format!("spent:{day}"))
+    }
+
+    /// Red packet: remaining shares.
+    pub fn shares(&self) -> String {
+        self.key("shares")
+    }
+
+    /// Red packet: who grabbed which share.
+    pub fn grabbed(&self) -> String {
+        self.key("grabbed")
+    }
+
+    /// Lottery: chances left per user.
+    pub fn chances(&self) -> String {
+        self.key("chances")
+    }
+
+    /// Lottery: stock left per prize.
+    pub fn stock(&self) -> String {
+        self.key("stock")
+    }
+
+    /// Lottery: prizes awarded so far.
+    pub fn awarded(&self) -> String {
+        self.key("awarded")
+    }
+
+    /// Lottery: a processed grant, for idempotent grants.
+    pub fn grant(&self, grant_id: &str) -> String {
+        self.key(&format!("g:{grant_id}"))
+    }
+
+    /// Lottery: draws attempted on one UTC day.
+    pub fn pv(&self, day: &str) -> String {
+        self.key(&format!("pv:{day}"))
+    }
+
+    /// Lottery: distinct users on one UTC day (HyperLogLog).
+    pub fn uv(&self, day: &str) -> String {
+        self.key(&format!("uv:{day}"))
     }
 
     /// Stored result of one request, for idempotent replays.

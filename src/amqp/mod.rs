@@ -70,6 +70,30 @@ impl Route {
     }
 }
 
+/// Delay queues, one fixed TTL each (a queue-wide TTL keeps expiry FIFO, so a
+/// long delay never holds up a short one). Expired messages dead-letter to
+/// [`EXCHANGE`] with routing key `refill`. A message that must wait longer
+/// than a tier is sent through the largest tier that fits and re-delayed on
+/// arrival until its time has come.
+pub const DELAY_TIERS: [(&str, u64); 6] = [
+    ("prizepool.delay.1s", 1_000),
+    ("prizepool.delay.10s", 10_000),
+    ("prizepool.delay.1m", 60_000),
+    ("prizepool.delay.10m", 600_000),
+    ("prizepool.delay.1h", 3_600_000),
+    ("prizepool.delay.6h", 21_600_000),
+];
+
+/// The delay queue for a message due in `remaining_ms`: the largest tier
+/// that does not overshoot, or the shortest one.
+pub fn delay_queue(remaining_ms: u64) -> &'static str {
+    DELAY_TIERS
+        .iter()
+        .rev()
+        .find(|(_, ttl)| *ttl <= remaining_ms)
+        .map_or(DELAY_TIERS[0].0, |(name, _)| name)
+}
+
 /// Header carrying the error code of a message we dead-lettered.
 pub const ERROR_CODE_HEADER: &str = "x-prizepool-error-code";
 /// Header carrying the human-readable reason of a message we dead-lettered.
@@ -152,5 +176,31 @@ pub async fn declare_topology(channel: &Channel, delivery_limit: u32) -> anyhow:
             )
             .await?;
     }
+    for (name, ttl) in DELAY_TIERS {
+        let mut args = FieldTable::default();
+        args.insert("x-queue-type".into(), text("quorum"));
+        args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(ttl as i64));
+        args.insert("x-dead-letter-exchange".into(), text(EXCHANGE));
+        args.insert("x-dead-letter-routing-key".into(), text(REFILL.routing_key));
+        args.insert("x-dead-letter-strategy".into(), text("at-least-once"));
+        args.insert("x-overflow".into(), text("reject-publish"));
+        channel
+            .queue_declare(name.into(), queue_opts, args)
+            .await
+            .with_context(|| format!("declaring queue {name}"))?;
+    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delays_pick_the_largest_tier_that_fits() {
+        assert_eq!(delay_queue(0), "prizepool.delay.1s");
+        assert_eq!(delay_queue(9_999), "prizepool.delay.1s");
+        assert_eq!(delay_queue(10_000), "prizepool.delay.10s");
+        assert_eq!(delay_queue(86_400_000), "prizepool.delay.6h");
+    }
 }

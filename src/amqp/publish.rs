@@ -43,6 +43,18 @@ impl Outgoing {
         }
     }
 
+    /// A work message for the refill queue, delivered after about
+    /// `remaining_ms` through a delay queue.
+    pub fn delayed(remaining_ms: u64, body: &impl Serialize) -> Self {
+        Self {
+            exchange: String::new(),
+            routing_key: super::delay_queue(remaining_ms).into(),
+            body: serde_json::to_vec(body).unwrap_or_default(),
+            properties: json_properties(),
+            mandatory: true,
+        }
+    }
+
     /// A fact on the events exchange (`draw.completed`, `pool.refilled`, …).
     pub fn event(routing_key: &str, body: &serde_json::Value) -> Self {
         Self {

@@ -59,8 +59,28 @@ enum Command {
         #[command(subcommand)]
         command: DlqCommand,
     },
+    /// Load lottery activities and read their statistics.
+    Activity {
+        #[command(subcommand)]
+        command: ActivityCommand,
+    },
     /// Run a whole fleet against the local services and print a summary.
     Demo(demo::DemoArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum ActivityCommand {
+    /// Validate an activity file and store a new version of each activity.
+    Load { file: PathBuf },
+    /// PV, UV and prizes awarded on one day.
+    Stats {
+        id: String,
+        /// The UTC day, `YYYYMMDD` (default: today).
+        #[arg(long)]
+        day: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -148,6 +168,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Dlq { command } => dlq_command(&config, command).await?,
+        Command::Activity { command } => activity(&config, command).await?,
         Command::Demo(args) => demo::run(&config, args).await?,
     }
     Ok(())
@@ -241,6 +262,51 @@ async fn pool(config: &Config, command: PoolCommand) -> anyhow::Result<()> {
                 .await?;
             println!("{}", serde_json::to_string_pretty(&reply)?);
             client.close().await;
+        }
+    }
+    Ok(())
+}
+
+async fn activity(config: &Config, command: ActivityCommand) -> anyhow::Result<()> {
+    match command {
+        ActivityCommand::Load { file } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let activities = crate::kinds::lottery::parse_file(&text)
+                .with_context(|| format!("{} is not a valid activity file", file.display()))?;
+            let db = crate::db::migrate(&config.database_url).await?;
+            let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
+            let loaded = crate::kinds::lottery::load(
+                &db,
+                &mut redis,
+                &Scripts::new(),
+                &config.redis_prefix,
+                &activities,
+            )
+            .await?;
+            for (id, version) in loaded {
+                println!("activity {id} loaded as version {version}");
+            }
+        }
+        ActivityCommand::Stats { id, day, json } => {
+            let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
+            let day = day.unwrap_or_else(crate::scripts::utc_day);
+            let keys = PoolKeys::new(&config.redis_prefix, &id);
+            let stats = crate::kinds::lottery::stats(&mut redis, &keys, &id, &day)
+                .await?
+                .with_context(|| format!("no activity named {id}"))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&stats)?);
+            } else {
+                println!(
+                    "activity {} on {}: PV {}, UV {}",
+                    stats.activity, stats.day, stats.pv, stats.uv
+                );
+                for (prize, awarded, left) in stats.prizes {
+                    let left = left.map_or("unlimited".to_owned(), |l| l.to_string());
+                    println!("  {prize:<20} awarded {awarded:>8}   stock left {left}");
+                }
+            }
         }
     }
     Ok(())

@@ -15,7 +15,11 @@ use tokio::sync::RwLock;
 use crate::{
     amqp::{self, HandleError, Handler, Outcome, Outgoing, Publisher},
     config::Config,
-    kinds::lucky_gift::{self, CodeTable, DrawStep, Drawn},
+    kinds::{
+        lottery::{self, LotteryStep},
+        lucky_gift::{self, CodeTable, DrawStep, Drawn},
+        red_packet::{self, Grab},
+    },
     messages::{
         decode_typed, with_type, DrawQueueMessage, DrawRequest, DrawResult, ErrorBody, ErrorCode,
         GrantRequest, Invalid, Prize, RefillRequest, SettleRequest, Status,
@@ -32,6 +36,17 @@ pub struct DrawWorker {
     /// Decoding tables per pool. Tables only grow, so a cached table is
     /// reloaded only when a code past its end shows up.
     codes: RwLock<HashMap<String, Arc<(CodeTable, String)>>>,
+    /// Kind of each pool id seen. An id never changes kind (the registry in
+    /// Postgres enforces one namespace), so entries never go stale.
+    kinds: RwLock<HashMap<String, Kind>>,
+}
+
+/// The prize kinds a draw can address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    LuckyGift,
+    RedPacket,
+    Lottery,
 }
 
 impl DrawWorker {
@@ -42,18 +57,255 @@ impl DrawWorker {
             redis,
             scripts: Scripts::new(),
             codes: RwLock::new(HashMap::new()),
+            kinds: RwLock::new(HashMap::new()),
         }
     }
 
-    /// Handles one draw request.
+    /// The kind of pool `id`, from the cache or Redis; `None` if unknown.
+    async fn kind(&self, keys: &PoolKeys, id: &str) -> Result<Option<Kind>, HandleError> {
+        if let Some(kind) = self.kinds.read().await.get(id) {
+            return Ok(Some(*kind));
+        }
+        let mut conn = self.redis.clone();
+        let label: Option<String> = redis::cmd("HGET")
+            .arg(keys.meta())
+            .arg("kind")
+            .query_async(&mut conn)
+            .await?;
+        let kind = match label.as_deref() {
+            Some(lucky_gift::KIND) => Kind::LuckyGift,
+            Some(red_packet::KIND) => Kind::RedPacket,
+            Some(lottery::KIND) => Kind::Lottery,
+            _ => return Ok(None),
+        };
+        self.kinds.write().await.insert(id.to_owned(), kind);
+        Ok(Some(kind))
+    }
+
+    /// Handles one draw request, whatever the pool's kind.
     pub async fn draw(
         &self,
         req: DrawRequest,
         publisher: &Publisher,
     ) -> Result<Outcome, HandleError> {
         req.validate()?;
-        tracing::Span::current().record("request.id", req.request_id.as_str());
         let keys = PoolKeys::new(&self.config.redis_prefix, &req.pool);
+        match self.kind(&keys, &req.pool).await? {
+            Some(Kind::LuckyGift) => self.draw_lucky_gift(req, keys, publisher).await,
+            Some(Kind::RedPacket) => self.grab(req, keys).await,
+            Some(Kind::Lottery) => self.draw_lottery(req, keys).await,
+            None => Ok(rejected(
+                &req,
+                ErrorCode::UnknownPool,
+                format!("no pool named {}", req.pool),
+            )),
+        }
+    }
+
+    /// A red-packet grab: one share per user.
+    async fn grab(&self, req: DrawRequest, keys: PoolKeys) -> Result<Outcome, HandleError> {
+        if req.count != 1 {
+            return Err(Invalid::new(format!(
+                "a red packet is grabbed one share at a time; `count` must be 1, got {}",
+                req.count
+            ))
+            .into());
+        }
+        let mut conn = self.redis.clone();
+        let grab = red_packet::grab(
+            &mut conn,
+            &self.scripts,
+            &keys,
+            &req.request_id,
+            req.user_id,
+            self.config.result_ttl.as_secs(),
+        )
+        .await?;
+        let (share, amount) = match grab {
+            Grab::Got { share, amount, .. } => (share, amount),
+            Grab::Already { share, amount } => {
+                let mut out = rejected(
+                    &req,
+                    ErrorCode::AlreadyGrabbed,
+                    format!(
+                        "user {} already grabbed share {share} of {}",
+                        req.user_id, req.pool
+                    ),
+                );
+                if let Some(reply) = out.reply.as_mut() {
+                    reply["previous"] = json!({ "share": share, "amount": amount });
+                }
+                return Ok(out);
+            }
+            Grab::Closed => {
+                return Ok(rejected(
+                    &req,
+                    ErrorCode::PoolClosed,
+                    format!("red packet {} is closed", req.pool),
+                ))
+            }
+            Grab::SoldOut => {
+                return Ok(rejected(
+                    &req,
+                    ErrorCode::SoldOut,
+                    format!("red packet {} is empty", req.pool),
+                ))
+            }
+            Grab::Unknown => {
+                return Ok(rejected(
+                    &req,
+                    ErrorCode::UnknownPool,
+                    format!("no pool named {}", req.pool),
+                ))
+            }
+        };
+        let mut conn = self.redis.clone();
+        let asset: Option<String> = redis::cmd("HGET")
+            .arg(keys.meta())
+            .arg("asset")
+            .query_async(&mut conn)
+            .await?;
+        let asset = asset.unwrap_or_else(|| "coin".into());
+        let result = DrawResult {
+            request_id: req.request_id.clone(),
+            status: Status::Ok,
+            pool: Some(req.pool.clone()),
+            user_id: Some(req.user_id),
+            prizes: vec![Prize::Share { share, amount }],
+            reward: Some(amount),
+            asset: Some(asset.clone()),
+            ..DrawResult::default()
+        };
+        // One entry per (packet, user): even a different request id cannot credit twice.
+        let entry = SettleRequest::new(
+            format!("redpacket:{}:grab:{}", req.pool, req.user_id),
+            req.user_id,
+            asset,
+            amount,
+            "red_packet",
+            json!({ "pool": req.pool, "request_id": req.request_id, "share": share }),
+        );
+        Ok(Outcome {
+            effects: vec![
+                Outgoing::work(amqp::SETTLE.routing_key, &entry),
+                Outgoing::event("draw.completed", &with_type("draw.completed", &result)),
+            ],
+            reply: Some(with_type("draw_result", &result)),
+        })
+    }
+
+    /// A lottery draw through the activity's strategy.
+    async fn draw_lottery(&self, req: DrawRequest, keys: PoolKeys) -> Result<Outcome, HandleError> {
+        if req.count != 1 {
+            return Err(Invalid::new(format!(
+                "a lottery draw spends one chance; `count` must be 1, got {}",
+                req.count
+            ))
+            .into());
+        }
+        let mut conn = self.redis.clone();
+        let label: Option<String> = redis::cmd("HGET")
+            .arg(keys.meta())
+            .arg("strategy")
+            .query_async(&mut conn)
+            .await?;
+        let Some(strategy) = label.as_deref().and_then(lottery::strategy) else {
+            return Err(anyhow::anyhow!(
+                "activity {} names no registered strategy ({label:?})",
+                req.pool
+            )
+            .into());
+        };
+        let step = strategy
+            .draw(lottery::DrawContext {
+                conn: &mut conn,
+                scripts: &self.scripts,
+                keys: &keys,
+                request_id: &req.request_id,
+                user: req.user_id,
+                result_ttl_s: self.config.result_ttl.as_secs(),
+            })
+            .await?;
+        let (prize, chances_left) = match step {
+            LotteryStep::Won {
+                prize,
+                chances_left,
+                ..
+            } => (prize, chances_left),
+            LotteryStep::NotStarted => {
+                return Ok(rejected(
+                    &req,
+                    ErrorCode::NotStarted,
+                    format!("activity {} has not started", req.pool),
+                ))
+            }
+            LotteryStep::Ended => {
+                return Ok(rejected(
+                    &req,
+                    ErrorCode::Ended,
+                    format!("activity {} has ended", req.pool),
+                ))
+            }
+            LotteryStep::NoChances => {
+                return Ok(rejected(
+                    &req,
+                    ErrorCode::NoChances,
+                    format!("user {} has no chance left in {}", req.user_id, req.pool),
+                ))
+            }
+            LotteryStep::SoldOut => {
+                return Ok(rejected(
+                    &req,
+                    ErrorCode::SoldOut,
+                    format!("activity {} has no prize left", req.pool),
+                ))
+            }
+            LotteryStep::Unknown => {
+                return Ok(rejected(
+                    &req,
+                    ErrorCode::UnknownPool,
+                    format!("no pool named {}", req.pool),
+                ))
+            }
+        };
+        let asset = format!("item:{prize}");
+        let result = DrawResult {
+            request_id: req.request_id.clone(),
+            status: Status::Ok,
+            pool: Some(req.pool.clone()),
+            user_id: Some(req.user_id),
+            prizes: vec![Prize::Item {
+                prize,
+                asset: asset.clone(),
+                amount: 1,
+            }],
+            chances_left: Some(chances_left),
+            ..DrawResult::default()
+        };
+        let entry = SettleRequest::new(
+            format!("lottery:{}", req.request_id),
+            req.user_id,
+            asset,
+            1,
+            "lottery",
+            json!({ "pool": req.pool, "request_id": req.request_id }),
+        );
+        Ok(Outcome {
+            effects: vec![
+                Outgoing::work(amqp::SETTLE.routing_key, &entry),
+                Outgoing::event("draw.completed", &with_type("draw.completed", &result)),
+            ],
+            reply: Some(with_type("draw_result", &result)),
+        })
+    }
+
+    /// A lucky-gift draw, waiting for a refill when the pool is short.
+    async fn draw_lucky_gift(
+        &self,
+        req: DrawRequest,
+        keys: PoolKeys,
+        publisher: &Publisher,
+    ) -> Result<Outcome, HandleError> {
         let mut conn = self.redis.clone();
         let mut delays = ExponentialBuilder::default()
             .with_jitter()
@@ -225,13 +477,29 @@ impl DrawWorker {
 
     async fn grant(&self, grant: GrantRequest) -> Result<Outcome, HandleError> {
         grant.validate()?;
-        Ok(Outcome {
-            reply: Some(json!({
-                "type": "grant_result",
-                "grant_id": grant.grant_id,
-                "status": "rejected",
+        let keys = PoolKeys::new(&self.config.redis_prefix, &grant.activity);
+        let mut conn = self.redis.clone();
+        let reply = match lottery::grant(
+            &mut conn,
+            &self.scripts,
+            &keys,
+            &grant.grant_id,
+            grant.user_id,
+            grant.chances,
+        )
+        .await?
+        {
+            Some(total) => json!({
+                "type": "grant_result", "grant_id": grant.grant_id, "status": "ok",
+                "chances": grant.chances, "chances_left": total,
+            }),
+            None => json!({
+                "type": "grant_result", "grant_id": grant.grant_id, "status": "rejected",
                 "error": { "code": ErrorCode::UnknownPool, "message": format!("no activity named {}", grant.activity) },
-            })),
+            }),
+        };
+        Ok(Outcome {
+            reply: Some(reply),
             effects: Vec::new(),
         })
     }

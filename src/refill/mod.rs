@@ -14,8 +14,14 @@ use sqlx::PgPool;
 use crate::{
     amqp::{self, HandleError, Handler, Outcome, Outgoing, Publisher},
     config::Config,
-    kinds::lucky_gift::{self, StockError, StockOutcome},
-    messages::{decode_typed, Invalid, RefillQueueMessage, RefillRequest},
+    kinds::{
+        lucky_gift::{self, StockError, StockOutcome},
+        red_packet::{self, CreateError},
+    },
+    messages::{
+        decode_typed, with_type, ErrorCode, Invalid, RedPacketCreate, RedPacketExpire,
+        RefillQueueMessage, RefillRequest, SettleRequest,
+    },
     scripts::{PoolKeys, Scripts},
 };
 
@@ -118,6 +124,135 @@ impl RefillWorker {
     }
 }
 
+impl RefillWorker {
+    /// Creates a red packet and schedules its expiry.
+    pub async fn create_red_packet(&self, req: RedPacketCreate) -> Result<Outcome, HandleError> {
+        let mut conn = self.redis.clone();
+        let rejected = |code: ErrorCode, message: String| {
+            Ok(Outcome {
+                reply: Some(json!({
+                    "type": "redpacket_result", "packet_id": req.packet_id, "status": "rejected",
+                    "error": { "code": code, "message": message },
+                })),
+                effects: Vec::new(),
+            })
+        };
+        let created = match red_packet::create(
+            &self.db,
+            &mut conn,
+            &self.scripts,
+            &self.config.redis_prefix,
+            &req,
+        )
+        .await
+        {
+            Ok(created) => created,
+            Err(CreateError::Invalid(message)) => return Err(Invalid::new(message).into()),
+            Err(e @ CreateError::InsufficientFunds { .. }) => {
+                return rejected(ErrorCode::InsufficientFunds, e.to_string())
+            }
+            Err(CreateError::Db(e)) => return Err(e.into()),
+            Err(CreateError::Redis(e)) => return Err(e.into()),
+        };
+        let expire = RedPacketExpire {
+            packet_id: created.packet_id.clone(),
+            expires_at: Some(created.expires_at),
+        };
+        let reply = json!({
+            "type": "redpacket_result", "packet_id": created.packet_id, "status": "ok",
+            "count": created.count, "total": created.total,
+            "expires_at": created.expires_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        });
+        let mut event = reply.clone();
+        event["type"] = "redpacket.created".into();
+        Ok(Outcome {
+            effects: vec![
+                // A repeated create schedules the expiry again: closing is idempotent.
+                Outgoing::delayed(
+                    remaining_ms(created.expires_at),
+                    &with_type("redpacket.expire", &expire),
+                ),
+                Outgoing::event("redpacket.created", &event),
+            ],
+            reply: Some(reply),
+        })
+    }
+
+    /// Closes a red packet whose time has come and refunds what is left;
+    /// an early message is delayed again.
+    pub async fn expire_red_packet(&self, req: RedPacketExpire) -> Result<Outcome, HandleError> {
+        crate::messages::check_id("packet_id", &req.packet_id)?;
+        let expires_at = match req.expires_at {
+            Some(t) => Some(t),
+            None => sqlx::query_as::<_, (chrono::DateTime<chrono::Utc>,)>(
+                "SELECT expires_at FROM red_packets WHERE id = $1",
+            )
+            .bind(&req.packet_id)
+            .fetch_optional(&self.db)
+            .await?
+            .map(|(t,)| t),
+        };
+        let Some(expires_at) = expires_at else {
+            return Err(Invalid::new(format!("no red packet named {}", req.packet_id)).into());
+        };
+        let wait = remaining_ms(expires_at);
+        if wait > 0 {
+            let again = RedPacketExpire {
+                packet_id: req.packet_id.clone(),
+                expires_at: Some(expires_at),
+            };
+            return Ok(Outcome {
+                reply: None,
+                effects: vec![Outgoing::delayed(
+                    wait,
+                    &with_type("redpacket.expire", &again),
+                )],
+            });
+        }
+        let keys = PoolKeys::new(&self.config.redis_prefix, &req.packet_id);
+        let mut conn = self.redis.clone();
+        let Some(closed) =
+            red_packet::close(&self.db, &mut conn, &self.scripts, &keys, &req.packet_id)
+                .await
+                .map_err(HandleError::Transient)?
+        else {
+            return Err(Invalid::new(format!("no red packet named {}", req.packet_id)).into());
+        };
+        let mut effects = Vec::new();
+        if closed.refunded > 0 {
+            // Sent again on every replay; the ledger applies it once.
+            let refund = SettleRequest::new(
+                format!("redpacket:{}:refund", req.packet_id),
+                closed.sender,
+                &closed.asset,
+                closed.refunded,
+                "red_packet_refund",
+                json!({ "pool": req.packet_id }),
+            );
+            effects.push(Outgoing::work(amqp::SETTLE.routing_key, &refund));
+        }
+        let body = json!({"type": "redpacket.closed", "packet_id": req.packet_id, "refunded": closed.refunded});
+        if closed.now {
+            tracing::info!(packet = %req.packet_id, refunded = closed.refunded, "red packet closed");
+            effects.push(Outgoing::event("redpacket.closed", &body));
+        }
+        Ok(Outcome {
+            reply: Some(
+                json!({"type": "redpacket_result", "packet_id": req.packet_id, "status": "ok", "closed": true, "refunded": closed.refunded}),
+            ),
+            effects,
+        })
+    }
+}
+
+/// Milliseconds until `at` (0 when past).
+fn remaining_ms(at: chrono::DateTime<chrono::Utc>) -> u64 {
+    (at - chrono::Utc::now())
+        .num_milliseconds()
+        .max(0)
+        .unsigned_abs()
+}
+
 impl Handler for RefillWorker {
     fn route(&self) -> amqp::Route {
         amqp::REFILL
@@ -130,6 +265,8 @@ impl Handler for RefillWorker {
     ) -> Result<Outcome, HandleError> {
         match decode_typed::<RefillQueueMessage>(envelope)? {
             RefillQueueMessage::Refill(req) => self.refill(req).await,
+            RefillQueueMessage::RedPacketCreate(req) => self.create_red_packet(req).await,
+            RefillQueueMessage::RedPacketExpire(req) => self.expire_red_packet(req).await,
         }
     }
 }

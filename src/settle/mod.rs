@@ -25,6 +25,18 @@ pub struct Applied {
 
 /// Writes `entries` to the ledger in one transaction.
 pub async fn apply(db: &PgPool, entries: &[SettleRequest]) -> Result<Applied, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    let applied = apply_in(&mut tx, entries).await?;
+    tx.commit().await?;
+    Ok(applied)
+}
+
+/// Writes `entries` inside the caller's transaction (red-packet escrow uses
+/// this to debit the sender atomically with the packet's creation).
+pub async fn apply_in(
+    conn: &mut sqlx::PgConnection,
+    entries: &[SettleRequest],
+) -> Result<Applied, sqlx::Error> {
     let n = entries.len();
     let mut ids = Vec::with_capacity(n);
     let mut accounts = Vec::with_capacity(n);
@@ -40,7 +52,6 @@ pub async fn apply(db: &PgPool, entries: &[SettleRequest]) -> Result<Applied, sq
         reasons.push(e.reason.clone());
         refs.push(e.reference.clone().unwrap_or(Value::Null));
     }
-    let mut tx = db.begin().await?;
     let (inserted, _accounts): (i64, i64) = sqlx::query_as(include_str!("ledger.sql"))
         .bind(&ids)
         .bind(&accounts)
@@ -48,9 +59,8 @@ pub async fn apply(db: &PgPool, entries: &[SettleRequest]) -> Result<Applied, sq
         .bind(&amounts)
         .bind(&reasons)
         .bind(&refs)
-        .fetch_one(&mut *tx)
+        .fetch_one(conn)
         .await?;
-    tx.commit().await?;
     Ok(Applied { inserted })
 }
 

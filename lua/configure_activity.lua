@@ -1,0 +1,26 @@
+-- Creates or updates a lottery activity's settings in Redis.
+--
+-- KEYS[1]: activity meta hash
+-- KEYS[2]: stock hash (prize id -> stock left)
+-- ARGV[1]: config version
+-- ARGV[2]: strategy label
+-- ARGV[3]: starts_at, unix ms
+-- ARGV[4]: ends_at, unix ms
+-- ARGV[5]: prizes, "id:weight,id:weight"
+-- ARGV[6]: consolation, "id:weight" or ""
+-- ARGV[7..]: prize id, initial stock pairs
+-- Returns: {"ok", ""}, {"kind", other kind} or {"stale", stored version}
+--
+-- A prize's stock is set when it first appears; a reload never refills or
+-- shrinks what is left (that would break "never beyond stock").
+
+local kind = redis.call('HGET', KEYS[1], 'kind')
+if kind and kind ~= 'lottery' then return {'kind', kind} end
+local version = tonumber(redis.call('HGET', KEYS[1], 'version')) or 0
+if version > tonumber(ARGV[1]) then return {'stale', tostring(version)} end
+redis.call('HSET', KEYS[1], 'kind', 'lottery', 'version', ARGV[1], 'strategy', ARGV[2],
+  'starts_at', ARGV[3], 'ends_at', ARGV[4], 'prizes', ARGV[5], 'consolation', ARGV[6])
+for i = 7, #ARGV, 2 do
+  redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1])
+end
+return {'ok', ''}

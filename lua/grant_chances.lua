@@ -1,0 +1,17 @@
+-- Adds lottery chances for a user, once per grant id.
+--
+-- KEYS[1]: activity meta hash
+-- KEYS[2]: chances hash (user id -> chances left)
+-- KEYS[3]: grant key (idempotency)
+-- ARGV[1]: user id
+-- ARGV[2]: chances to add
+-- ARGV[3]: grant key TTL, seconds
+-- Returns: {"ok", chances left} or {"dup", chances left}; {"unknown", 0}
+
+if redis.call('HGET', KEYS[1], 'kind') ~= 'lottery' then return {'unknown', 0} end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  return {'dup', tonumber(redis.call('HGET', KEYS[2], ARGV[1])) or 0}
+end
+local left = redis.call('HINCRBY', KEYS[2], ARGV[1], tonumber(ARGV[2]))
+redis.call('SET', KEYS[3], ARGV[2], 'EX', tonumber(ARGV[3]))
+return {'ok', left}

@@ -1,0 +1,196 @@
+//! Activity configuration files (SPEC §5) and their validation.
+
+use std::collections::HashSet;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::kinds::lucky_gift::config::ConfigError;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ActivityFile {
+    #[serde(default)]
+    activities: Vec<RawActivity>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawActivity {
+    id: String,
+    strategy: String,
+    starts_at: String,
+    ends_at: String,
+    #[serde(default)]
+    prizes: Vec<RawPrize>,
+    consolation: Option<RawConsolation>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPrize {
+    id: String,
+    weight: i64,
+    stock: i64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConsolation {
+    id: String,
+    weight: i64,
+}
+
+/// A prize with finite stock.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Prize {
+    pub id: String,
+    pub weight: u32,
+    pub stock: u64,
+}
+
+/// The prize every draw can fall back on: unlimited stock.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Consolation {
+    pub id: String,
+    pub weight: u32,
+}
+
+/// A validated activity.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActivityConfig {
+    pub id: String,
+    pub strategy: String,
+    pub starts_at: DateTime<Utc>,
+    pub ends_at: DateTime<Utc>,
+    pub prizes: Vec<Prize>,
+    pub consolation: Option<Consolation>,
+}
+
+fn err(activity: &str, field: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        pool: Some(activity.to_owned()),
+        combo: None,
+        field: Some(field.to_owned()),
+        message: message.into(),
+    }
+}
+
+fn weight(activity: &str, field: &str, w: i64) -> Result<u32, ConfigError> {
+    u32::try_from(w)
+        .ok()
+        .filter(|w| (1..=1_000_000_000).contains(w))
+        .ok_or_else(|| {
+            err(
+                activity,
+                field,
+                format!("weight must be between 1 and 1000000000, got {w}"),
+            )
+        })
+}
+
+/// Parses and validates an activity file; the strategy named by each activity
+/// must be registered and accept it.
+pub fn parse_file(text: &str) -> Result<Vec<ActivityConfig>, ConfigError> {
+    let file: ActivityFile = toml::from_str(text).map_err(|e| ConfigError {
+        pool: None,
+        combo: None,
+        field: None,
+        message: format!("not a valid activity file: {}", e.message()),
+    })?;
+    if file.activities.is_empty() {
+        return Err(ConfigError {
+            pool: None,
+            combo: None,
+            field: None,
+            message: "the file defines no [[activities]]".into(),
+        });
+    }
+    let mut ids = HashSet::new();
+    let mut out = Vec::new();
+    for raw in file.activities {
+        let id = raw.id.clone();
+        crate::messages::check_id("id", &id).map_err(|e| err(&id, "id", e.message))?;
+        if !ids.insert(id.clone()) {
+            return Err(err(&id, "id", "duplicate activity id"));
+        }
+        let time = |field: &str, text: &str| {
+            DateTime::parse_from_rfc3339(text)
+                .map(|t| t.with_timezone(&Utc))
+                .map_err(|e| err(&id, field, format!("not an RFC 3339 time ({e})")))
+        };
+        let starts_at = time("starts_at", &raw.starts_at)?;
+        let ends_at = time("ends_at", &raw.ends_at)?;
+        if ends_at <= starts_at {
+            return Err(err(&id, "ends_at", "must be after starts_at"));
+        }
+        let mut prize_ids = HashSet::new();
+        let mut prizes = Vec::new();
+        for p in raw.prizes {
+            let field = format!("prizes.{}", p.id);
+            crate::messages::check_id("id", &p.id).map_err(|e| err(&id, &field, e.message))?;
+            if p.id.contains([',', ':', '|']) {
+                return Err(err(
+                    &id,
+                    &field,
+                    "prize ids may not contain ',', ':' or '|'",
+                ));
+            }
+            if !prize_ids.insert(p.id.clone()) {
+                return Err(err(&id, &field, "duplicate prize id"));
+            }
+            if p.stock <= 0 {
+                return Err(err(
+                    &id,
+                    &format!("{field}.stock"),
+                    format!("stock must be positive, got {}", p.stock),
+                ));
+            }
+            prizes.push(Prize {
+                weight: weight(&id, &format!("{field}.weight"), p.weight)?,
+                stock: p.stock.unsigned_abs(),
+                id: p.id,
+            });
+        }
+        let consolation = match raw.consolation {
+            None => None,
+            Some(c) => {
+                if c.id.contains([',', ':', '|']) || !prize_ids.insert(c.id.clone()) {
+                    return Err(err(
+                        &id,
+                        "consolation.id",
+                        "must be a distinct prize id without ',', ':' or '|'",
+                    ));
+                }
+                Some(Consolation {
+                    weight: weight(&id, "consolation.weight", c.weight)?,
+                    id: c.id,
+                })
+            }
+        };
+        let config = ActivityConfig {
+            id: id.clone(),
+            strategy: raw.strategy,
+            starts_at,
+            ends_at,
+            prizes,
+            consolation,
+        };
+        let strategy = super::strategy(&config.strategy).ok_or_else(|| {
+            err(
+                &id,
+                "strategy",
+                format!(
+                    "unknown strategy {:?} (known: {})",
+                    config.strategy,
+                    super::labels().join(", ")
+                ),
+            )
+        })?;
+        strategy
+            .validate(&config)
+            .map_err(|m| err(&id, "strategy", m))?;
+        out.push(config);
+    }
+    Ok(out)
+}
