@@ -162,15 +162,8 @@ pub(crate) async fn run(config: &Config, args: DemoArgs) -> anyhow::Result<()> {
         .await?
         .context("the demo pool vanished")?;
 
-    shutdown.cancel();
-    for w in workers {
-        w.await??;
-    }
-    if let Ok(client) = Arc::try_unwrap(client) {
-        client.close().await;
-    }
-
     println!();
+    println!("== lucky gift ==");
     println!(
         "draws            {} ok, {} rejected {:?}, {} without reply, in {:.2?} ({:.0} draws/s)",
         ok,
@@ -206,7 +199,17 @@ pub(crate) async fn run(config: &Config, args: DemoArgs) -> anyhow::Result<()> {
         "ledger check     ledger {ledger_total} = rewards {total_reward}: {}",
         if settled { "OK" } else { "FAILED" }
     );
-    if !conserved || !settled || failed > 0 {
+
+    let packet_ok = red_packet_demo(config, &db, &client).await?;
+    let lottery_ok = lottery_demo(config, &db, &client).await?;
+    shutdown.cancel();
+    for w in workers {
+        w.await??;
+    }
+    if let Ok(client) = Arc::try_unwrap(client) {
+        client.close().await;
+    }
+    if !conserved || !settled || failed > 0 || !packet_ok || !lottery_ok {
         anyhow::bail!("the demo found an inconsistency");
     }
     Ok(())
@@ -226,4 +229,185 @@ async fn wait_for_ledger(db: &sqlx::PgPool, pool: &str, expected: i64) -> anyhow
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A red packet: funded, created, grabbed by a crowd with repeat grabbers,
+/// then closed by its expiry timer with the rest refunded.
+async fn red_packet_demo(
+    config: &Config,
+    db: &sqlx::PgPool,
+    client: &Arc<RpcClient>,
+) -> anyhow::Result<bool> {
+    let t = Duration::from_secs(30);
+    let sender = 900_001;
+    let packet = format!("rp-{}", ulid::Ulid::new().to_string().to_lowercase());
+    let before = balance(db, sender).await?;
+    let topup = json!({"type": "settle", "entry_id": format!("topup:{packet}"), "account": sender, "asset": "coin",
+        "amount": 10_000, "reason": "topup", "ref": {"pool": "demo-topups"}});
+    client.call(amqp::SETTLE.routing_key, &topup, t).await?;
+    let create = json!({"type": "redpacket.create", "packet_id": packet, "sender": sender, "total": 8_800,
+        "count": 50, "min": 10, "expires_in_s": 3});
+    let created = client.call(amqp::REFILL.routing_key, &create, t).await?;
+    anyhow::ensure!(
+        created["status"] == "ok",
+        "red packet not created: {created}"
+    );
+    // 40 users, each tapping twice, all at once.
+    let grabs: Vec<Value> = stream::iter((0..80).map(|i| {
+        json!({"type": "draw", "request_id": ulid::Ulid::new().to_string(),
+            "pool": packet, "user_id": 1 + i % 40, "count": 1})
+    }))
+    .map(|req| {
+        let client = client.clone();
+        async move {
+            client
+                .call(amqp::DRAW.routing_key, &req, Duration::from_secs(30))
+                .await
+        }
+    })
+    .buffer_unordered(40)
+    .filter_map(|r| async move { r.ok() })
+    .collect()
+    .await;
+    let mut outcomes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut grabbed = 0;
+    for g in &grabs {
+        let key = if g["status"] == "ok" {
+            "ok".to_owned()
+        } else {
+            g["error"]["code"].as_str().unwrap_or("?").to_owned()
+        };
+        *outcomes.entry(key).or_default() += 1;
+        grabbed += g["reward"].as_i64().unwrap_or(0);
+    }
+    let keys = PoolKeys::new(&config.redis_prefix, &packet);
+    let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        let s = crate::kinds::red_packet::status(&mut redis, &keys)
+            .await?
+            .context("the packet vanished")?;
+        if s.closed || tokio::time::Instant::now() > deadline {
+            break s;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // The refund settles through the queue; wait for it.
+    let expected = before + 10_000 - 8_800 + status.refunded;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut after = balance(db, sender).await?;
+    while after != expected && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        after = balance(db, sender).await?;
+    }
+    let conserved = status.total == status.grabbed + status.refunded + status.in_packet
+        && grabbed == status.grabbed;
+    println!();
+    println!("== red packet ==");
+    println!("packet           {packet}: 8800 coin in 50 shares, expires in 3 s");
+    println!("80 grabs by 40   {outcomes:?}");
+    println!(
+        "after expiry     closed {}, grabbed {} in {} shares, refunded {} to the sender",
+        status.closed, status.grabbed, status.grabbed_count, status.refunded
+    );
+    println!(
+        "conservation     escrowed {} = grabbed {} + refunded {} + in packet {}: {}",
+        status.total,
+        status.grabbed,
+        status.refunded,
+        status.in_packet,
+        if conserved { "OK" } else { "FAILED" }
+    );
+    println!(
+        "sender balance   {after} (expected {expected}): {}",
+        if after == expected { "OK" } else { "FAILED" }
+    );
+    Ok(status.closed && conserved && after == expected)
+}
+
+/// A lottery activity: chances granted, a burst of draws, PV/UV and prizes.
+async fn lottery_demo(
+    config: &Config,
+    db: &sqlx::PgPool,
+    client: &Arc<RpcClient>,
+) -> anyhow::Result<bool> {
+    let t = Duration::from_secs(30);
+    let text = include_str!("../../examples/activities.toml");
+    let mut activity = crate::kinds::lottery::parse_file(text)?
+        .into_iter()
+        .next()
+        .context("no activity in the example")?;
+    activity.id = format!("lottery-{}", ulid::Ulid::new().to_string().to_lowercase());
+    activity.starts_at = chrono::Utc::now() - chrono::Duration::hours(1);
+    activity.ends_at = chrono::Utc::now() + chrono::Duration::days(1);
+    let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
+    crate::kinds::lottery::load(
+        db,
+        &mut redis,
+        &Scripts::new(),
+        &config.redis_prefix,
+        std::slice::from_ref(&activity),
+    )
+    .await?;
+    for user in 1..=30 {
+        let grant = json!({"type": "lottery.grant", "grant_id": format!("{}-{user}", activity.id), "activity": activity.id,
+            "user_id": user, "chances": 3});
+        client.call(amqp::DRAW.routing_key, &grant, t).await?;
+    }
+    let draws: Vec<Value> = stream::iter((0..100).map(|i| {
+        json!({"type": "draw", "request_id": ulid::Ulid::new().to_string(),
+            "pool": activity.id, "user_id": 1 + i % 30, "count": 1})
+    }))
+    .map(|req| {
+        let client = client.clone();
+        async move {
+            client
+                .call(amqp::DRAW.routing_key, &req, Duration::from_secs(30))
+                .await
+        }
+    })
+    .buffer_unordered(32)
+    .filter_map(|r| async move { r.ok() })
+    .collect()
+    .await;
+    let mut won: BTreeMap<String, u64> = BTreeMap::new();
+    let mut refused: BTreeMap<String, u64> = BTreeMap::new();
+    for d in &draws {
+        if d["status"] == "ok" {
+            *won.entry(d["prizes"][0]["prize"].as_str().unwrap_or("?").to_owned())
+                .or_default() += 1;
+        } else {
+            *refused
+                .entry(d["error"]["code"].as_str().unwrap_or("?").to_owned())
+                .or_default() += 1;
+        }
+    }
+    let keys = PoolKeys::new(&config.redis_prefix, &activity.id);
+    let stats =
+        crate::kinds::lottery::stats(&mut redis, &keys, &activity.id, &crate::scripts::utc_day())
+            .await?
+            .context("the activity vanished")?;
+    let ok = won.values().sum::<u64>() == 90 && refused.get("no_chances") == Some(&10);
+    println!();
+    println!("== lottery ==");
+    println!(
+        "activity         {} (wheel), 30 users x 3 chances, 100 draws",
+        activity.id
+    );
+    println!("prizes won       {won:?}");
+    println!("refused          {refused:?}");
+    println!("today            PV {}, UV {}", stats.pv, stats.uv);
+    println!(
+        "chances check    90 won, 10 without a chance: {}",
+        if ok { "OK" } else { "FAILED" }
+    );
+    Ok(ok)
+}
+
+async fn balance(db: &sqlx::PgPool, account: i64) -> anyhow::Result<i64> {
+    Ok(crate::settle::balances(db, account)
+        .await?
+        .into_iter()
+        .find(|b| b.asset == "coin")
+        .map_or(0, |b| b.balance))
 }

@@ -212,6 +212,17 @@ pub struct Stats {
     pub prizes: Vec<(String, u64, Option<u64>)>,
 }
 
+/// kind, prizes, consolation, PV, UV, awarded, stock.
+type StatsReply = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<u64>,
+    u64,
+    std::collections::HashMap<String, u64>,
+    std::collections::HashMap<String, u64>,
+);
+
 /// PV, UV and per-prize counts of `activity` on `day` (`YYYYMMDD`).
 pub async fn stats<C: ConnectionLike + Send>(
     conn: &mut C,
@@ -219,15 +230,7 @@ pub async fn stats<C: ConnectionLike + Send>(
     activity: &str,
     day: &str,
 ) -> Result<Option<Stats>, redis::RedisError> {
-    let (kind, prizes, consolation, pv, uv, awarded, stock): (
-        Option<String>,
-        Option<String>,
-        Option<String>,
-        Option<u64>,
-        u64,
-        std::collections::HashMap<String, u64>,
-        std::collections::HashMap<String, u64>,
-    ) = redis::pipe()
+    let (kind, prizes, consolation, pv, uv, awarded, stock): StatsReply = redis::pipe()
         .cmd("HGET")
         .arg(keys.meta())
         .arg("kind")

@@ -367,39 +367,40 @@ pub struct PacketStatus {
     pub closed: bool,
 }
 
+/// kind, total, grabbed, grabbed_count, refunded, closed.
+type MetaReply = (
+    Option<String>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    Option<String>,
+);
+
 /// Reads a packet's counters in one atomic snapshot.
 pub async fn status<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &PoolKeys,
 ) -> Result<Option<PacketStatus>, redis::RedisError> {
-    let ((kind, total, grabbed, count, refunded, closed), shares): (
-        (
-            Option<String>,
-            Option<i64>,
-            Option<i64>,
-            Option<i64>,
-            Option<i64>,
-            Option<String>,
-        ),
-        Vec<String>,
-    ) = redis::pipe()
-        .atomic()
-        .cmd("HMGET")
-        .arg(keys.meta())
-        .arg(&[
-            "kind",
-            "total",
-            "grabbed",
-            "grabbed_count",
-            "refunded",
-            "closed",
-        ])
-        .cmd("LRANGE")
-        .arg(keys.shares())
-        .arg(0)
-        .arg(-1)
-        .query_async(conn)
-        .await?;
+    let ((kind, total, grabbed, count, refunded, closed), shares): (MetaReply, Vec<String>) =
+        redis::pipe()
+            .atomic()
+            .cmd("HMGET")
+            .arg(keys.meta())
+            .arg(&[
+                "kind",
+                "total",
+                "grabbed",
+                "grabbed_count",
+                "refunded",
+                "closed",
+            ])
+            .cmd("LRANGE")
+            .arg(keys.shares())
+            .arg(0)
+            .arg(-1)
+            .query_async(conn)
+            .await?;
     if kind.as_deref() != Some(KIND) {
         return Ok(None);
     }

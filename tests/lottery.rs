@@ -1,0 +1,243 @@
+//! Lottery activities (SPEC §5) on the real fleet: window, chances, stock
+//! under concurrency, idempotent grants, PV/UV.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use chrono::{Duration as Days, Utc};
+use common::{draw, TestEnv};
+use prizepool::kinds::lottery;
+use serde_json::{json, Value};
+
+const T: Duration = Duration::from_secs(30);
+
+fn activity(
+    id: &str,
+    starts: chrono::DateTime<Utc>,
+    ends: chrono::DateTime<Utc>,
+    prizes: &str,
+) -> String {
+    format!(
+        "[[activities]]\nid = \"{id}\"\nstrategy = \"wheel\"\nstarts_at = \"{}\"\nends_at = \"{}\"\nprizes = [ {prizes} ]\nconsolation = {{ id = \"points-10\", weight = 1 }}\n",
+        starts.to_rfc3339(),
+        ends.to_rfc3339()
+    )
+}
+
+async fn load(env: &TestEnv, toml: &str) {
+    let activities = lottery::parse_file(toml).unwrap();
+    let mut redis = env.redis.clone();
+    lottery::load(
+        &env.db,
+        &mut redis,
+        &env.scripts,
+        &env.config.redis_prefix,
+        &activities,
+    )
+    .await
+    .unwrap();
+}
+
+fn grant(id: &str, activity: &str, user: i64, chances: u32) -> Value {
+    json!({"type": "lottery.grant", "grant_id": id, "activity": activity, "user_id": user, "chances": chances})
+}
+
+#[tokio::test]
+async fn window_chances_and_idempotent_grants() {
+    let mut env = TestEnv::new(&[]).await;
+    let now = Utc::now();
+    load(
+        &env,
+        &activity(
+            "future",
+            now + Days::days(1),
+            now + Days::days(2),
+            "{ id = \"ipad\", weight = 1, stock = 1 }",
+        ),
+    )
+    .await;
+    load(
+        &env,
+        &activity(
+            "past",
+            now - Days::days(2),
+            now - Days::days(1),
+            "{ id = \"ipad\", weight = 1, stock = 1 }",
+        ),
+    )
+    .await;
+    load(
+        &env,
+        &activity(
+            "open",
+            now - Days::days(1),
+            now + Days::days(1),
+            "{ id = \"ipad\", weight = 1, stock = 1 }",
+        ),
+    )
+    .await;
+    env.start_fleet().await;
+    let client = env.client().await;
+    for (id, code) in [
+        ("future", "not_started"),
+        ("past", "ended"),
+        ("open", "no_chances"),
+    ] {
+        let r = client
+            .call("draw", &grant(&format!("g-{id}"), id, 5, 1), T)
+            .await
+            .unwrap();
+        assert_eq!(r["status"], "ok");
+        let r = client
+            .call("draw", &draw(id, if id == "open" { 6 } else { 5 }, 1), T)
+            .await
+            .unwrap();
+        assert_eq!(r["error"]["code"], code, "{id}: {r}");
+    }
+    // The same grant twice adds its chances once.
+    for _ in 0..2 {
+        let r = client
+            .call("draw", &grant("g-7", "open", 7, 3), T)
+            .await
+            .unwrap();
+        assert_eq!(
+            (
+                r["type"].as_str(),
+                r["status"].as_str(),
+                r["chances"].as_u64()
+            ),
+            (Some("grant_result"), Some("ok"), Some(3))
+        );
+    }
+    let mut lefts = Vec::new();
+    for _ in 0..3 {
+        let r = client.call("draw", &draw("open", 7, 1), T).await.unwrap();
+        assert_eq!(r["status"], "ok", "{r}");
+        let prize = &r["prizes"][0];
+        assert_eq!(
+            prize["asset"],
+            format!("item:{}", prize["prize"].as_str().unwrap())
+        );
+        assert_eq!(prize["amount"], 1);
+        lefts.push(r["chances_left"].as_u64().unwrap());
+    }
+    assert_eq!(lefts, vec![2, 1, 0]);
+    let r = client.call("draw", &draw("open", 7, 1), T).await.unwrap();
+    assert_eq!(r["error"]["code"], "no_chances");
+    let r = client
+        .call("draw", &grant("g-8", "nowhere", 7, 3), T)
+        .await
+        .unwrap();
+    assert_eq!(r["error"]["code"], "unknown_pool");
+    let r = client.call("draw", &draw("open", 7, 2), T).await.unwrap();
+    assert_eq!(r["error"]["code"], "invalid_request");
+
+    let mut redis = env.redis.clone();
+    let stats = lottery::stats(
+        &mut redis,
+        &env.keys("open"),
+        "open",
+        &prizepool::scripts::utc_day(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    // Five draws reached the activity (the `count = 2` one was bad input).
+    assert_eq!((stats.pv, stats.uv), (5, 2), "{stats:?}");
+    env.stop_workers().await;
+}
+
+#[tokio::test]
+async fn stock_is_never_exceeded_under_concurrent_draws_and_prizes_reach_the_ledger() {
+    let mut env = TestEnv::new(&[]).await;
+    let now = Utc::now();
+    load(
+        &env,
+        &activity(
+            "rush",
+            now - Days::hours(1),
+            now + Days::hours(1),
+            "{ id = \"ipad\", weight = 1000, stock = 5 }, { id = \"coupon-5\", weight = 1000, stock = 20 }",
+        ),
+    )
+    .await;
+    env.start_fleet().await;
+    env.start_draw_worker().await;
+    let client = Arc::new(env.client().await);
+    for user in 0..100 {
+        let r = client
+            .call("draw", &grant(&format!("g-{user}"), "rush", user, 2), T)
+            .await
+            .unwrap();
+        assert_eq!(r["status"], "ok");
+    }
+    let mut tasks = Vec::new();
+    for i in 0..220 {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            client
+                .call("draw", &draw("rush", i % 100, 1), T)
+                .await
+                .unwrap()
+        }));
+    }
+    let mut won: HashMap<String, u64> = HashMap::new();
+    let mut no_chances = 0;
+    for t in tasks {
+        let r = t.await.unwrap();
+        if r["status"] == "ok" {
+            *won.entry(r["prizes"][0]["prize"].as_str().unwrap().to_owned())
+                .or_default() += 1;
+        } else {
+            assert_eq!(r["error"]["code"], "no_chances", "{r}");
+            no_chances += 1;
+        }
+    }
+    assert_eq!(no_chances, 20, "200 chances for 220 draws");
+    assert_eq!(won.values().sum::<u64>(), 200, "every draw wins something");
+    assert!(
+        won.get("ipad").copied().unwrap_or(0) <= 5
+            && won.get("coupon-5").copied().unwrap_or(0) <= 20
+    );
+    // With these weights the finite prizes are all but certain to sell out.
+    assert_eq!(won.get("ipad"), Some(&5));
+    assert_eq!(won.get("coupon-5"), Some(&20));
+    let mut redis = env.redis.clone();
+    let stats = lottery::stats(
+        &mut redis,
+        &env.keys("rush"),
+        "rush",
+        &prizepool::scripts::utc_day(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(
+        stats.prizes.contains(&("ipad".into(), 5, Some(0))),
+        "{stats:?}"
+    );
+    assert_eq!(stats.uv, 100);
+    // The ledger holds one item per prize won.
+    let deadline = tokio::time::Instant::now() + T;
+    loop {
+        let rows: Vec<(String, i64)> = sqlx::query_as("SELECT asset, sum(amount)::bigint FROM ledger_entries WHERE reason = 'lottery' GROUP BY asset")
+            .fetch_all(&env.db)
+            .await
+            .unwrap();
+        let ledger: HashMap<String, u64> = rows
+            .into_iter()
+            .map(|(a, n)| (a.trim_start_matches("item:").to_owned(), n as u64))
+            .collect();
+        if ledger == won {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "ledger {ledger:?} != won {won:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    env.stop_workers().await;
+}
