@@ -12,7 +12,7 @@ if kind and kind ~= ARGV[1] then return {'kind', kind} end
 local version = tonumber(redis.call('HGET', KEYS[1], 'version')) or 0
 if version > tonumber(ARGV[2]) then return {'stale', tostring(version)} end
 redis.call('HSET', KEYS[1], 'kind', ARGV[1], 'version', ARGV[2], unpack(ARGV, 3))
-for _, f in ipairs({'gen', 'visible', 'stocked', 'drawn'}) do
+for _, f in ipairs({'gen', 'visible', 'stocked', 'drawn', 'max_index', 'cur'}) do
   redis.call('HSETNX', KEYS[1], f, 0)
 end
 return {'ok', ''}

@@ -6,7 +6,11 @@
 -- Returns: {kind, version, gen, stocked, drawn, visible, held, spent_today}
 --          (kind is false when the pool does not exist)
 
-local m = redis.call('HMGET', KEYS[1], 'kind', 'version', 'gen', 'stocked', 'drawn', 'visible')
+local m = redis.call('HMGET', KEYS[1], 'kind', 'version', 'gen', 'stocked', 'drawn', 'visible',
+  'storage', 'max_index', 'cur')
+local visible = tonumber(m[6]) or 0
+-- Sparse pools count drawable prizes by index range instead.
+if m[7] == 'sparse' then visible = (tonumber(m[8]) or 0) - (tonumber(m[9]) or 0) end
 return {m[1], tonumber(m[2]) or 0, tonumber(m[3]) or 0, tonumber(m[4]) or 0,
-  tonumber(m[5]) or 0, tonumber(m[6]) or 0, redis.call('LLEN', KEYS[2]),
+  tonumber(m[5]) or 0, visible, redis.call('LLEN', KEYS[2]),
   tonumber(redis.call('GET', KEYS[3])) or 0}

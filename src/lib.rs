@@ -14,10 +14,12 @@
 //! | [`draw`], [`refill`], [`settle`] | the three workers |
 //! | [`pools`], [`db`] | the pool registry and the Postgres connection |
 //! | [`cli`] | the `prizepool` subcommands, including `demo` |
+//! | [`bench`] | `prizepool bench`: ceilings, fleet runs, reports |
 //!
 //! The binaries in `src/bin/` only wire these together.
 
 pub mod amqp;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod db;

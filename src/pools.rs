@@ -56,6 +56,20 @@ pub async fn load<C: ConnectionLike + Send>(
         .fetch_optional(&mut *tx)
         .await?;
         let version = previous.as_ref().map_or(1, |(v, _)| v + 1);
+        if previous.is_some() {
+            let (storage,): (Option<String>,) =
+                sqlx::query_as("SELECT config->>'storage' FROM pool_versions WHERE pool_id = $1 ORDER BY version DESC LIMIT 1")
+                    .bind(&config.id)
+                    .fetch_one(&mut *tx)
+                    .await?;
+            let wanted = serde_json::to_value(config.storage)?;
+            anyhow::ensure!(
+                storage.as_deref() == wanted.as_str(),
+                "pool {:?}: field `storage`: cannot change from {:?} to {wanted} on a loaded pool",
+                config.id,
+                storage.unwrap_or_default()
+            );
+        }
         let table = CodeTable::extend(previous.as_ref().map(|(_, t)| &t.0), config);
         sqlx::query(
             "INSERT INTO pool_versions (pool_id, version, config, codes) VALUES ($1, $2, $3, $4)",

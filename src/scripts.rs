@@ -24,6 +24,8 @@ pub struct Scripts {
     pub configure_activity: Script,
     pub draw_wheel: Script,
     pub grant_chances: Script,
+    pub draw_sparse: Script,
+    pub sparse_stock: Script,
 }
 
 impl Scripts {
@@ -43,6 +45,8 @@ impl Scripts {
             configure_activity: Script::new(include_str!("../lua/configure_activity.lua")),
             draw_wheel: Script::new(include_str!("../lua/draw_wheel.lua")),
             grant_chances: Script::new(include_str!("../lua/grant_chances.lua")),
+            draw_sparse: Script::new(include_str!("../lua/draw_sparse.lua")),
+            sparse_stock: Script::new(include_str!("../lua/sparse_stock.lua")),
         }
     }
 }
@@ -90,6 +94,21 @@ impl PoolKeys {
     /// Consumption counter of one UTC day (`YYYYMMDD`).
     pub fn spent(&self, day: &str) -> String {
         self.key(&format!("spent:{day}"))
+    }
+
+    /// Sparse pool: stored non-zero prizes, by bucket of indices.
+    pub fn sparse(&self) -> String {
+        self.key("sp")
+    }
+
+    /// Sparse pool: combo runs (first index and zero-prize code).
+    pub fn segments(&self) -> String {
+        self.key("seg")
+    }
+
+    /// Sparse pool: flagged refill points (index and batch number).
+    pub fn flags(&self) -> String {
+        self.key("flags")
     }
 
     /// Red packet: remaining shares.

@@ -51,6 +51,49 @@ async fn draws_refill_and_settle_with_conservation() {
 }
 
 #[tokio::test]
+async fn a_sparse_pool_draws_refills_and_settles_through_the_fleet() {
+    let mut env = TestEnv::new(&[]).await;
+    env.load(&pool_toml(
+        "sp",
+        "storage = \"sparse\"\nrefill_at = 0.5\nmax_count = 100",
+        GIFT,
+    ))
+    .await;
+    env.start_fleet().await;
+    let client = env.client().await;
+    let mut rewards = 0;
+    let mut multipliers = std::collections::BTreeMap::new();
+    for i in 0..64 {
+        let reply = client
+            .call("draw", &draw("sp", i % 5, 60), T)
+            .await
+            .unwrap();
+        assert_eq!(reply["status"], "ok", "{reply}");
+        rewards += reply["reward"].as_i64().unwrap();
+        for p in reply["prizes"].as_array().unwrap() {
+            *multipliers
+                .entry(p["multiplier"].as_u64().unwrap())
+                .or_insert(0u64) += 1;
+        }
+    }
+    // 3,840 prizes = exactly six batches of 640: the config six times over.
+    let expected: std::collections::BTreeMap<u64, u64> = [
+        (0, 6 * 500),
+        (1, 6 * 60),
+        (2, 6 * 50),
+        (5, 6 * 20),
+        (10, 6 * 10),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(multipliers, expected);
+    let s = env.status("sp").await;
+    assert_eq!(s.stocked, s.drawn + s.in_pool);
+    assert_eq!(env.wait_ledger("sp", rewards).await, rewards);
+    env.stop_workers().await;
+}
+
+#[tokio::test]
 async fn a_redelivered_draw_replays_its_first_result() {
     let mut env = TestEnv::new(&[]).await;
     env.load(&pool_toml("g", "", GIFT)).await;

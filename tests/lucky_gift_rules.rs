@@ -11,10 +11,15 @@ use prizepool::kinds::lucky_gift::{self, CodeTable, DrawStep, Drawn, StockOutcom
 
 async fn draw(env: &TestEnv, pool: &str, count: u32) -> DrawStep {
     let mut redis = env.redis.clone();
+    let storage = lucky_gift::storage_of(&mut redis, &env.keys(pool))
+        .await
+        .unwrap()
+        .unwrap_or(lucky_gift::Storage::List);
     lucky_gift::draw(
         &mut redis,
         &env.scripts,
         &env.keys(pool),
+        storage,
         &ulid::Ulid::new().to_string(),
         count,
         3600,
@@ -61,6 +66,37 @@ async fn refill(env: &TestEnv, pool: &str) -> StockOutcome {
     .unwrap()
 }
 
+/// A pool file for `storage` (see `common::pool_toml`).
+fn pool_toml_in(storage: &str, id: &str, extra: &str, combos: &[(&str, &[(u64, u64)])]) -> String {
+    pool_toml(id, &format!("storage = \"{storage}\"\n{extra}"), combos)
+}
+
+/// Runs a rule test once per storage mode: every SPEC §3 rule holds for both.
+macro_rules! both_storages {
+    ($($name:ident),* $(,)?) => {
+        $(mod $name {
+            #[tokio::test]
+            async fn list() {
+                super::$name("list").await
+            }
+            #[tokio::test]
+            async fn sparse() {
+                super::$name("sparse").await
+            }
+        })*
+    };
+}
+
+both_storages!(
+    each_batch_holds_exactly_the_config_and_combos_run_contiguously,
+    a_draw_is_all_or_nothing_and_may_span_batches,
+    the_prize_at_the_refill_point_carries_the_trigger,
+    unknown_pool_and_count_above_max_count,
+    gated_jackpots_wait_at_the_head_for_the_first_draw_that_may_win_them,
+    waiting_jackpots_are_not_touched_by_gated_draws,
+    fifty_concurrent_refills_for_one_trigger_stock_one_batch,
+);
+
 const COMBOS: &[(&str, &[(u64, u64)])] = &[
     ("a", &[(0, 20), (1, 5), (7, 2)]),
     ("b", &[(0, 15), (2, 4)]),
@@ -69,11 +105,11 @@ const COMBOS: &[(&str, &[(u64, u64)])] = &[
 ];
 const BATCH: u32 = 27 + 19 + 14 + 10;
 
-#[tokio::test]
-async fn each_batch_holds_exactly_the_config_and_combos_run_contiguously() {
+async fn each_batch_holds_exactly_the_config_and_combos_run_contiguously(storage: &str) {
     let env = TestEnv::new(&[]).await;
     let pool = "exact";
-    env.load(&pool_toml(
+    env.load(&pool_toml_in(
+        storage,
         pool,
         "refill_at = 1.0\nmax_count = 1000",
         COMBOS,
@@ -126,11 +162,11 @@ async fn each_batch_holds_exactly_the_config_and_combos_run_contiguously() {
     );
 }
 
-#[tokio::test]
-async fn a_draw_is_all_or_nothing_and_may_span_batches() {
+async fn a_draw_is_all_or_nothing_and_may_span_batches(storage: &str) {
     let env = TestEnv::new(&[]).await;
     let pool = "aon";
-    env.load(&pool_toml(pool, "refill_at = 1.0", COMBOS)).await;
+    env.load(&pool_toml_in(storage, pool, "refill_at = 1.0", COMBOS))
+        .await;
     drawn(draw(&env, pool, BATCH - 3).await);
     let before = env.status(pool).await;
     assert_eq!(before.in_pool, 3);
@@ -152,35 +188,39 @@ async fn a_draw_is_all_or_nothing_and_may_span_batches() {
     assert_eq!(s.in_pool, u64::from(BATCH) - 2);
 }
 
-#[tokio::test]
-async fn the_prize_at_the_refill_point_carries_the_trigger() {
+async fn the_prize_at_the_refill_point_carries_the_trigger(storage: &str) {
     let env = TestEnv::new(&[]).await;
     let pool = "flag";
     // 10 prizes, refill_at 0.5: the 5th prize drawn is flagged.
-    env.load(&pool_toml(pool, "refill_at = 0.5", &[("only", &[(0, 10)])]))
-        .await;
+    env.load(&pool_toml_in(
+        storage,
+        pool,
+        "refill_at = 0.5",
+        &[("only", &[(0, 10)])],
+    ))
+    .await;
     assert_eq!(drawn(draw(&env, pool, 4).await).trigger, None);
     assert_eq!(drawn(draw(&env, pool, 1).await).trigger, Some(1));
     assert_eq!(drawn(draw(&env, pool, 5).await).trigger, None);
 }
 
-#[tokio::test]
-async fn unknown_pool_and_count_above_max_count() {
+async fn unknown_pool_and_count_above_max_count(storage: &str) {
     let env = TestEnv::new(&[]).await;
     assert_eq!(draw(&env, "nope", 1).await, DrawStep::Unknown);
-    env.load(&pool_toml("small", "max_count = 3", COMBOS)).await;
+    env.load(&pool_toml_in(storage, "small", "max_count = 3", COMBOS))
+        .await;
     assert_eq!(
         draw(&env, "small", 4).await,
         DrawStep::TooMany { max_count: 3 }
     );
 }
 
-#[tokio::test]
-async fn gated_jackpots_wait_at_the_head_for_the_first_draw_that_may_win_them() {
+async fn gated_jackpots_wait_at_the_head_for_the_first_draw_that_may_win_them(storage: &str) {
     let env = TestEnv::new(&[]).await;
     let pool = "jp";
     // unit_price 10; jackpots (>= 100x) open once today's consumption reaches 100.
-    env.load(&pool_toml(
+    env.load(&pool_toml_in(
+        storage,
         pool,
         "refill_at = 1.0\njackpot = { min_multiplier = 100, daily_consumption_threshold = 100 }",
         &[("c", &[(0, 8), (100, 2)])],
@@ -229,12 +269,11 @@ async fn gated_jackpots_wait_at_the_head_for_the_first_draw_that_may_win_them() 
     assert_eq!(s.stocked, s.drawn + s.in_pool);
 }
 
-#[tokio::test]
-async fn waiting_jackpots_are_not_touched_by_gated_draws() {
+async fn waiting_jackpots_are_not_touched_by_gated_draws(storage: &str) {
     let env = TestEnv::new(&[]).await;
     let pool = "pile";
     // Every batch: 1 jackpot among 9 blanks; the threshold is never reached.
-    env.load(&pool_toml(
+    env.load(&pool_toml_in(storage,
         pool,
         "refill_at = 1.0\njackpot = { min_multiplier = 50, daily_consumption_threshold = 1000000000 }",
         &[("c", &[(0, 9), (50, 1)])],
@@ -275,12 +314,16 @@ async fn waiting_jackpots_are_not_touched_by_gated_draws() {
     assert_eq!(s.stocked, s.drawn + s.in_pool);
 }
 
-#[tokio::test]
-async fn fifty_concurrent_refills_for_one_trigger_stock_one_batch() {
+async fn fifty_concurrent_refills_for_one_trigger_stock_one_batch(storage: &str) {
     let env = TestEnv::new(&[]).await;
     let pool = "race";
-    env.load(&pool_toml(pool, "", &[("c", &[(0, 3000), (5, 100)])]))
-        .await;
+    env.load(&pool_toml_in(
+        storage,
+        pool,
+        "",
+        &[("c", &[(0, 3000), (5, 100)])],
+    ))
+    .await;
     let (_, config, codes) = prizepool::pools::latest(&env.db, pool)
         .await
         .unwrap()
@@ -405,4 +448,146 @@ async fn list_mode_costs_about_two_bytes_per_prize() {
     let per_prize = bytes as f64 / 200_000.0;
     println!("list mode: {bytes} bytes for 200000 prizes = {per_prize:.3} bytes/prize");
     assert!(per_prize <= 2.5, "{per_prize} bytes per prize");
+}
+
+#[tokio::test]
+async fn sparse_mode_stores_only_non_zero_prizes() {
+    let env = TestEnv::new(&[]).await;
+    env.load(&pool_toml_in(
+        "sparse",
+        "zeros",
+        "",
+        &[("a", &[(0, 50_000)])],
+    ))
+    .await;
+    env.load(&pool_toml_in(
+        "sparse",
+        "sp",
+        "",
+        &[
+            ("a", &[(0, 90_000), (1, 8000), (10, 2000)]),
+            ("b", &[(0, 99_000), (3, 1000)]),
+        ],
+    ))
+    .await;
+    let mut redis = env.redis.clone();
+    let mut bytes_of = |pool: &str| {
+        let keys = lucky_gift::sparse_keys(&env.keys(pool));
+        let mut redis = redis.clone();
+        async move {
+            let mut total = 0u64;
+            for k in keys {
+                let b: Option<u64> = redis::cmd("MEMORY")
+                    .arg("USAGE")
+                    .arg(&k)
+                    .arg("SAMPLES")
+                    .arg(0)
+                    .query_async(&mut redis)
+                    .await
+                    .unwrap();
+                total += b.unwrap_or(0);
+            }
+            total
+        }
+    };
+    let zeros = bytes_of("zeros").await;
+    let sp = bytes_of("sp").await;
+    let stored: u64 = redis::cmd("HLEN")
+        .arg(env.keys("zeros").sparse())
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(stored, 0, "zero prizes take no entry");
+    let per_prize = sp as f64 / 11_000.0;
+    println!("sparse mode: {zeros} bytes for 50000 zeros, {sp} bytes for 11000 non-zero prizes = {per_prize:.1} bytes each");
+    assert!(zeros < 1_000, "{zeros} bytes for a pool of zeros");
+    assert!(per_prize <= 64.0, "{per_prize} bytes per non-zero prize");
+    // Every prize still comes out: a whole batch has exactly the config's prizes.
+    let mut counts = std::collections::BTreeMap::new();
+    let codes = table(&env, "sp").await;
+    for _ in 0..200 {
+        for c in drawn(draw(&env, "sp", 1000).await).codes {
+            *counts.entry(codes.decode(c).unwrap().1).or_insert(0u64) += 1;
+        }
+    }
+    assert_eq!(
+        counts,
+        [(0, 189_000), (1, 8000), (3, 1000), (10, 2000)]
+            .into_iter()
+            .collect()
+    );
+    assert!(
+        matches!(draw(&env, "sp", 1).await, DrawStep::Short { .. }),
+        "past the stocked range is short, not a zero"
+    );
+}
+
+#[tokio::test]
+async fn sparse_stocking_after_a_dead_attempt_trims_its_leftovers() {
+    let env = TestEnv::new(&[]).await;
+    let pool = "sp-crash";
+    env.load(&pool_toml_in(
+        "sparse",
+        pool,
+        "",
+        &[("c", &[(0, 500), (5, 100)])],
+    ))
+    .await;
+    let keys = env.keys(pool);
+    let mut redis = env.redis.clone();
+    let step = |name: &str| {
+        let mut inv = env.scripts.sparse_stock.prepare_invoke();
+        inv.key(keys.meta())
+            .key(keys.sparse())
+            .key(keys.segments())
+            .key(keys.flags())
+            .arg(name)
+            .arg("dead");
+        inv
+    };
+    let (status, start): (String, i64) = step("begin")
+        .arg(1)
+        .arg(0)
+        .arg(1)
+        .invoke_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!((status.as_str(), start), ("claimed", 600));
+    // Half a batch staged at indices 600.. (bucket 9 holds 576..639), then the attempt dies.
+    let (status, _): (String, i64) = step("push")
+        .arg(0)
+        .arg(1)
+        .arg(9)
+        .arg("30.1;31.1;")
+        .arg(10)
+        .arg("0.1;")
+        .invoke_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(status, "ok");
+    drawn(draw(&env, pool, 600).await);
+    assert!(
+        matches!(draw(&env, pool, 1).await, DrawStep::Short { .. }),
+        "staged prizes stay invisible"
+    );
+    assert!(matches!(
+        refill(&env, pool).await,
+        StockOutcome::Stocked {
+            generation: 2,
+            size: 600
+        }
+    ));
+    let codes = table(&env, pool).await;
+    let mut fives = 0;
+    for c in drawn(draw(&env, pool, 600).await).codes {
+        if codes.decode(c).unwrap().1 == 5 {
+            fives += 1;
+        }
+    }
+    assert_eq!(
+        fives, 100,
+        "the dead attempt's prizes did not leak into the batch"
+    );
+    let s = env.status(pool).await;
+    assert_eq!((s.stocked, s.drawn, s.in_pool), (1200, 1200, 0));
 }

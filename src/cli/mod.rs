@@ -66,6 +66,8 @@ enum Command {
     },
     /// Run a whole fleet against the local services and print a summary.
     Demo(demo::DemoArgs),
+    /// Measure throughput, latency and cost against the machine's ceilings.
+    Bench(crate::bench::BenchArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -170,6 +172,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Dlq { command } => dlq_command(&config, command).await?,
         Command::Activity { command } => activity(&config, command).await?,
         Command::Demo(args) => demo::run(&config, args).await?,
+        Command::Bench(args) => crate::bench::run(&config, args).await?,
     }
     Ok(())
 }

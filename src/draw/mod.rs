@@ -17,7 +17,7 @@ use crate::{
     config::Config,
     kinds::{
         lottery::{self, LotteryStep},
-        lucky_gift::{self, CodeTable, DrawStep, Drawn},
+        lucky_gift::{self, CodeTable, DrawStep, Drawn, Storage},
         red_packet::{self, Grab},
     },
     messages::{
@@ -44,7 +44,7 @@ pub struct DrawWorker {
 /// The prize kinds a draw can address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
-    LuckyGift,
+    LuckyGift(Storage),
     RedPacket,
     Lottery,
 }
@@ -67,13 +67,17 @@ impl DrawWorker {
             return Ok(Some(*kind));
         }
         let mut conn = self.redis.clone();
-        let label: Option<String> = redis::cmd("HGET")
+        let (label, storage): (Option<String>, Option<String>) = redis::cmd("HMGET")
             .arg(keys.meta())
             .arg("kind")
+            .arg("storage")
             .query_async(&mut conn)
             .await?;
         let kind = match label.as_deref() {
-            Some(lucky_gift::KIND) => Kind::LuckyGift,
+            Some(lucky_gift::KIND) if storage.as_deref() == Some("sparse") => {
+                Kind::LuckyGift(Storage::Sparse)
+            }
+            Some(lucky_gift::KIND) => Kind::LuckyGift(Storage::List),
             Some(red_packet::KIND) => Kind::RedPacket,
             Some(lottery::KIND) => Kind::Lottery,
             _ => return Ok(None),
@@ -91,7 +95,9 @@ impl DrawWorker {
         req.validate()?;
         let keys = PoolKeys::new(&self.config.redis_prefix, &req.pool);
         match self.kind(&keys, &req.pool).await? {
-            Some(Kind::LuckyGift) => self.draw_lucky_gift(req, keys, publisher).await,
+            Some(Kind::LuckyGift(storage)) => {
+                self.draw_lucky_gift(req, keys, storage, publisher).await
+            }
             Some(Kind::RedPacket) => self.grab(req, keys).await,
             Some(Kind::Lottery) => self.draw_lottery(req, keys).await,
             None => Ok(rejected(
@@ -304,6 +310,7 @@ impl DrawWorker {
         &self,
         req: DrawRequest,
         keys: PoolKeys,
+        storage: Storage,
         publisher: &Publisher,
     ) -> Result<Outcome, HandleError> {
         let mut conn = self.redis.clone();
@@ -320,6 +327,7 @@ impl DrawWorker {
                 &mut conn,
                 &self.scripts,
                 &keys,
+                storage,
                 &req.request_id,
                 req.count,
                 self.config.result_ttl.as_secs(),

@@ -54,6 +54,14 @@ impl CodeTable {
             .map(|(combo, m)| (combo.as_str(), *m))
     }
 
+    /// The code of (combo, multiplier), if the table has it.
+    pub fn code_of(&self, combo: &str, multiplier: u64) -> Option<u32> {
+        self.entries
+            .iter()
+            .position(|(c, m)| c == combo && *m == multiplier)
+            .map(|i| i as u32)
+    }
+
     /// Number of codes.
     pub fn len(&self) -> usize {
         self.entries.len()

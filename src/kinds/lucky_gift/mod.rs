@@ -92,22 +92,45 @@ pub async fn draw<C: ConnectionLike + Send>(
     conn: &mut C,
     scripts: &Scripts,
     keys: &PoolKeys,
+    storage: Storage,
     request_id: &str,
     count: u32,
     result_ttl_s: u64,
 ) -> Result<DrawStep, redis::RedisError> {
-    let (status, text, number): (String, String, u64) = scripts
-        .draw_lucky_gift
-        .key(keys.meta())
-        .key(keys.queue())
-        .key(keys.held())
-        .key(keys.spent(&crate::scripts::utc_day()))
-        .key(keys.result(request_id))
-        .arg(count)
-        .arg(result_ttl_s)
-        .arg(SPENT_TTL_S)
-        .invoke_async(conn)
-        .await?;
+    let day = crate::scripts::utc_day();
+    let (status, text, number): (String, String, u64) = match storage {
+        Storage::List => {
+            scripts
+                .draw_lucky_gift
+                .key(keys.meta())
+                .key(keys.queue())
+                .key(keys.held())
+                .key(keys.spent(&day))
+                .key(keys.result(request_id))
+                .arg(count)
+                .arg(result_ttl_s)
+                .arg(SPENT_TTL_S)
+                .invoke_async(conn)
+                .await?
+        }
+        Storage::Sparse => {
+            scripts
+                .draw_sparse
+                .key(keys.meta())
+                .key(keys.sparse())
+                .key(keys.segments())
+                .key(keys.flags())
+                .key(keys.held())
+                .key(keys.spent(&day))
+                .key(keys.result(request_id))
+                .arg(count)
+                .arg(result_ttl_s)
+                .arg(SPENT_TTL_S)
+                .arg(SPARSE_BUCKET)
+                .invoke_async(conn)
+                .await?
+        }
+    };
     Ok(match status.as_str() {
         "ok" => DrawStep::Drawn(Drawn::parse(&text)?),
         "dup" => DrawStep::Replayed(Drawn::parse(&text)?),
@@ -119,6 +142,32 @@ pub async fn draw<C: ConnectionLike + Send>(
             max_count: text.parse().unwrap_or(0),
         },
         _ => DrawStep::Unknown,
+    })
+}
+
+/// Indices per bucket of a sparse pool's `sp` hash.
+pub const SPARSE_BUCKET: u64 = 64;
+
+/// The keys holding a sparse pool's prizes (for memory accounting).
+pub fn sparse_keys(keys: &PoolKeys) -> Vec<String> {
+    vec![keys.sparse(), keys.segments(), keys.flags(), keys.held()]
+}
+
+/// The storage of pool `keys`, or `None` if it is not a lucky-gift pool.
+pub async fn storage_of<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &PoolKeys,
+) -> Result<Option<Storage>, redis::RedisError> {
+    let (kind, storage): (Option<String>, Option<String>) = redis::cmd("HMGET")
+        .arg(keys.meta())
+        .arg("kind")
+        .arg("storage")
+        .query_async(conn)
+        .await?;
+    Ok(match (kind.as_deref(), storage.as_deref()) {
+        (Some(KIND), Some("sparse")) => Some(Storage::Sparse),
+        (Some(KIND), _) => Some(Storage::List),
+        _ => None,
     })
 }
 

@@ -55,6 +55,9 @@ pub async fn stock_next<C: ConnectionLike + Send>(
     chunk: usize,
     lease_ms: i64,
 ) -> Result<StockOutcome, StockError> {
+    if config.storage == super::Storage::Sparse {
+        return stock_sparse(conn, scripts, keys, config, table, trigger, chunk, lease_ms).await;
+    }
     let token = ulid::Ulid::new().to_string();
     let (status, number): (String, i64) = scripts
         .stock_begin
@@ -144,4 +147,160 @@ pub async fn stock_next<C: ConnectionLike + Send>(
         generation: number.unsigned_abs(),
         size,
     })
+}
+
+/// Stocks the next batch of a sparse pool: only non-zero prizes are written,
+/// in buckets of [`super::SPARSE_BUCKET`] indices, behind `max_index`.
+#[allow(clippy::too_many_arguments)]
+async fn stock_sparse<C: ConnectionLike + Send>(
+    conn: &mut C,
+    scripts: &Scripts,
+    keys: &PoolKeys,
+    config: &PoolConfig,
+    table: &CodeTable,
+    trigger: u64,
+    chunk: usize,
+    lease_ms: i64,
+) -> Result<StockOutcome, StockError> {
+    let step = |name: &'static str| {
+        let mut inv = scripts.sparse_stock.prepare_invoke();
+        inv.key(keys.meta())
+            .key(keys.sparse())
+            .key(keys.segments())
+            .key(keys.flags())
+            .arg(name);
+        inv
+    };
+    let token = ulid::Ulid::new().to_string();
+    let (status, number): (String, i64) = step("begin")
+        .arg(&token)
+        .arg(trigger)
+        .arg(now_ms())
+        .arg(lease_ms)
+        .invoke_async(conn)
+        .await?;
+    match status.as_str() {
+        "claimed" => {}
+        "done" => {
+            return Ok(StockOutcome::AlreadyDone {
+                generation: number.unsigned_abs(),
+            })
+        }
+        "busy" => {
+            return Ok(StockOutcome::Busy {
+                retry_in: Duration::from_millis(number.clamp(10, 1000) as u64),
+            })
+        }
+        "ahead" => {
+            return Ok(StockOutcome::Ahead {
+                generation: number.unsigned_abs(),
+            })
+        }
+        _ => return Ok(StockOutcome::Unknown),
+    }
+    let start = number.unsigned_abs();
+    // Clean up what a dead attempt may have staged, a few buckets per step.
+    loop {
+        let (status, left): (String, i64) = step("trim")
+            .arg(&token)
+            .arg((chunk / 8).max(1))
+            .arg(super::SPARSE_BUCKET)
+            .invoke_async(conn)
+            .await?;
+        if status != "ok" {
+            return Err(StockError::LeaseLost);
+        }
+        if left == 0 {
+            break;
+        }
+    }
+    let batch = Batch::build(config, table, &mut rand::rng());
+    let size = batch.codes.len();
+    let zero: std::collections::HashSet<u32> = (0..table.len() as u32)
+        .filter(|c| table.decode(*c).is_some_and(|(_, m)| m == 0))
+        .collect();
+    // (bucket, "<off>.<code>;...") in index order, flushed every `chunk` prizes.
+    let mut pending: Vec<(u64, String)> = Vec::new();
+    let mut in_chunk = 0usize;
+    let mut nonzero = 0usize;
+    for (i, &code) in batch.codes.iter().enumerate() {
+        if zero.contains(&code) {
+            continue;
+        }
+        let index = start + i as u64;
+        let (bucket, off) = (index / super::SPARSE_BUCKET, index % super::SPARSE_BUCKET);
+        match pending.last_mut() {
+            Some((b, text)) if *b == bucket => text.push_str(&format!("{off}.{code};")),
+            _ => pending.push((bucket, format!("{off}.{code};"))),
+        }
+        in_chunk += 1;
+        nonzero += 1;
+        if in_chunk >= chunk {
+            push_sparse(
+                conn,
+                scripts,
+                keys,
+                &token,
+                lease_ms,
+                std::mem::take(&mut pending),
+            )
+            .await?;
+            in_chunk = 0;
+        }
+    }
+    if !pending.is_empty() {
+        push_sparse(conn, scripts, keys, &token, lease_ms, pending).await?;
+    }
+    let segments: Vec<String> = batch
+        .combos
+        .iter()
+        .map(|(combo, s, _)| {
+            let zero = table.code_of(combo, 0).map_or(-1, i64::from);
+            format!("{}:{zero}", start + *s as u64)
+        })
+        .collect();
+    let (status, number): (String, i64) = step("commit")
+        .arg(&token)
+        .arg(trigger)
+        .arg(size)
+        .arg(nonzero)
+        .arg(start + batch.flag_at as u64)
+        .arg(&segments)
+        .invoke_async(conn)
+        .await?;
+    match status.as_str() {
+        "ok" => Ok(StockOutcome::Stocked {
+            generation: number.unsigned_abs(),
+            size,
+        }),
+        "mismatch" => Err(StockError::Mismatch {
+            pushed: number,
+            expected: nonzero,
+        }),
+        _ => Err(StockError::LeaseLost),
+    }
+}
+
+async fn push_sparse<C: ConnectionLike + Send>(
+    conn: &mut C,
+    scripts: &Scripts,
+    keys: &PoolKeys,
+    token: &str,
+    lease_ms: i64,
+    buckets: Vec<(u64, String)>,
+) -> Result<(), StockError> {
+    let mut inv = scripts.sparse_stock.prepare_invoke();
+    inv.key(keys.meta())
+        .key(keys.sparse())
+        .key(keys.segments())
+        .key(keys.flags());
+    inv.arg("push").arg(token).arg(now_ms()).arg(lease_ms);
+    for (bucket, text) in &buckets {
+        inv.arg(bucket).arg(text);
+    }
+    let (status, _): (String, i64) = inv.invoke_async(conn).await?;
+    if status != "ok" {
+        return Err(StockError::LeaseLost);
+    }
+    Ok(())
 }

@@ -1,0 +1,235 @@
+//! The ceilings a run is compared with, measured in the same run: the raw
+//! Redis round trip of the draw script, and the raw RabbitMQ round trip
+//! through a quorum queue with windowed confirms.
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use futures_util::{stream::FuturesUnordered, StreamExt};
+use lapin::{
+    options::{
+        BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions,
+        QueueDeclareOptions, QueueDeleteOptions,
+    },
+    types::{AMQPValue, FieldTable},
+    BasicProperties,
+};
+use redis::aio::ConnectionManager;
+use tokio::sync::Mutex;
+
+use super::stats::{Latencies, Percentiles};
+use crate::{
+    config::Config,
+    kinds::lucky_gift::{self, DrawStep},
+    scripts::{PoolKeys, Scripts},
+};
+
+/// A measured rate with its latencies.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct Rate {
+    pub per_s: f64,
+    pub latency: Percentiles,
+}
+
+/// Calls the draw script (or, with `trivial`, a script that only reads one
+/// field, given the same keys) from `concurrency` tasks sharing one
+/// multiplexed connection, for `duration` or until the pool runs short.
+pub(super) async fn redis_draws(
+    redis: &ConnectionManager,
+    keys: &PoolKeys,
+    count: u32,
+    concurrency: usize,
+    duration: Duration,
+    trivial: bool,
+) -> anyhow::Result<Rate> {
+    let scripts = Arc::new(Scripts::new());
+    let bare = Arc::new(redis::Script::new(
+        "return redis.call('HGET', KEYS[1], 'kind')",
+    ));
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let (mut conn, scripts, bare, keys, stop, done) = (
+            redis.clone(),
+            scripts.clone(),
+            bare.clone(),
+            keys.clone(),
+            stop.clone(),
+            done.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Latencies::default();
+            while !stop.load(Ordering::Relaxed) && started.elapsed() < duration {
+                let id = ulid::Ulid::new().to_string();
+                let t = Instant::now();
+                if trivial {
+                    let _: Option<String> = bare
+                        .key(keys.meta())
+                        .key(keys.queue())
+                        .key(keys.held())
+                        .key(keys.spent("bench"))
+                        .key(keys.result(&id))
+                        .arg(count)
+                        .invoke_async(&mut conn)
+                        .await?;
+                } else {
+                    match lucky_gift::draw(
+                        &mut conn,
+                        &scripts,
+                        &keys,
+                        lucky_gift::Storage::List,
+                        &id,
+                        count,
+                        120,
+                    )
+                    .await?
+                    {
+                        DrawStep::Drawn(_) => {}
+                        _ => {
+                            stop.store(true, Ordering::Relaxed);
+                            break;
+                        }
+                    }
+                }
+                lat.record(t.elapsed());
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<_, anyhow::Error>(lat)
+        }));
+    }
+    let mut all = Latencies::default();
+    for t in tasks {
+        all.extend(t.await??);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    Ok(Rate {
+        per_s: done.load(Ordering::Relaxed) as f64 / elapsed,
+        latency: all.percentiles(),
+    })
+}
+
+/// Publishes `body_len`-byte messages to a fresh quorum queue with up to
+/// `window` unconfirmed publishes, consumes and acks them, and measures
+/// publish→consume latency. With `rate`, publishes at that rate (open loop);
+/// otherwise as fast as confirms allow.
+pub(super) async fn amqp_round_trip(
+    config: &Config,
+    body_len: usize,
+    window: usize,
+    duration: Duration,
+    rate: Option<f64>,
+) -> anyhow::Result<Rate> {
+    let conn = crate::amqp::connect(&config.amqp_url, "prizepool-bench-ceiling").await?;
+    let queue = format!("prizepool.bench.{}", ulid::Ulid::new());
+    let pub_ch = conn.create_channel().await?;
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".as_bytes().to_vec().into()),
+    );
+    pub_ch
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            args,
+        )
+        .await?;
+    pub_ch
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    let sub_ch = conn.create_channel().await?;
+    sub_ch.basic_qos(1000, Default::default()).await?;
+    let mut consumer = sub_ch
+        .basic_consume(
+            queue.as_str().into(),
+            "ceiling".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let epoch = Instant::now();
+    let latencies = Arc::new(Mutex::new(Latencies::default()));
+    let received = Arc::new(AtomicU64::new(0));
+    let (lat2, rec2) = (latencies.clone(), received.clone());
+    let reader = tokio::spawn(async move {
+        let mut batch = Latencies::default();
+        while let Some(Ok(d)) = consumer.next().await {
+            let sent = u64::from_le_bytes(
+                d.data
+                    .get(..8)
+                    .and_then(|b| b.try_into().ok())
+                    .unwrap_or([0; 8]),
+            );
+            batch.record(epoch.elapsed().saturating_sub(Duration::from_micros(sent)));
+            let _ = d.ack(BasicAckOptions::default()).await;
+            rec2.fetch_add(1, Ordering::Relaxed);
+            if batch.len() >= 1000 {
+                lat2.lock().await.extend(std::mem::take(&mut batch));
+            }
+        }
+        lat2.lock().await.extend(batch);
+    });
+
+    let mut pending = FuturesUnordered::new();
+    let mut sent = 0u64;
+    let started = Instant::now();
+    let mut body = vec![b'x'; body_len.max(8)];
+    while started.elapsed() < duration {
+        if let Some(rate) = rate {
+            // Open loop: keep the schedule, whatever the confirms do.
+            let due = started + Duration::from_secs_f64(sent as f64 / rate);
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                tokio::time::sleep(wait).await;
+            }
+        }
+        body[..8].copy_from_slice(&(epoch.elapsed().as_micros() as u64).to_le_bytes());
+        let confirm = pub_ch
+            .basic_publish(
+                "".into(),
+                queue.as_str().into(),
+                BasicPublishOptions::default(),
+                &body,
+                BasicProperties::default(),
+            )
+            .await?;
+        pending.push(confirm);
+        sent += 1;
+        while pending.len() >= window {
+            if let Some(c) = pending.next().await {
+                c?;
+            }
+        }
+    }
+    while let Some(c) = pending.next().await {
+        c?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while received.load(Ordering::Relaxed) < sent && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    // Cancelling ends the consumer stream, so the reader hands in its last samples.
+    let _ = sub_ch
+        .basic_cancel("ceiling".into(), Default::default())
+        .await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), reader).await;
+    let _ = pub_ch
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await;
+    let _ = conn.close(200, "bench".into()).await;
+    let mut lat = std::mem::take(&mut *latencies.lock().await);
+    Ok(Rate {
+        per_s: received.load(Ordering::Relaxed) as f64 / elapsed,
+        latency: lat.percentiles(),
+    })
+}

@@ -1,0 +1,230 @@
+//! Runs the fleet as separate processes and drives it with simulated users.
+
+use std::{
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+use lapin::options::QueueDeclareOptions;
+use serde_json::{json, Value};
+use tokio::sync::{Mutex, Semaphore};
+
+use super::stats::{cpu_time, Latencies, Percentiles};
+use crate::{
+    amqp::{self, rpc::RpcClient},
+    config::Config,
+};
+
+/// The worker processes of one run.
+#[derive(Debug)]
+pub(super) struct Fleet {
+    children: Vec<(String, Child)>,
+}
+
+fn binary(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the prizepool binary")?;
+    let path = exe.with_file_name(name);
+    anyhow::ensure!(
+        path.exists(),
+        "{} not found next to {}; build all binaries (`cargo build --release`)",
+        name,
+        exe.display()
+    );
+    Ok(path)
+}
+
+impl Fleet {
+    /// Starts `draw_workers` draw workers, one refill and one settle worker,
+    /// and waits until every one of them consumes.
+    pub(super) async fn start(config: &Config, draw_workers: usize) -> anyhow::Result<Self> {
+        let mut children = Vec::new();
+        let mut names = vec!["refill-worker".to_owned(), "settle-worker".to_owned()];
+        names.extend((0..draw_workers).map(|_| "draw-worker".to_owned()));
+        for name in names {
+            let child = Command::new(binary(&name)?)
+                .env("RUST_LOG", "warn")
+                .env("METRICS_ADDR", "")
+                .env("AMQP_URL", &config.amqp_url)
+                .env("REDIS_URL", &config.redis_url)
+                .env("DATABASE_URL", &config.database_url)
+                .env("REDIS_PREFIX", &config.redis_prefix)
+                .stdout(Stdio::null())
+                .spawn()
+                .with_context(|| format!("starting {name}"))?;
+            children.push((name, child));
+        }
+        let fleet = Self { children };
+        let conn = amqp::connect(&config.amqp_url, "prizepool-bench-probe").await?;
+        let ch = conn.create_channel().await?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for (queue, want) in [
+            (amqp::DRAW.queue, draw_workers),
+            (amqp::REFILL.queue, 1),
+            (amqp::SETTLE.queue, 1),
+        ] {
+            loop {
+                let q = ch
+                    .queue_declare(
+                        queue.into(),
+                        QueueDeclareOptions {
+                            passive: true,
+                            ..Default::default()
+                        },
+                        Default::default(),
+                    )
+                    .await;
+                if matches!(&q, Ok(q) if q.consumer_count() as usize >= want) {
+                    break;
+                }
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "workers on {queue} did not start consuming"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        let _ = conn.close(200, "bench".into()).await;
+        Ok(fleet)
+    }
+
+    /// CPU time used so far by each process, by name.
+    pub(super) fn cpu(&self) -> Vec<(String, u32, Duration)> {
+        self.children
+            .iter()
+            .map(|(name, c)| (name.clone(), c.id(), cpu_time(c.id()).unwrap_or_default()))
+            .collect()
+    }
+
+    /// Sends SIGTERM to every process and waits for them.
+    pub(super) fn stop(mut self) {
+        for (_, c) in &self.children {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+        }
+        for (_, c) in &mut self.children {
+            let _ = c.wait();
+        }
+        self.children.clear();
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// What a load phase measured.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub(super) struct Load {
+    pub draws_per_s: f64,
+    pub prizes_per_s: f64,
+    pub ok: u64,
+    pub rejected: u64,
+    pub failed: u64,
+    pub latency: Percentiles,
+    /// Sum of rewards of the `ok` replies, for the ledger check.
+    #[serde(skip)]
+    pub reward: i64,
+}
+
+/// Builds the request body of draw number `i`.
+pub(super) type MakeRequest = Arc<dyn Fn(u64) -> Value + Send + Sync>;
+
+/// Sends draws for `duration`: `in_flight` at a time (closed loop), or at
+/// `rate` per second (open loop, at most `in_flight` outstanding).
+pub(super) async fn drive(
+    clients: &[Arc<RpcClient>],
+    make: MakeRequest,
+    duration: Duration,
+    in_flight: usize,
+    rate: Option<f64>,
+) -> Load {
+    let slots = Arc::new(Semaphore::new(in_flight));
+    let latencies = Arc::new(Mutex::new(Latencies::default()));
+    let counters = Arc::new([
+        AtomicU64::new(0),
+        AtomicU64::new(0),
+        AtomicU64::new(0),
+        AtomicU64::new(0),
+        AtomicU64::new(0),
+    ]);
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut i = 0u64;
+    while started.elapsed() < duration {
+        if let Some(rate) = rate {
+            let due = started + Duration::from_secs_f64(i as f64 / rate);
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                tokio::time::sleep(wait).await;
+            }
+        }
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            break;
+        };
+        let client = clients[(i as usize) % clients.len()].clone();
+        let (body, latencies, counters) = (make(i), latencies.clone(), counters.clone());
+        tasks.spawn(async move {
+            let t = Instant::now();
+            let reply = client
+                .call(amqp::DRAW.routing_key, &body, Duration::from_secs(30))
+                .await;
+            let took = t.elapsed();
+            drop(permit);
+            match reply {
+                Ok(r) if r["status"] == "ok" => {
+                    counters[0].fetch_add(1, Ordering::Relaxed);
+                    counters[3].fetch_add(
+                        r["prizes"].as_array().map_or(0, Vec::len) as u64,
+                        Ordering::Relaxed,
+                    );
+                    counters[4].fetch_add(
+                        r["reward"].as_i64().unwrap_or(0).unsigned_abs(),
+                        Ordering::Relaxed,
+                    );
+                    latencies.lock().await.record(took);
+                }
+                Ok(_) => {
+                    counters[1].fetch_add(1, Ordering::Relaxed);
+                }
+                Err(_) => {
+                    counters[2].fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+        i += 1;
+        // Reap finished tasks now and then so the set stays small.
+        while tasks.try_join_next().is_some() {}
+    }
+    while tasks.join_next().await.is_some() {}
+    let elapsed = started.elapsed().as_secs_f64();
+    let mut lat = std::mem::take(&mut *latencies.lock().await);
+    let ok = counters[0].load(Ordering::Relaxed);
+    Load {
+        draws_per_s: ok as f64 / elapsed,
+        prizes_per_s: counters[3].load(Ordering::Relaxed) as f64 / elapsed,
+        ok,
+        rejected: counters[1].load(Ordering::Relaxed),
+        failed: counters[2].load(Ordering::Relaxed),
+        latency: lat.percentiles(),
+        reward: counters[4].load(Ordering::Relaxed) as i64,
+    }
+}
+
+/// A lucky-gift draw request maker over `users` simulated users.
+pub(super) fn lucky_gift_requests(pool: String, users: u64, count: u32) -> MakeRequest {
+    Arc::new(move |i| {
+        json!({"type": "draw", "request_id": ulid::Ulid::new().to_string(), "pool": pool,
+               "user_id": 1 + (i * 7919) % users, "count": count})
+    })
+}

@@ -1,0 +1,586 @@
+//! `prizepool bench`: the fleet's throughput, latency and cost, measured
+//! against the machine's own ceilings in the same run.
+//!
+//! Ceilings: the draw script in a tight multiplexed Redis loop (and a
+//! trivial script with the same keys, to price the script itself), and a
+//! raw RabbitMQ round trip (publish with windowed confirms → consume → ack)
+//! through a quorum queue. Then, for each draw-worker count, the fleet runs
+//! as separate processes: a closed loop at full speed, then an open loop at
+//! half that rate. Results go to `results/<time>/` and `results/latest/` as
+//! JSON, Markdown and an SVG plot.
+
+mod ceilings;
+mod fleet;
+mod report;
+mod stats;
+
+use std::{sync::Arc, time::Duration};
+
+use anyhow::Context;
+use serde_json::json;
+
+pub use ceilings::Rate;
+pub use stats::{Latencies, Percentiles};
+
+use crate::{
+    amqp::rpc::RpcClient,
+    config::Config,
+    kinds::lucky_gift::{self, PoolConfig, StockOutcome, Storage},
+    scripts::{PoolKeys, Scripts},
+};
+
+/// The prize kind a run draws from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+pub enum BenchKind {
+    LuckyGift,
+    Lottery,
+}
+
+/// Options of `prizepool bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Draw-worker counts to run, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    workers: Vec<usize>,
+    /// Seconds of each load phase.
+    #[arg(long, default_value_t = 10)]
+    duration: u64,
+    /// Simulated users.
+    #[arg(long, default_value_t = 10_000)]
+    users: u64,
+    /// Draws in flight in the closed loop.
+    #[arg(long, default_value_t = 512)]
+    in_flight: usize,
+    /// Open-loop rate in draws/s instead of the closed loop (0: closed loop,
+    /// then an open loop at half the rate it reached).
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
+    /// Prizes per lucky-gift draw.
+    #[arg(long, default_value_t = 10)]
+    count: u32,
+    /// Prize kind to draw.
+    #[arg(long, value_enum, default_value_t = BenchKind::LuckyGift)]
+    kind: BenchKind,
+    /// Storage of the lucky-gift pool under load.
+    #[arg(long, default_value = "list")]
+    storage: String,
+    /// Skip the slow one-off measurements (pool-size flatness, 3M-prize stocking).
+    #[arg(long)]
+    quick: bool,
+    /// Where reports are written.
+    #[arg(long, default_value = "results")]
+    out: std::path::PathBuf,
+}
+
+fn pool_config(
+    id: &str,
+    storage: Storage,
+    combos: &[(&str, &[(u64, u64)])],
+    refill_at: f64,
+) -> PoolConfig {
+    PoolConfig {
+        id: id.to_owned(),
+        unit_price: 100,
+        storage,
+        refill_at,
+        max_count: 10_000,
+        asset: "coin".into(),
+        jackpot: Some(lucky_gift::config::Jackpot {
+            min_multiplier: 5000,
+            daily_consumption_threshold: 5_000_000,
+        }),
+        combos: combos
+            .iter()
+            .map(|(id, stock)| lucky_gift::config::Combo {
+                id: (*id).to_owned(),
+                stock: stock.to_vec(),
+            })
+            .collect(),
+    }
+}
+
+/// The SPEC's combo, scaled by `k`.
+fn spec_combos(k: u64) -> Vec<(String, Vec<(u64, u64)>)> {
+    (1..=3)
+        .map(|c| {
+            (
+                format!("c{c}"),
+                vec![
+                    (0, 29994 * k),
+                    (10, 293 * k),
+                    (50, 139 * k),
+                    (500, 27 * k),
+                    (5000, k),
+                ],
+            )
+        })
+        .collect()
+}
+
+fn borrow(combos: &[(String, Vec<(u64, u64)>)]) -> Vec<(&str, &[(u64, u64)])> {
+    combos
+        .iter()
+        .map(|(id, s)| (id.as_str(), s.as_slice()))
+        .collect()
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", ulid::Ulid::new().to_string().to_lowercase())
+}
+
+/// Runs the benchmark and writes its reports.
+pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
+    let storage = match args.storage.as_str() {
+        "list" => Storage::List,
+        "sparse" => Storage::Sparse,
+        other => anyhow::bail!("unknown storage {other:?}"),
+    };
+    let db = crate::db::migrate(&config.database_url).await?;
+    let redis = crate::redis_conn::connect(&config.redis_url).await?;
+    let scripts = Scripts::new();
+    let mut rep = report::Report::new(&args, storage);
+    // The topology must exist before the first publish.
+    RpcClient::connect(config).await?.close().await;
+
+    println!("ceilings");
+    let ceiling_pool = pool_config(
+        &unique("bench-ceiling"),
+        Storage::List,
+        &borrow(&spec_combos(7)),
+        1.0,
+    );
+    load(&db, &redis, &scripts, config, &ceiling_pool).await?;
+    let keys = PoolKeys::new(&config.redis_prefix, &ceiling_pool.id);
+    rep.memory.list_bytes_per_prize = list_bytes_per_prize(&redis, &keys).await?;
+    let d = Duration::from_secs(3);
+    rep.ceilings.redis_trivial =
+        ceilings::redis_draws(&redis, &keys, args.count, 64, d, true).await?;
+    rep.ceilings.redis_draw =
+        ceilings::redis_draws(&redis, &keys, args.count, 64, d, false).await?;
+    println!(
+        "  redis: draw script {:.0}/s, trivial script {:.0}/s",
+        rep.ceilings.redis_draw.per_s, rep.ceilings.redis_trivial.per_s
+    );
+    rep.ceilings.amqp = ceilings::amqp_round_trip(
+        config,
+        160,
+        512,
+        Duration::from_secs(args.duration.min(10)),
+        None,
+    )
+    .await?;
+    println!(
+        "  rabbitmq: {:.0} msg/s, p99 {:.2} ms",
+        rep.ceilings.amqp.per_s, rep.ceilings.amqp.latency.p99_ms
+    );
+
+    if let Storage::Sparse = storage {
+        rep.memory.sparse_bytes_per_nonzero =
+            Some(sparse_bytes_per_nonzero(&db, &redis, &scripts, config).await?);
+    }
+    if !args.quick {
+        println!("pool-size flatness (1 thousand vs 10 million prizes)");
+        rep.flatness = Some(flatness(&db, &redis, &scripts, config).await?);
+        println!("stocking stall (a 3-million-prize batch)");
+        rep.stall = Some(stall(&db, &redis, &scripts, config).await?);
+    }
+
+    for &n in &args.workers {
+        println!("fleet with {n} draw workers");
+        let run = fleet_run(config, &db, &redis, &scripts, &args, storage, n).await?;
+        println!(
+            "  {:.0} draws/s, {:.0} prizes/s, p99 {:.1} ms; at half rate p99 {:.1} ms (rabbitmq {:.1} ms)",
+            run.max.draws_per_s, run.max.prizes_per_s, run.max.latency.p99_ms, run.half.latency.p99_ms, run.amqp_at_half.latency.p99_ms
+        );
+        rep.runs.push(run);
+    }
+    let dir = rep.write(&args.out).context("writing the reports")?;
+    println!("\n{}", rep.markdown());
+    println!("reports written to {}", dir.display());
+    Ok(())
+}
+
+async fn load(
+    db: &sqlx::PgPool,
+    redis: &redis::aio::ConnectionManager,
+    scripts: &Scripts,
+    config: &Config,
+    pool: &PoolConfig,
+) -> anyhow::Result<()> {
+    let mut conn = redis.clone();
+    crate::pools::load(
+        db,
+        &mut conn,
+        scripts,
+        &config.redis_prefix,
+        std::slice::from_ref(pool),
+        config.refill_chunk,
+    )
+    .await?;
+    Ok(())
+}
+
+async fn list_bytes_per_prize(
+    redis: &redis::aio::ConnectionManager,
+    keys: &PoolKeys,
+) -> anyhow::Result<f64> {
+    let mut conn = redis.clone();
+    let (bytes, len): (u64, u64) = redis::pipe()
+        .cmd("MEMORY")
+        .arg("USAGE")
+        .arg(keys.queue())
+        .arg("SAMPLES")
+        .arg(0)
+        .cmd("LLEN")
+        .arg(keys.queue())
+        .query_async(&mut conn)
+        .await?;
+    Ok(bytes as f64 / len.max(1) as f64)
+}
+
+async fn sparse_bytes_per_nonzero(
+    db: &sqlx::PgPool,
+    redis: &redis::aio::ConnectionManager,
+    scripts: &Scripts,
+    config: &Config,
+) -> anyhow::Result<f64> {
+    let pool = pool_config(
+        &unique("bench-sparse"),
+        Storage::Sparse,
+        &borrow(&spec_combos(10)),
+        1.0,
+    );
+    load(db, redis, scripts, config, &pool).await?;
+    let keys = PoolKeys::new(&config.redis_prefix, &pool.id);
+    let nonzero: u64 = pool
+        .combos
+        .iter()
+        .flat_map(|c| &c.stock)
+        .filter(|(m, _)| *m > 0)
+        .map(|(_, n)| n)
+        .sum();
+    let mut conn = redis.clone();
+    let mut bytes = 0u64;
+    for key in lucky_gift::sparse_keys(&keys) {
+        let b: Option<u64> = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(&key)
+            .arg("SAMPLES")
+            .arg(0)
+            .query_async(&mut conn)
+            .await?;
+        bytes += b.unwrap_or(0);
+    }
+    Ok(bytes as f64 / nonzero.max(1) as f64)
+}
+
+/// Draw-step cost with 1 thousand vs 10 million prizes stocked.
+async fn flatness(
+    db: &sqlx::PgPool,
+    redis: &redis::aio::ConnectionManager,
+    scripts: &Scripts,
+    config: &Config,
+) -> anyhow::Result<report::Flatness> {
+    let small = pool_config(
+        &unique("bench-small"),
+        Storage::List,
+        &[("c1", &[(0, 990), (10, 10)])],
+        1.0,
+    );
+    let big = pool_config(
+        &unique("bench-big"),
+        Storage::List,
+        &[("c1", &[(0, 9_900_000), (10, 100_000)])],
+        1.0,
+    );
+    load(db, redis, scripts, config, &small).await?;
+    load(db, redis, scripts, config, &big).await?;
+    let (sk, bk) = (
+        PoolKeys::new(&config.redis_prefix, &small.id),
+        PoolKeys::new(&config.redis_prefix, &big.id),
+    );
+    let table = lucky_gift::CodeTable::extend(None, &small);
+    let mut small_rates = Vec::new();
+    let mut big_rates = Vec::new();
+    for _ in 0..5 {
+        // 900 single-prize draws each, 16 at a time; the small pool is restocked per round.
+        small_rates.push(fixed_draws(redis, &sk, 900).await?);
+        big_rates.push(fixed_draws(redis, &bk, 900).await?);
+        let mut conn = redis.clone();
+        let gen = lucky_gift::status(&mut conn, scripts, &sk, &small.id)
+            .await?
+            .map_or(0, |s| s.generation);
+        lucky_gift::stock_next(&mut conn, scripts, &sk, &small, &table, gen, 4000, 30_000).await?;
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (s, b) = (median(&mut small_rates), median(&mut big_rates));
+    println!("  {s:.0} draws/s with 1k prizes, {b:.0} draws/s with 10M prizes");
+    Ok(report::Flatness {
+        small_per_s: s,
+        big_per_s: b,
+        ratio: b / s,
+    })
+}
+
+async fn fixed_draws(
+    redis: &redis::aio::ConnectionManager,
+    keys: &PoolKeys,
+    n: usize,
+) -> anyhow::Result<f64> {
+    let scripts = Arc::new(Scripts::new());
+    let started = std::time::Instant::now();
+    let per_task = n / 16;
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let (mut conn, keys, scripts) = (redis.clone(), keys.clone(), scripts.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..per_task {
+                lucky_gift::draw(
+                    &mut conn,
+                    &scripts,
+                    &keys,
+                    Storage::List,
+                    &ulid::Ulid::new().to_string(),
+                    1,
+                    120,
+                )
+                .await?;
+            }
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok((per_task * 16) as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Longest time Redis stopped answering while a 3-million-prize batch was stocked.
+async fn stall(
+    db: &sqlx::PgPool,
+    redis: &redis::aio::ConnectionManager,
+    scripts: &Scripts,
+    config: &Config,
+) -> anyhow::Result<report::Stall> {
+    let pool = pool_config(
+        &unique("bench-stall"),
+        Storage::List,
+        &[("c1", &[(0, 2_970_000), (10, 30_000)])],
+        1.0,
+    );
+    load(db, redis, scripts, config, &pool).await?;
+    let keys = PoolKeys::new(&config.redis_prefix, &pool.id);
+    let table = lucky_gift::CodeTable::extend(None, &pool);
+    // A probe on its own connection, so it waits only for Redis itself.
+    let client = redis::Client::open(config.redis_url.as_str())?;
+    let mut probe = client.get_multiplexed_async_connection().await?;
+    let mut admin = client.get_multiplexed_async_connection().await?;
+    let _: redis::RedisResult<()> = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("latency-monitor-threshold")
+        .arg(1)
+        .query_async(&mut admin)
+        .await;
+    let _: redis::RedisResult<()> = redis::cmd("LATENCY")
+        .arg("RESET")
+        .query_async(&mut admin)
+        .await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let prober = tokio::spawn(async move {
+        let mut lat = Latencies::default();
+        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+            let t = std::time::Instant::now();
+            let _: redis::RedisResult<String> = redis::cmd("PING").query_async(&mut probe).await;
+            lat.record(t.elapsed());
+        }
+        lat
+    });
+    let started = std::time::Instant::now();
+    let mut conn = redis.clone();
+    let outcome = lucky_gift::stock_next(
+        &mut conn,
+        scripts,
+        &keys,
+        &pool,
+        &table,
+        1,
+        config.refill_chunk,
+        60_000,
+    )
+    .await?;
+    let took = started.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut lat = prober.await?;
+    anyhow::ensure!(
+        matches!(
+            outcome,
+            StockOutcome::Stocked {
+                size: 3_000_000,
+                ..
+            }
+        ),
+        "unexpected stocking outcome {outcome:?}"
+    );
+    let latest: redis::RedisResult<Vec<(String, i64, i64, i64)>> = redis::cmd("LATENCY")
+        .arg("LATEST")
+        .query_async(&mut admin)
+        .await;
+    let monitor_max_ms = latest.ok().and_then(|rows| rows.iter().map(|r| r.3).max());
+    let _: redis::RedisResult<()> = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("latency-monitor-threshold")
+        .arg(0)
+        .query_async(&mut admin)
+        .await;
+    let probe = lat.percentiles();
+    println!("  stocked 3,000,000 prizes in {took:.2?}; probe PING max {:.2} ms, p99 {:.2} ms; LATENCY monitor max {monitor_max_ms:?} ms", probe.max_ms, probe.p99_ms);
+    Ok(report::Stall {
+        prizes: 3_000_000,
+        seconds: took.as_secs_f64(),
+        probe,
+        latency_monitor_max_ms: monitor_max_ms,
+    })
+}
+
+async fn fleet_run(
+    config: &Config,
+    db: &sqlx::PgPool,
+    redis: &redis::aio::ConnectionManager,
+    scripts: &Scripts,
+    args: &BenchArgs,
+    storage: Storage,
+    workers: usize,
+) -> anyhow::Result<report::Run> {
+    let id = unique("bench");
+    let make = match args.kind {
+        BenchKind::LuckyGift => {
+            let pool = pool_config(&id, storage, &borrow(&spec_combos(2)), 0.5);
+            load(db, redis, scripts, config, &pool).await?;
+            fleet::lucky_gift_requests(id.clone(), args.users, args.count)
+        }
+        BenchKind::Lottery => lottery_setup(config, db, redis, scripts, &id, args.users).await?,
+    };
+    let fleet = fleet::Fleet::start(config, workers).await?;
+    let clients = vec![
+        Arc::new(RpcClient::connect(config).await?),
+        Arc::new(RpcClient::connect(config).await?),
+    ];
+    // Warm-up: connections, script cache, first refill.
+    fleet::drive(
+        &clients,
+        make.clone(),
+        Duration::from_secs(1),
+        args.in_flight,
+        None,
+    )
+    .await;
+    let ledger_before = ledger_total(db, &id).await?;
+
+    let cpu_before = fleet.cpu();
+    let own_before = stats::cpu_time(std::process::id()).unwrap_or_default();
+    let duration = Duration::from_secs(args.duration);
+    let rate = (args.rate > 0.0).then_some(args.rate);
+    let max = fleet::drive(&clients, make.clone(), duration, args.in_flight, rate).await;
+    let cpu_after = fleet.cpu();
+    let own = stats::cpu_time(std::process::id())
+        .unwrap_or_default()
+        .saturating_sub(own_before);
+    // Settlement lag: from the last reply until the ledger holds every reward.
+    let lag_started = std::time::Instant::now();
+    let expected = ledger_before + max.reward;
+    let mut settled = ledger_total(db, &id).await?;
+    while settled < expected && lag_started.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        settled = ledger_total(db, &id).await?;
+    }
+    let settle_lag_ms = lag_started.elapsed().as_secs_f64() * 1000.0;
+
+    let half_rate = max.draws_per_s / 2.0;
+    let half = fleet::drive(
+        &clients,
+        make.clone(),
+        duration,
+        args.in_flight.max(4096),
+        Some(half_rate),
+    )
+    .await;
+    for c in clients {
+        if let Ok(c) = Arc::try_unwrap(c) {
+            c.close().await;
+        }
+    }
+    fleet.stop();
+    let amqp_at_half =
+        ceilings::amqp_round_trip(config, 160, 512, duration, Some(half_rate)).await?;
+
+    let processes: Vec<report::ProcessCpu> = cpu_before
+        .iter()
+        .zip(&cpu_after)
+        .map(|((name, pid, b), (_, _, a))| report::ProcessCpu {
+            name: name.clone(),
+            pid: *pid,
+            cpu_s: a.saturating_sub(*b).as_secs_f64(),
+        })
+        .collect();
+    let worker_cpu: f64 = processes.iter().map(|p| p.cpu_s).sum();
+    Ok(report::Run {
+        draw_workers: workers,
+        cpu_per_draw_us: worker_cpu * 1e6 / max.ok.max(1) as f64,
+        load_generator_cpu_s: own.as_secs_f64(),
+        ledger_matches: settled == expected,
+        settle_lag_ms,
+        max,
+        half,
+        amqp_at_half,
+        processes,
+    })
+}
+
+async fn ledger_total(db: &sqlx::PgPool, pool: &str) -> anyhow::Result<i64> {
+    let (t,): (i64,) = sqlx::query_as("SELECT coalesce(sum(amount), 0)::bigint FROM ledger_entries WHERE ref->>'pool' = $1 AND asset = 'coin'")
+        .bind(pool)
+        .fetch_one(db)
+        .await?;
+    Ok(t)
+}
+
+async fn lottery_setup(
+    config: &Config,
+    db: &sqlx::PgPool,
+    redis: &redis::aio::ConnectionManager,
+    scripts: &Scripts,
+    id: &str,
+    users: u64,
+) -> anyhow::Result<fleet::MakeRequest> {
+    let text = format!(
+        "[[activities]]\nid = \"{id}\"\nstrategy = \"wheel\"\nstarts_at = \"{}\"\nends_at = \"{}\"\n\
+         prizes = [ {{ id = \"ipad\", weight = 1, stock = 100 }}, {{ id = \"coupon-5\", weight = 100, stock = 100000 }} ]\n\
+         consolation = {{ id = \"points-10\", weight = 500 }}\n",
+        (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339(),
+        (chrono::Utc::now() + chrono::Duration::days(1)).to_rfc3339(),
+    );
+    let activities = crate::kinds::lottery::parse_file(&text)?;
+    let mut conn = redis.clone();
+    crate::kinds::lottery::load(db, &mut conn, scripts, &config.redis_prefix, &activities).await?;
+    let keys = PoolKeys::new(&config.redis_prefix, id);
+    for user in 1..=users {
+        crate::kinds::lottery::grant(
+            &mut conn,
+            scripts,
+            &keys,
+            &format!("bench-{user}"),
+            user as i64,
+            1_000_000,
+        )
+        .await?;
+    }
+    let id = id.to_owned();
+    Ok(Arc::new(move |i| {
+        json!({"type": "draw", "request_id": ulid::Ulid::new().to_string(), "pool": id,
+               "user_id": 1 + (i * 7919) % users, "count": 1})
+    }))
+}

@@ -1,0 +1,333 @@
+//! The bench report: JSON for machines, Markdown for people, an SVG plot of
+//! throughput and latency against the number of draw workers.
+
+use std::{fmt::Write as _, path::PathBuf};
+
+use serde::Serialize;
+
+use super::{ceilings::Rate, fleet::Load, stats::Percentiles, BenchArgs, BenchKind};
+use crate::kinds::lucky_gift::Storage;
+
+#[derive(Debug, Default, Serialize)]
+pub(super) struct Ceilings {
+    pub redis_draw: Rate,
+    pub redis_trivial: Rate,
+    pub amqp: Rate,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub(super) struct Memory {
+    pub list_bytes_per_prize: f64,
+    pub sparse_bytes_per_nonzero: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct Flatness {
+    pub small_per_s: f64,
+    pub big_per_s: f64,
+    pub ratio: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct Stall {
+    pub prizes: u64,
+    pub seconds: f64,
+    pub probe: Percentiles,
+    pub latency_monitor_max_ms: Option<i64>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct ProcessCpu {
+    pub name: String,
+    pub pid: u32,
+    pub cpu_s: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct Run {
+    pub draw_workers: usize,
+    pub max: Load,
+    pub half: Load,
+    pub amqp_at_half: Rate,
+    pub settle_lag_ms: f64,
+    pub ledger_matches: bool,
+    pub cpu_per_draw_us: f64,
+    pub load_generator_cpu_s: f64,
+    pub processes: Vec<ProcessCpu>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct Report {
+    pub started_at: String,
+    pub command: String,
+    pub kind: BenchKind,
+    pub storage: Storage,
+    pub count: u32,
+    pub cores: usize,
+    pub ceilings: Ceilings,
+    pub memory: Memory,
+    pub flatness: Option<Flatness>,
+    pub stall: Option<Stall>,
+    pub runs: Vec<Run>,
+}
+
+impl Report {
+    pub(super) fn new(args: &BenchArgs, storage: Storage) -> Self {
+        Self {
+            started_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            command: std::env::args().collect::<Vec<_>>().join(" "),
+            kind: args.kind,
+            storage,
+            count: args.count,
+            cores: std::thread::available_parallelism().map_or(1, usize::from),
+            ceilings: Ceilings::default(),
+            memory: Memory::default(),
+            flatness: None,
+            stall: None,
+            runs: Vec::new(),
+        }
+    }
+
+    fn best(&self) -> Option<&Run> {
+        self.runs
+            .iter()
+            .max_by(|a, b| a.max.draws_per_s.total_cmp(&b.max.draws_per_s))
+    }
+
+    /// The report as a Markdown page.
+    pub(super) fn markdown(&self) -> String {
+        let mut md = String::new();
+        let c = &self.ceilings;
+        let _ = writeln!(
+            md,
+            "## prizepool bench, {} ({} cores)\n",
+            self.started_at, self.cores
+        );
+        let _ = writeln!(
+            md,
+            "`{}` — kind {:?}, storage {:?}, {} prizes per lucky-gift draw\n",
+            self.command, self.kind, self.storage, self.count
+        );
+        let _ = writeln!(md, "### Ceilings (same run)\n");
+        let _ = writeln!(
+            md,
+            "| ceiling | rate | p50 ms | p99 ms |\n|---|---|---|---|"
+        );
+        for (name, r) in [
+            (
+                "Redis: draw script, 64 in flight on one connection",
+                &c.redis_draw,
+            ),
+            ("Redis: trivial script, same keys", &c.redis_trivial),
+            (
+                "RabbitMQ: quorum queue, windowed confirms → consume → ack",
+                &c.amqp,
+            ),
+        ] {
+            let _ = writeln!(
+                md,
+                "| {name} | {:.0}/s | {:.2} | {:.2} |",
+                r.per_s, r.latency.p50_ms, r.latency.p99_ms
+            );
+        }
+        let _ = writeln!(md, "\n### Fleet\n");
+        let _ = writeln!(
+            md,
+            "| draw workers | draws/s | prizes/s | p50 ms | p90 ms | p99 ms | max ms | rejected | settle lag ms | ledger | worker CPU µs/draw |\n|---|---|---|---|---|---|---|---|---|---|---|"
+        );
+        for r in &self.runs {
+            let l = &r.max;
+            let _ = writeln!(
+                md,
+                "| {} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:.0} | {} | {:.0} |",
+                r.draw_workers,
+                l.draws_per_s,
+                l.prizes_per_s,
+                l.latency.p50_ms,
+                l.latency.p90_ms,
+                l.latency.p99_ms,
+                l.latency.max_ms,
+                l.rejected + l.failed,
+                r.settle_lag_ms,
+                if r.ledger_matches {
+                    "matches"
+                } else {
+                    "MISMATCH"
+                },
+                r.cpu_per_draw_us
+            );
+        }
+        let _ = writeln!(md, "\nAt half the maximum rate (open loop):\n");
+        let _ = writeln!(md, "| draw workers | rate/s | p50 ms | p99 ms | RabbitMQ p99 ms at that rate | ratio |\n|---|---|---|---|---|---|");
+        for r in &self.runs {
+            let _ = writeln!(
+                md,
+                "| {} | {:.0} | {:.1} | {:.1} | {:.2} | {:.1}× |",
+                r.draw_workers,
+                r.half.draws_per_s,
+                r.half.latency.p50_ms,
+                r.half.latency.p99_ms,
+                r.amqp_at_half.latency.p99_ms,
+                r.half.latency.p99_ms / r.amqp_at_half.latency.p99_ms.max(0.001)
+            );
+        }
+        let _ = writeln!(
+            md,
+            "\nCPU seconds per process during the full-speed phase:\n"
+        );
+        for r in &self.runs {
+            let procs: Vec<String> = r
+                .processes
+                .iter()
+                .map(|p| format!("{} {:.2}", p.name, p.cpu_s))
+                .collect();
+            let _ = writeln!(
+                md,
+                "- {} draw workers: {}; load generator {:.2}",
+                r.draw_workers,
+                procs.join(", "),
+                r.load_generator_cpu_s
+            );
+        }
+        let _ = writeln!(md, "\n### Ratios\n");
+        let _ = writeln!(md, "| measure | value | target |\n|---|---|---|");
+        if let Some(best) = self.best() {
+            let _ = writeln!(
+                md,
+                "| end-to-end draws/s ÷ RabbitMQ ceiling msg/s | {:.2} | ≥ 0.40 |",
+                best.max.draws_per_s / c.amqp.per_s.max(1.0)
+            );
+            let _ = writeln!(
+                md,
+                "| p99 at half rate ÷ RabbitMQ p99 at that rate | {:.1} | ≤ 3 |",
+                best.half.latency.p99_ms / best.amqp_at_half.latency.p99_ms.max(0.001)
+            );
+            let _ = writeln!(
+                md,
+                "| worker CPU per draw | {:.0} µs | reported |",
+                best.cpu_per_draw_us
+            );
+        }
+        let _ = writeln!(
+            md,
+            "| draw script ÷ trivial script (Redis) | {:.2} | ≥ 0.90 |",
+            c.redis_draw.per_s / c.redis_trivial.per_s.max(1.0)
+        );
+        if let Some(f) = &self.flatness {
+            let _ = writeln!(md, "| draws/s with 10M ÷ with 1k prizes stocked | {:.2} ({:.0} vs {:.0}) | 0.90–1.10 |", f.ratio, f.big_per_s, f.small_per_s);
+        }
+        if let Some(s) = &self.stall {
+            let _ = writeln!(
+                md,
+                "| longest Redis stall while stocking {} prizes ({:.1} s) | probe {:.2} ms, LATENCY monitor {} | ≤ 2 ms |",
+                s.prizes,
+                s.seconds,
+                s.probe.max_ms,
+                s.latency_monitor_max_ms.map_or("no event ≥ 1 ms".to_owned(), |m| format!("{m} ms"))
+            );
+        }
+        let _ = writeln!(
+            md,
+            "| list storage, bytes per stocked prize | {:.2} | ≤ 2.5 |",
+            self.memory.list_bytes_per_prize
+        );
+        if let Some(b) = self.memory.sparse_bytes_per_nonzero {
+            let _ = writeln!(
+                md,
+                "| sparse storage, bytes per non-zero prize | {b:.1} | ≤ 64 |"
+            );
+        }
+        md
+    }
+
+    /// Throughput and p99 latency against draw workers, as an SVG.
+    fn svg(&self) -> String {
+        let (w, h, pad) = (640.0, 300.0, 50.0);
+        let xs: Vec<f64> = self.runs.iter().map(|r| r.draw_workers as f64).collect();
+        let (xmin, xmax) = (
+            xs.iter().copied().fold(f64::MAX, f64::min),
+            xs.iter().copied().fold(0.0, f64::max),
+        );
+        let x = |v: f64| {
+            pad + if xmax > xmin {
+                (v - xmin) / (xmax - xmin) * (w / 2.0 - 2.0 * pad)
+            } else {
+                (w / 2.0 - 2.0 * pad) / 2.0
+            }
+        };
+        let mut svg = format!(
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">"#
+        );
+        let panels: [(&str, f64, fn(&Run) -> f64); 2] = [
+            ("draws/s", 0.0, |r| r.max.draws_per_s),
+            ("p99 publish→reply ms", w / 2.0, |r| r.max.latency.p99_ms),
+        ];
+        for (title, left, value) in panels {
+            let ys: Vec<f64> = self.runs.iter().map(value).collect();
+            let ymax = ys.iter().copied().fold(1e-9, f64::max) * 1.15;
+            let y = |v: f64| h - pad - v / ymax * (h - 2.0 * pad);
+            let _ = write!(
+                svg,
+                r#"<g transform="translate({left},0)"><text x="{pad}" y="20" font-size="13">{title} vs draw workers</text>"#
+            );
+            let _ = write!(
+                svg,
+                r#"<line x1="{pad}" y1="{}" x2="{}" y2="{}" stroke="black"/><line x1="{pad}" y1="{pad}" x2="{pad}" y2="{}" stroke="black"/>"#,
+                h - pad,
+                w / 2.0 - pad,
+                h - pad,
+                h - pad
+            );
+            let _ = write!(
+                svg,
+                r#"<text x="{}" y="{}">0</text><text x="4" y="{}">{:.0}</text>"#,
+                pad - 12.0,
+                h - pad + 4.0,
+                pad + 4.0,
+                ymax
+            );
+            let points: Vec<String> = xs
+                .iter()
+                .zip(&ys)
+                .map(|(a, b)| format!("{:.1},{:.1}", x(*a), y(*b)))
+                .collect();
+            let _ = write!(
+                svg,
+                r#"<polyline fill="none" stroke="steelblue" stroke-width="2" points="{}"/>"#,
+                points.join(" ")
+            );
+            for (a, b) in xs.iter().zip(&ys) {
+                let _ = write!(
+                    svg,
+                    r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="steelblue"/><text x="{:.1}" y="{:.1}">{b:.0}</text>"#,
+                    x(*a),
+                    y(*b),
+                    x(*a) + 5.0,
+                    y(*b) - 5.0
+                );
+                let _ = write!(
+                    svg,
+                    r#"<text x="{:.1}" y="{}">{a}</text>"#,
+                    x(*a) - 3.0,
+                    h - pad + 15.0
+                );
+            }
+            let _ = write!(svg, "</g>");
+        }
+        svg.push_str("</svg>\n");
+        svg
+    }
+
+    /// Writes report.json, report.md and plot.svg to `out/<time>/` and `out/latest/`.
+    pub(super) fn write(&self, out: &std::path::Path) -> anyhow::Result<PathBuf> {
+        let stamp = self.started_at.replace(':', "");
+        let dir = out.join(stamp);
+        for d in [&dir, &out.join("latest")] {
+            std::fs::create_dir_all(d)?;
+            std::fs::write(d.join("report.json"), serde_json::to_string_pretty(self)?)?;
+            std::fs::write(d.join("report.md"), self.markdown())?;
+            std::fs::write(d.join("plot.svg"), self.svg())?;
+        }
+        Ok(dir)
+    }
+}
