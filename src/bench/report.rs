@@ -8,6 +8,9 @@ use serde::Serialize;
 use super::{ceilings::Rate, fleet::Load, stats::Percentiles, BenchArgs, BenchKind};
 use crate::kinds::lucky_gift::Storage;
 
+/// A plot panel: title, left offset, and the value plotted.
+type Panel = (&'static str, f64, fn(&Run) -> f64);
+
 #[derive(Debug, Default, Serialize)]
 pub(super) struct Ceilings {
     pub redis_draw: Rate,
@@ -258,7 +261,7 @@ impl Report {
         let mut svg = format!(
             r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">"#
         );
-        let panels: [(&str, f64, fn(&Run) -> f64); 2] = [
+        let panels: [Panel; 2] = [
             ("draws/s", 0.0, |r| r.max.draws_per_s),
             ("p99 publish→reply ms", w / 2.0, |r| r.max.latency.p99_ms),
         ];
