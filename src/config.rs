@@ -55,6 +55,9 @@ pub struct Config {
     pub transient_retry: Duration,
     /// `SHUTDOWN_GRACE_MS`: how long in-flight work may take after SIGTERM.
     pub shutdown_grace: Duration,
+    /// `DRAW_EVENTS`: publish `draw.completed` for every draw (`true`); turn
+    /// off when nobody consumes them, to save one publish per draw.
+    pub draw_events: bool,
     /// `METRICS_ADDR`: where `/metrics`, `/healthz` and `/readyz` are served
     /// (empty: not served).
     pub metrics_addr: Option<String>,
@@ -87,11 +90,12 @@ impl Config {
             delivery_limit: parse(&lookup, "DELIVERY_LIMIT", 20)?,
             settle_batch_size: parse(&lookup, "SETTLE_BATCH_SIZE", 500)?,
             settle_batch_wait: ms("SETTLE_BATCH_WAIT_MS", 20)?,
-            refill_chunk: parse(&lookup, "REFILL_CHUNK", 4000)?,
+            refill_chunk: parse(&lookup, "REFILL_CHUNK", 2000)?,
             short_pool_wait: ms("SHORT_POOL_WAIT_MS", 3000)?,
             result_ttl: Duration::from_secs(parse(&lookup, "RESULT_TTL_S", 90_000)?),
             transient_retry: ms("TRANSIENT_RETRY_MS", 30_000)?,
             shutdown_grace: ms("SHUTDOWN_GRACE_MS", 10_000)?,
+            draw_events: parse(&lookup, "DRAW_EVENTS", true)?,
             metrics_addr: lookup("METRICS_ADDR").filter(|v| !v.is_empty()),
         })
     }

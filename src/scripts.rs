@@ -159,7 +159,10 @@ impl PoolKeys {
 
 /// Today's UTC day as `YYYYMMDD`, the suffix of daily counters.
 pub fn utc_day() -> String {
-    chrono::Utc::now().format("%Y%m%d").to_string()
+    use chrono::Datelike;
+    let today = chrono::Utc::now().date_naive();
+    // Plain integer formatting: this runs on every draw.
+    format!("{:04}{:02}{:02}", today.year(), today.month(), today.day())
 }
 
 /// Milliseconds since the Unix epoch.

@@ -241,3 +241,49 @@ async fn stock_is_never_exceeded_under_concurrent_draws_and_prizes_reach_the_led
     }
     env.stop_workers().await;
 }
+
+#[tokio::test]
+async fn the_wheel_script_picks_exactly_as_the_reference_model() {
+    let env = TestEnv::new(&[]).await;
+    let now = Utc::now();
+    load(
+        &env,
+        &activity(
+            "model",
+            now - Days::hours(1),
+            now + Days::hours(1),
+            "{ id = \"a\", weight = 3, stock = 1000 }, { id = \"b\", weight = 5, stock = 1000 }",
+        ),
+    )
+    .await;
+    let keys = env.keys("model");
+    let mut redis = env.redis.clone();
+    lottery::grant(&mut redis, &env.scripts, &keys, "g", 1, 1000)
+        .await
+        .unwrap();
+    let names = ["a", "b", "points-10"];
+    let weights = [3u64, 5, 1];
+    for r in 0..60u64 {
+        let (status, text): (String, String) = env
+            .scripts
+            .draw_wheel
+            .key(keys.meta())
+            .key(keys.chances())
+            .key(keys.stock())
+            .key(keys.awarded())
+            .key(keys.result(&format!("r{r}")))
+            .key(keys.pv("d"))
+            .key(keys.uv("d"))
+            .arg(1)
+            .arg(prizepool::scripts::now_ms())
+            .arg(r)
+            .arg(60)
+            .arg(60)
+            .invoke_async(&mut redis)
+            .await
+            .unwrap();
+        assert_eq!(status, "ok");
+        let expected = names[lottery::pick_weighted(&weights, r).unwrap()];
+        assert_eq!(text.split('|').next(), Some(expected), "r = {r}");
+    }
+}

@@ -471,7 +471,7 @@ async fn sparse_mode_stores_only_non_zero_prizes() {
     ))
     .await;
     let mut redis = env.redis.clone();
-    let mut bytes_of = |pool: &str| {
+    let bytes_of = |pool: &str| {
         let keys = lucky_gift::sparse_keys(&env.keys(pool));
         let mut redis = redis.clone();
         async move {

@@ -36,16 +36,28 @@ pub struct Rate {
     pub latency: Percentiles,
 }
 
-/// Calls the draw script (or, with `trivial`, a script that only reads one
-/// field, given the same keys) from `concurrency` tasks sharing one
-/// multiplexed connection, for `duration` or until the pool runs short.
+/// How [`redis_draws`] calls Redis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Caller {
+    /// The worker's own path: `lucky_gift::draw`, reply parsed.
+    Wrapper,
+    /// A bare EVALSHA of the same script with the same keys, reply ignored:
+    /// the raw ceiling of the draw step.
+    Raw,
+    /// A script that only reads one field, given the same keys: the price of
+    /// a round trip without the draw's work.
+    Trivial,
+}
+
+/// Calls the draw step from `concurrency` tasks sharing one multiplexed
+/// connection, for `duration` or until the pool runs short.
 pub(super) async fn redis_draws(
     redis: &ConnectionManager,
     keys: &PoolKeys,
     count: u32,
     concurrency: usize,
     duration: Duration,
-    trivial: bool,
+    caller: Caller,
 ) -> anyhow::Result<Rate> {
     let scripts = Arc::new(Scripts::new());
     let bare = Arc::new(redis::Script::new(
@@ -69,7 +81,25 @@ pub(super) async fn redis_draws(
             while !stop.load(Ordering::Relaxed) && started.elapsed() < duration {
                 let id = ulid::Ulid::new().to_string();
                 let t = Instant::now();
-                if trivial {
+                if caller == Caller::Raw {
+                    let reply: redis::Value = scripts
+                        .draw_lucky_gift
+                        .key(keys.meta())
+                        .key(keys.queue())
+                        .key(keys.held())
+                        .key(keys.spent("bench"))
+                        .key(keys.result(&id))
+                        .arg(count)
+                        .arg(120)
+                        .arg(120)
+                        .invoke_async(&mut conn)
+                        .await?;
+                    // A short pool answers {"short", ...}: stop there.
+                    if matches!(&reply, redis::Value::Array(items) if matches!(items.first(), Some(redis::Value::BulkString(s)) if s.as_slice() == b"short")) {
+                        stop.store(true, Ordering::Relaxed);
+                        break;
+                    }
+                } else if caller == Caller::Trivial {
                     let _: Option<String> = bare
                         .key(keys.meta())
                         .key(keys.queue())

@@ -153,13 +153,35 @@ pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
     let keys = PoolKeys::new(&config.redis_prefix, &ceiling_pool.id);
     rep.memory.list_bytes_per_prize = list_bytes_per_prize(&redis, &keys).await?;
     let d = Duration::from_secs(3);
+    use ceilings::Caller;
     rep.ceilings.redis_trivial =
-        ceilings::redis_draws(&redis, &keys, args.count, 64, d, true).await?;
-    rep.ceilings.redis_draw =
-        ceilings::redis_draws(&redis, &keys, args.count, 64, d, false).await?;
+        ceilings::redis_draws(&redis, &keys, args.count, 64, d, Caller::Trivial).await?;
+    // Each drawing pass gets a fresh pool big enough to last it; the two
+    // callers alternate and each keeps its best pass, so neither pays for
+    // the state the other left behind.
+    for caller in [Caller::Raw, Caller::Wrapper, Caller::Raw, Caller::Wrapper] {
+        let pool = pool_config(
+            &unique("bench-ceiling"),
+            Storage::List,
+            &borrow(&spec_combos(20)),
+            1.0,
+        );
+        load(&db, &redis, &scripts, config, &pool).await?;
+        let keys = PoolKeys::new(&config.redis_prefix, &pool.id);
+        let rate = ceilings::redis_draws(&redis, &keys, args.count, 64, d, caller).await?;
+        let best = match caller {
+            Caller::Raw => &mut rep.ceilings.redis_raw,
+            _ => &mut rep.ceilings.redis_draw,
+        };
+        if rate.per_s > best.per_s {
+            *best = rate;
+        }
+    }
     println!(
-        "  redis: draw script {:.0}/s, trivial script {:.0}/s",
-        rep.ceilings.redis_draw.per_s, rep.ceilings.redis_trivial.per_s
+        "  redis: raw draw script {:.0}/s, as workers call it {:.0}/s, trivial script {:.0}/s",
+        rep.ceilings.redis_raw.per_s,
+        rep.ceilings.redis_draw.per_s,
+        rep.ceilings.redis_trivial.per_s
     );
     rep.ceilings.amqp = ceilings::amqp_round_trip(
         config,
@@ -376,7 +398,7 @@ async fn stall(
     let table = lucky_gift::CodeTable::extend(None, &pool);
     // A probe on its own connection, so it waits only for Redis itself.
     let client = redis::Client::open(config.redis_url.as_str())?;
-    let mut probe = client.get_multiplexed_async_connection().await?;
+    let mut probe = client.get_connection()?;
     let mut admin = client.get_multiplexed_async_connection().await?;
     let _: redis::RedisResult<()> = redis::cmd("CONFIG")
         .arg("SET")
@@ -390,11 +412,13 @@ async fn stall(
         .await;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop2 = stop.clone();
-    let prober = tokio::spawn(async move {
+    // Its own OS thread and a blocking connection: the probe must not wait
+    // for this process's async tasks (the stocker keeps them busy).
+    let prober = std::thread::spawn(move || {
         let mut lat = Latencies::default();
         while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
             let t = std::time::Instant::now();
-            let _: redis::RedisResult<String> = redis::cmd("PING").query_async(&mut probe).await;
+            let _: redis::RedisResult<String> = redis::cmd("PING").query(&mut probe);
             lat.record(t.elapsed());
         }
         lat
@@ -414,7 +438,9 @@ async fn stall(
     .await?;
     let took = started.elapsed();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let mut lat = prober.await?;
+    let mut lat = prober
+        .join()
+        .map_err(|_| anyhow::anyhow!("the probe thread panicked"))?;
     anyhow::ensure!(
         matches!(
             outcome,
@@ -470,7 +496,7 @@ async fn fleet_run(
         Arc::new(RpcClient::connect(config).await?),
     ];
     // Warm-up: connections, script cache, first refill.
-    fleet::drive(
+    let warm = fleet::drive(
         &clients,
         make.clone(),
         Duration::from_secs(1),
@@ -478,7 +504,6 @@ async fn fleet_run(
         None,
     )
     .await;
-    let ledger_before = ledger_total(db, &id).await?;
 
     let cpu_before = fleet.cpu();
     let own_before = stats::cpu_time(std::process::id()).unwrap_or_default();
@@ -491,7 +516,8 @@ async fn fleet_run(
         .saturating_sub(own_before);
     // Settlement lag: from the last reply until the ledger holds every reward.
     let lag_started = std::time::Instant::now();
-    let expected = ledger_before + max.reward;
+    // The pool is new: its ledger total is what warm-up and load won.
+    let expected = warm.reward + max.reward;
     let mut settled = ledger_total(db, &id).await?;
     while settled < expected && lag_started.elapsed() < Duration::from_secs(60) {
         tokio::time::sleep(Duration::from_millis(5)).await;

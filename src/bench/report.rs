@@ -13,7 +13,10 @@ type Panel = (&'static str, f64, fn(&Run) -> f64);
 
 #[derive(Debug, Default, Serialize)]
 pub(super) struct Ceilings {
+    /// The draw step as the workers call it.
     pub redis_draw: Rate,
+    /// Bare EVALSHA of the draw script: the raw ceiling.
+    pub redis_raw: Rate,
     pub redis_trivial: Rate,
     pub amqp: Rate,
 }

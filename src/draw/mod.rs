@@ -86,6 +86,18 @@ impl DrawWorker {
         Ok(Some(kind))
     }
 
+    /// A settlement plus, when `DRAW_EVENTS` is on, the `draw.completed` event.
+    fn effects(&self, settle: Outgoing, result: &DrawResult) -> Vec<Outgoing> {
+        let mut effects = vec![settle];
+        if self.config.draw_events {
+            effects.push(Outgoing::event(
+                "draw.completed",
+                &with_type("draw.completed", result),
+            ));
+        }
+        effects
+    }
+
     /// Handles one draw request, whatever the pool's kind.
     pub async fn draw(
         &self,
@@ -192,10 +204,7 @@ impl DrawWorker {
             json!({ "pool": req.pool, "request_id": req.request_id, "share": share }),
         );
         Ok(Outcome {
-            effects: vec![
-                Outgoing::work(amqp::SETTLE.routing_key, &entry),
-                Outgoing::event("draw.completed", &with_type("draw.completed", &result)),
-            ],
+            effects: self.effects(Outgoing::work(amqp::SETTLE.routing_key, &entry), &result),
             reply: Some(with_type("draw_result", &result)),
         })
     }
@@ -297,10 +306,7 @@ impl DrawWorker {
             json!({ "pool": req.pool, "request_id": req.request_id }),
         );
         Ok(Outcome {
-            effects: vec![
-                Outgoing::work(amqp::SETTLE.routing_key, &entry),
-                Outgoing::event("draw.completed", &with_type("draw.completed", &result)),
-            ],
+            effects: self.effects(Outgoing::work(amqp::SETTLE.routing_key, &entry), &result),
             reply: Some(with_type("draw_result", &result)),
         })
     }
@@ -472,10 +478,12 @@ impl DrawWorker {
                 &with_type("refill", &refill),
             ));
         }
-        effects.push(Outgoing::event(
-            "draw.completed",
-            &with_type("draw.completed", &result),
-        ));
+        if self.config.draw_events {
+            effects.push(Outgoing::event(
+                "draw.completed",
+                &with_type("draw.completed", &result),
+            ));
+        }
         metrics::counter!("prizepool_prizes_drawn_total").increment(drawn.codes.len() as u64);
         Ok(Outcome {
             reply: Some(with_type("draw_result", &result)),

@@ -102,6 +102,25 @@ pub fn labels() -> Vec<&'static str> {
     registry().iter().map(|s| s.label()).collect()
 }
 
+/// The wheel's pick, as `draw_wheel.lua` makes it: `r` modulo the total
+/// weight, walked through the candidates in order. Returns the index of the
+/// chosen candidate, or `None` when every weight is zero. The script is
+/// tested against this model.
+pub fn pick_weighted(weights: &[u64], r: u64) -> Option<usize> {
+    let total: u64 = weights.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let mut r = r % total;
+    for (i, w) in weights.iter().enumerate() {
+        if r < *w {
+            return Some(i);
+        }
+        r -= w;
+    }
+    None
+}
+
 /// Stores a new version of each activity in Postgres (all or nothing) and
 /// writes its settings and initial stock to Redis.
 pub async fn load<C: ConnectionLike + Send>(
@@ -314,6 +333,22 @@ consolation = { id = "points-10", weight = 500 }
             .unwrap_err()
             .to_string();
         assert!(e.contains("consolation"), "{e}");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn picks_follow_the_weights(weights in proptest::collection::vec(0u64..50, 1..10), r in proptest::prelude::any::<u64>()) {
+            match pick_weighted(&weights, r) {
+                None => proptest::prop_assert_eq!(weights.iter().sum::<u64>(), 0),
+                Some(i) => {
+                    // Never a zero-weight (sold-out) candidate.
+                    proptest::prop_assert!(weights[i] > 0);
+                    let total: u64 = weights.iter().sum();
+                    let before: u64 = weights[..i].iter().sum();
+                    proptest::prop_assert!(before <= r % total && r % total < before + weights[i]);
+                }
+            }
+        }
     }
 
     #[test]
