@@ -141,6 +141,14 @@ pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
     let mut rep = report::Report::new(&args, storage);
     // The topology must exist before the first publish.
     RpcClient::connect(config).await?.close().await;
+    // Flatness and the stall probe first, on a keyspace the ceiling passes
+    // have not yet filled with result keys.
+    if !args.quick {
+        println!("pool-size flatness (1 thousand vs 10 million prizes)");
+        rep.flatness = Some(flatness(&db, &redis, &scripts, config).await?);
+        println!("stocking stall (a 3-million-prize batch)");
+        rep.stall = Some(stall(&db, &redis, &scripts, config).await?);
+    }
 
     println!("ceilings");
     let ceiling_pool = pool_config(
@@ -199,12 +207,6 @@ pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
     if let Storage::Sparse = storage {
         rep.memory.sparse_bytes_per_nonzero =
             Some(sparse_bytes_per_nonzero(&db, &redis, &scripts, config).await?);
-    }
-    if !args.quick {
-        println!("pool-size flatness (1 thousand vs 10 million prizes)");
-        rep.flatness = Some(flatness(&db, &redis, &scripts, config).await?);
-        println!("stocking stall (a 3-million-prize batch)");
-        rep.stall = Some(stall(&db, &redis, &scripts, config).await?);
     }
 
     for &n in &args.workers {
@@ -324,10 +326,10 @@ async fn flatness(
     let table = lucky_gift::CodeTable::extend(None, &small);
     let mut small_rates = Vec::new();
     let mut big_rates = Vec::new();
-    for _ in 0..5 {
-        // 900 single-prize draws each, 16 at a time; the small pool is restocked per round.
-        small_rates.push(fixed_draws(redis, &sk, 900).await?);
-        big_rates.push(fixed_draws(redis, &bk, 900).await?);
+    for _ in 0..9 {
+        // 960 single-prize draws each, 16 at a time; the small pool is restocked per round.
+        small_rates.push(fixed_draws(redis, &sk, 960).await?);
+        big_rates.push(fixed_draws(redis, &bk, 960).await?);
         let mut conn = redis.clone();
         let gen = lucky_gift::status(&mut conn, scripts, &sk, &small.id)
             .await?
