@@ -1,6 +1,7 @@
 //! Micro-benchmarks of the hot pure code: prize codes, batch building and
 //! shuffling, the red-packet split, and weighted picks.
 //! Run with `cargo bench --bench hot_paths`.
+#![allow(clippy::unwrap_used)]
 
 use std::hint::black_box;
 
@@ -86,7 +87,7 @@ fn weighted(c: &mut Criterion) {
     let mut g = c.benchmark_group("weighted pick");
     g.bench_function("8 prizes", |b| {
         b.iter_batched(
-            || rand::random::<u64>(),
+            rand::random::<u64>,
             |r| black_box(pick_weighted(&weights, r)),
             BatchSize::SmallInput,
         )

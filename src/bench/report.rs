@@ -120,9 +120,18 @@ impl Report {
             "| ceiling | rate | p50 ms | p99 ms |\n|---|---|---|---|"
         );
         for (name, r) in [
-            ("Redis: raw EVALSHA of the draw script, 64 in flight on one connection", &c.redis_raw),
-            ("Redis: the draw step as workers call it (reply parsed)", &c.redis_draw),
-            ("Redis: trivial script with the same keys (round-trip floor)", &c.redis_trivial),
+            (
+                "Redis: raw EVALSHA of the draw script, 64 in flight on one connection",
+                &c.redis_raw,
+            ),
+            (
+                "Redis: the draw step as workers call it (reply parsed)",
+                &c.redis_draw,
+            ),
+            (
+                "Redis: trivial script with the same keys (round-trip floor)",
+                &c.redis_trivial,
+            ),
             (
                 "RabbitMQ: quorum queue, windowed confirms → consume → ack",
                 &c.amqp,
@@ -212,7 +221,11 @@ impl Report {
                 best.cpu_per_draw_us
             );
         }
-        let _ = writeln!(md, "| Lua draw step as workers call it ÷ its raw EVALSHA ceiling | {:.2} | ≥ 0.90 |", c.redis_draw.per_s / c.redis_raw.per_s.max(1.0));
+        let _ = writeln!(
+            md,
+            "| Lua draw step as workers call it ÷ its raw EVALSHA ceiling | {:.2} | ≥ 0.90 |",
+            c.redis_draw.per_s / c.redis_raw.per_s.max(1.0)
+        );
         let _ = writeln!(md, "| draw script ÷ trivial script (the draw's own work, informative) | {:.2} | reported |", c.redis_draw.per_s / c.redis_trivial.per_s.max(1.0));
         if let Some(f) = &self.flatness {
             let _ = writeln!(md, "| draws/s with 10M ÷ with 1k prizes stocked | {:.2} ({:.0} vs {:.0}) | 0.90–1.10 |", f.ratio, f.big_per_s, f.small_per_s);

@@ -114,18 +114,7 @@ pub(crate) async fn run(config: &Config, args: DemoArgs) -> anyhow::Result<()> {
             }));
         }
     }
-    let replies: Vec<anyhow::Result<Value>> = stream::iter(requests)
-        .map(|req| {
-            let client = client.clone();
-            async move {
-                client
-                    .call(amqp::DRAW.routing_key, &req, Duration::from_secs(30))
-                    .await
-            }
-        })
-        .buffer_unordered(64)
-        .collect()
-        .await;
+    let replies = call_all(&client, requests, 64).await;
     let elapsed = started.elapsed();
 
     let mut ok = 0u64;
@@ -253,22 +242,18 @@ async fn red_packet_demo(
         "red packet not created: {created}"
     );
     // 40 users, each tapping twice, all at once.
-    let grabs: Vec<Value> = stream::iter((0..80).map(|i| {
-        json!({"type": "draw", "request_id": ulid::Ulid::new().to_string(),
+    let grabs: Vec<Value> = call_all(
+        client,
+        (0..80).map(|i| {
+            json!({"type": "draw", "request_id": ulid::Ulid::new().to_string(),
             "pool": packet, "user_id": 1 + i % 40, "count": 1})
-    }))
-    .map(|req| {
-        let client = client.clone();
-        async move {
-            client
-                .call(amqp::DRAW.routing_key, &req, Duration::from_secs(30))
-                .await
-        }
-    })
-    .buffer_unordered(40)
-    .filter_map(|r| async move { r.ok() })
-    .collect()
-    .await;
+        }),
+        40,
+    )
+    .await
+    .into_iter()
+    .filter_map(Result::ok)
+    .collect();
     let mut outcomes: BTreeMap<String, u64> = BTreeMap::new();
     let mut grabbed = 0;
     for g in &grabs {
@@ -354,22 +339,18 @@ async fn lottery_demo(
             "user_id": user, "chances": 3});
         client.call(amqp::DRAW.routing_key, &grant, t).await?;
     }
-    let draws: Vec<Value> = stream::iter((0..100).map(|i| {
-        json!({"type": "draw", "request_id": ulid::Ulid::new().to_string(),
+    let draws: Vec<Value> = call_all(
+        client,
+        (0..100).map(|i| {
+            json!({"type": "draw", "request_id": ulid::Ulid::new().to_string(),
             "pool": activity.id, "user_id": 1 + i % 30, "count": 1})
-    }))
-    .map(|req| {
-        let client = client.clone();
-        async move {
-            client
-                .call(amqp::DRAW.routing_key, &req, Duration::from_secs(30))
-                .await
-        }
-    })
-    .buffer_unordered(32)
-    .filter_map(|r| async move { r.ok() })
-    .collect()
-    .await;
+        }),
+        32,
+    )
+    .await
+    .into_iter()
+    .filter_map(Result::ok)
+    .collect();
     let mut won: BTreeMap<String, u64> = BTreeMap::new();
     let mut refused: BTreeMap<String, u64> = BTreeMap::new();
     for d in &draws {
@@ -410,4 +391,24 @@ async fn balance(db: &sqlx::PgPool, account: i64) -> anyhow::Result<i64> {
         .into_iter()
         .find(|b| b.asset == "coin")
         .map_or(0, |b| b.balance))
+}
+
+/// Sends every draw request with up to `in_flight` awaiting replies at once.
+async fn call_all(
+    client: &Arc<RpcClient>,
+    requests: impl IntoIterator<Item = Value>,
+    in_flight: usize,
+) -> Vec<anyhow::Result<Value>> {
+    stream::iter(requests)
+        .map(|req| {
+            let client = client.clone();
+            async move {
+                client
+                    .call(amqp::DRAW.routing_key, &req, Duration::from_secs(30))
+                    .await
+            }
+        })
+        .buffer_unordered(in_flight)
+        .collect()
+        .await
 }

@@ -150,43 +150,33 @@ impl TestEnv {
         }
     }
 
-    pub async fn start_draw_worker(&mut self) {
-        let (c, s, h) = (
+    /// Spawns one in-process worker (`run` is `draw::run`, `refill::run` or
+    /// `settle::run`) and waits until it consumes.
+    async fn start<F, Fut>(&mut self, run: F)
+    where
+        F: FnOnce(prizepool::config::Config, Health, CancellationToken) -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        let health = Health::default();
+        let ready = health.clone();
+        self.workers.push(tokio::spawn(run(
             self.config.clone(),
+            health,
             self.shutdown.clone(),
-            Health::default(),
-        );
-        let ready = h.clone();
-        self.workers.push(tokio::spawn(
-            async move { prizepool::draw::run(c, h, s).await },
-        ));
+        )));
         Self::wait_ready(&ready).await;
+    }
+
+    pub async fn start_draw_worker(&mut self) {
+        self.start(prizepool::draw::run).await;
     }
 
     pub async fn start_refill_worker(&mut self) {
-        let (c, s, h) = (
-            self.config.clone(),
-            self.shutdown.clone(),
-            Health::default(),
-        );
-        let ready = h.clone();
-        self.workers.push(tokio::spawn(async move {
-            prizepool::refill::run(c, h, s).await
-        }));
-        Self::wait_ready(&ready).await;
+        self.start(prizepool::refill::run).await;
     }
 
     pub async fn start_settle_worker(&mut self) {
-        let (c, s, h) = (
-            self.config.clone(),
-            self.shutdown.clone(),
-            Health::default(),
-        );
-        let ready = h.clone();
-        self.workers.push(tokio::spawn(async move {
-            prizepool::settle::run(c, h, s).await
-        }));
-        Self::wait_ready(&ready).await;
+        self.start(prizepool::settle::run).await;
     }
 
     pub async fn start_fleet(&mut self) {

@@ -42,6 +42,23 @@ pub enum StockError {
     Mismatch { pushed: i64, expected: usize },
 }
 
+/// What a `begin` step answered when it did not hand us the lease.
+fn unclaimed(status: &str, number: i64) -> Option<StockOutcome> {
+    match status {
+        "claimed" => None,
+        "done" => Some(StockOutcome::AlreadyDone {
+            generation: number.unsigned_abs(),
+        }),
+        "busy" => Some(StockOutcome::Busy {
+            retry_in: Duration::from_millis(number.clamp(10, 1000) as u64),
+        }),
+        "ahead" => Some(StockOutcome::Ahead {
+            generation: number.unsigned_abs(),
+        }),
+        _ => Some(StockOutcome::Unknown),
+    }
+}
+
 /// Stocks the batch that follows batch `trigger` (0 stocks the first batch),
 /// unless it exists or is being stocked.
 #[allow(clippy::too_many_arguments)]
@@ -69,24 +86,8 @@ pub async fn stock_next<C: ConnectionLike + Send>(
         .arg(lease_ms)
         .invoke_async(conn)
         .await?;
-    match status.as_str() {
-        "claimed" => {}
-        "done" => {
-            return Ok(StockOutcome::AlreadyDone {
-                generation: number.unsigned_abs(),
-            })
-        }
-        "busy" => {
-            return Ok(StockOutcome::Busy {
-                retry_in: Duration::from_millis(number.clamp(10, 1000) as u64),
-            })
-        }
-        "ahead" => {
-            return Ok(StockOutcome::Ahead {
-                generation: number.unsigned_abs(),
-            })
-        }
-        _ => return Ok(StockOutcome::Unknown),
+    if let Some(outcome) = unclaimed(&status, number) {
+        return Ok(outcome);
     }
 
     // A dead attempt may have left part of a batch behind the visible prizes.
@@ -179,24 +180,8 @@ async fn stock_sparse<C: ConnectionLike + Send>(
         .arg(lease_ms)
         .invoke_async(conn)
         .await?;
-    match status.as_str() {
-        "claimed" => {}
-        "done" => {
-            return Ok(StockOutcome::AlreadyDone {
-                generation: number.unsigned_abs(),
-            })
-        }
-        "busy" => {
-            return Ok(StockOutcome::Busy {
-                retry_in: Duration::from_millis(number.clamp(10, 1000) as u64),
-            })
-        }
-        "ahead" => {
-            return Ok(StockOutcome::Ahead {
-                generation: number.unsigned_abs(),
-            })
-        }
-        _ => return Ok(StockOutcome::Unknown),
+    if let Some(outcome) = unclaimed(&status, number) {
+        return Ok(outcome);
     }
     let start = number.unsigned_abs();
     // Clean up what a dead attempt may have staged, a few buckets per step.
