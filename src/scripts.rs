@@ -26,6 +26,7 @@ pub struct Scripts {
     pub grant_chances: Script,
     pub draw_sparse: Script,
     pub sparse_stock: Script,
+    pub red_packet_status: Script,
 }
 
 impl Scripts {
@@ -47,6 +48,7 @@ impl Scripts {
             grant_chances: Script::new(include_str!("../lua/grant_chances.lua")),
             draw_sparse: Script::new(include_str!("../lua/draw_sparse.lua")),
             sparse_stock: Script::new(include_str!("../lua/sparse_stock.lua")),
+            red_packet_status: Script::new(include_str!("../lua/red_packet_status.lua")),
         }
     }
 }

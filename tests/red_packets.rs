@@ -40,7 +40,9 @@ fn create(packet: &str, sender: i64, total: i64, count: i64, min: i64, expires_i
 
 async fn packet(env: &TestEnv, id: &str) -> Option<red_packet::PacketStatus> {
     let mut redis = env.redis.clone();
-    red_packet::status(&mut redis, &env.keys(id)).await.unwrap()
+    red_packet::status(&mut redis, &env.scripts, &env.keys(id))
+        .await
+        .unwrap()
 }
 
 #[tokio::test]

@@ -10,6 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::redis_conn::RedisConn;
 use futures_util::{stream::FuturesUnordered, StreamExt};
 use lapin::{
     options::{
@@ -19,7 +20,6 @@ use lapin::{
     types::{AMQPValue, FieldTable},
     BasicProperties,
 };
-use redis::aio::ConnectionManager;
 use tokio::sync::Mutex;
 
 use super::stats::{Latencies, Percentiles};
@@ -52,7 +52,7 @@ pub(super) enum Caller {
 /// Calls the draw step from `concurrency` tasks sharing one multiplexed
 /// connection, for `duration` or until the pool runs short.
 pub(super) async fn redis_draws(
-    redis: &ConnectionManager,
+    redis: &RedisConn,
     keys: &PoolKeys,
     count: u32,
     concurrency: usize,

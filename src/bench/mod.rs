@@ -226,7 +226,7 @@ pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
 
 async fn load(
     db: &sqlx::PgPool,
-    redis: &redis::aio::ConnectionManager,
+    redis: &crate::redis_conn::RedisConn,
     scripts: &Scripts,
     config: &Config,
     pool: &PoolConfig,
@@ -245,7 +245,7 @@ async fn load(
 }
 
 async fn list_bytes_per_prize(
-    redis: &redis::aio::ConnectionManager,
+    redis: &crate::redis_conn::RedisConn,
     keys: &PoolKeys,
 ) -> anyhow::Result<f64> {
     let mut conn = redis.clone();
@@ -264,7 +264,7 @@ async fn list_bytes_per_prize(
 
 async fn sparse_bytes_per_nonzero(
     db: &sqlx::PgPool,
-    redis: &redis::aio::ConnectionManager,
+    redis: &crate::redis_conn::RedisConn,
     scripts: &Scripts,
     config: &Config,
 ) -> anyhow::Result<f64> {
@@ -301,7 +301,7 @@ async fn sparse_bytes_per_nonzero(
 /// Draw-step cost with 1 thousand vs 10 million prizes stocked.
 async fn flatness(
     db: &sqlx::PgPool,
-    redis: &redis::aio::ConnectionManager,
+    redis: &crate::redis_conn::RedisConn,
     scripts: &Scripts,
     config: &Config,
 ) -> anyhow::Result<report::Flatness> {
@@ -350,7 +350,7 @@ async fn flatness(
 }
 
 async fn fixed_draws(
-    redis: &redis::aio::ConnectionManager,
+    redis: &crate::redis_conn::RedisConn,
     keys: &PoolKeys,
     n: usize,
 ) -> anyhow::Result<f64> {
@@ -385,7 +385,7 @@ async fn fixed_draws(
 /// Longest time Redis stopped answering while a 3-million-prize batch was stocked.
 async fn stall(
     db: &sqlx::PgPool,
-    redis: &redis::aio::ConnectionManager,
+    redis: &crate::redis_conn::RedisConn,
     scripts: &Scripts,
     config: &Config,
 ) -> anyhow::Result<report::Stall> {
@@ -477,7 +477,7 @@ async fn stall(
 async fn fleet_run(
     config: &Config,
     db: &sqlx::PgPool,
-    redis: &redis::aio::ConnectionManager,
+    redis: &crate::redis_conn::RedisConn,
     scripts: &Scripts,
     args: &BenchArgs,
     storage: Storage,
@@ -579,7 +579,7 @@ async fn ledger_total(db: &sqlx::PgPool, pool: &str) -> anyhow::Result<i64> {
 async fn lottery_setup(
     config: &Config,
     db: &sqlx::PgPool,
-    redis: &redis::aio::ConnectionManager,
+    redis: &crate::redis_conn::RedisConn,
     scripts: &Scripts,
     id: &str,
     users: u64,

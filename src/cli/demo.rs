@@ -269,7 +269,7 @@ async fn red_packet_demo(
     let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let status = loop {
-        let s = crate::kinds::red_packet::status(&mut redis, &keys)
+        let s = crate::kinds::red_packet::status(&mut redis, &Scripts::new(), &keys)
             .await?
             .context("the packet vanished")?;
         if s.closed || tokio::time::Instant::now() > deadline {

@@ -7,8 +7,8 @@
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
+use crate::redis_conn::RedisConn;
 use backon::{BackoffBuilder, ExponentialBuilder};
-use redis::aio::ConnectionManager;
 use serde_json::{json, Value};
 use tokio::sync::RwLock;
 
@@ -31,7 +31,7 @@ use crate::{
 #[derive(Debug)]
 pub struct DrawWorker {
     config: Config,
-    redis: ConnectionManager,
+    redis: RedisConn,
     scripts: Scripts,
     /// Decoding tables per pool. Tables only grow, so a cached table is
     /// reloaded only when a code past its end shows up.
@@ -51,7 +51,7 @@ enum Kind {
 
 impl DrawWorker {
     /// Builds the worker from its connections.
-    pub fn new(config: Config, redis: ConnectionManager) -> Self {
+    pub fn new(config: Config, redis: RedisConn) -> Self {
         Self {
             config,
             redis,

@@ -7,7 +7,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use redis::aio::ConnectionManager;
+use crate::redis_conn::RedisConn;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
@@ -29,14 +29,14 @@ use crate::{
 #[derive(Debug)]
 pub struct RefillWorker {
     config: Config,
-    redis: ConnectionManager,
+    redis: RedisConn,
     db: PgPool,
     scripts: Scripts,
 }
 
 impl RefillWorker {
     /// Builds the worker from its connections.
-    pub fn new(config: Config, redis: ConnectionManager, db: PgPool) -> Self {
+    pub fn new(config: Config, redis: RedisConn, db: PgPool) -> Self {
         Self {
             config,
             redis,

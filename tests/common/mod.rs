@@ -7,6 +7,7 @@
 
 use std::{process::Command, time::Duration};
 
+use prizepool::redis_conn::RedisConn;
 use prizepool::{
     amqp::rpc::RpcClient,
     config::Config,
@@ -14,7 +15,6 @@ use prizepool::{
     ops::Health,
     scripts::{PoolKeys, Scripts},
 };
-use redis::aio::ConnectionManager;
 use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -30,7 +30,7 @@ pub struct TestEnv {
     pub vhost: String,
     pub db_name: String,
     pub db: PgPool,
-    pub redis: ConnectionManager,
+    pub redis: RedisConn,
     pub scripts: Scripts,
     shutdown: CancellationToken,
     workers: Vec<JoinHandle<anyhow::Result<()>>>,

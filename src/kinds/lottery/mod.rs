@@ -10,7 +10,9 @@ pub mod config;
 mod wheel;
 
 use futures_util::future::BoxFuture;
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::aio::ConnectionLike;
+
+use crate::redis_conn::RedisConn;
 use sqlx::PgPool;
 
 pub use config::{parse_file, ActivityConfig};
@@ -27,7 +29,7 @@ pub const GRANT_TTL_S: u64 = 30 * 24 * 3600;
 /// What a strategy needs for one draw.
 #[derive(Debug)]
 pub struct DrawContext<'a> {
-    pub conn: &'a mut ConnectionManager,
+    pub conn: &'a mut RedisConn,
     pub scripts: &'a Scripts,
     pub keys: &'a PoolKeys,
     pub request_id: &'a str,

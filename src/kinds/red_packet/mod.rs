@@ -367,48 +367,52 @@ pub struct PacketStatus {
     pub closed: bool,
 }
 
-/// kind, total, grabbed, grabbed_count, refunded, closed.
-type MetaReply = (
-    Option<String>,
-    Option<i64>,
-    Option<i64>,
-    Option<i64>,
-    Option<i64>,
-    Option<String>,
-);
-
-/// Reads a packet's counters in one atomic snapshot.
+/// Reads a packet's counters in one atomic snapshot (a Lua step, which a
+/// Redis Cluster runs on the packet's node like any other).
 pub async fn status<C: ConnectionLike + Send>(
     conn: &mut C,
+    scripts: &Scripts,
     keys: &PoolKeys,
 ) -> Result<Option<PacketStatus>, redis::RedisError> {
-    let ((kind, total, grabbed, count, refunded, closed), shares): (MetaReply, Vec<String>) =
-        redis::pipe()
-            .atomic()
-            .cmd("HMGET")
-            .arg(keys.meta())
-            .arg(&[
-                "kind",
-                "total",
-                "grabbed",
-                "grabbed_count",
-                "refunded",
-                "closed",
-            ])
-            .cmd("LRANGE")
-            .arg(keys.shares())
-            .arg(0)
-            .arg(-1)
-            .query_async(conn)
-            .await?;
+    let reply: Vec<redis::Value> = scripts
+        .red_packet_status
+        .key(keys.meta())
+        .key(keys.shares())
+        .invoke_async(conn)
+        .await?;
+    let mut it = reply.into_iter();
+    let kind: Option<String> = it
+        .next()
+        .map(redis::from_redis_value)
+        .transpose()
+        .ok()
+        .flatten();
+    let mut numbers = [0i64; 4];
+    for n in &mut numbers {
+        *n = it
+            .next()
+            .map(redis::from_redis_value)
+            .transpose()
+            .ok()
+            .flatten()
+            .unwrap_or(0);
+    }
+    let [total, grabbed, count, refunded] = numbers;
+    let closed: Option<String> = it
+        .next()
+        .map(redis::from_redis_value)
+        .transpose()
+        .ok()
+        .flatten();
+    let shares: Vec<String> = it.filter_map(|v| redis::from_redis_value(v).ok()).collect();
     if kind.as_deref() != Some(KIND) {
         return Ok(None);
     }
     Ok(Some(PacketStatus {
-        total: total.unwrap_or(0),
-        grabbed: grabbed.unwrap_or(0),
-        grabbed_count: count.unwrap_or(0),
-        refunded: refunded.unwrap_or(0),
+        total,
+        grabbed,
+        grabbed_count: count,
+        refunded,
         in_packet: shares
             .iter()
             .filter_map(|s| parse_share(s))

@@ -1,0 +1,227 @@
+//! The fleet against a real Redis Cluster of three nodes started by the test:
+//! every Lua step touches one pool's keys, which share a hash tag, so each
+//! runs on one node whichever node holds the pool.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::{
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use common::{draw, pool_toml, TestEnv};
+use serde_json::json;
+
+const T: Duration = Duration::from_secs(30);
+
+/// Three cluster-mode redis-servers, stopped when dropped (even on panic).
+struct Cluster {
+    nodes: Vec<Child>,
+    dir: std::path::PathBuf,
+    url: String,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            let _ = n.kill();
+            let _ = n.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> u16 {
+    // Cluster nodes also listen on port + 10000: pick ports where both are free.
+    loop {
+        let p = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if p < 55000 && std::net::TcpListener::bind(("127.0.0.1", p + 10000)).is_ok() {
+            return p;
+        }
+    }
+}
+
+async fn start_cluster() -> Cluster {
+    let dir = std::env::temp_dir().join(format!("pp-cluster-{}", ulid::Ulid::new()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let mut nodes = Vec::new();
+    for port in &ports {
+        nodes.push(
+            Command::new("redis-server")
+                .args([
+                    "--port",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                    "--cluster-enabled",
+                    "yes",
+                ])
+                .args([
+                    "--cluster-config-file",
+                    &format!("nodes-{port}.conf"),
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ])
+                .arg("--dir")
+                .arg(&dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+    }
+    let cluster = Cluster {
+        nodes,
+        url: ports
+            .iter()
+            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(","),
+        dir,
+    };
+    for port in &ports {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", *port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "node {port} did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let out = Command::new("redis-cli")
+        .arg("--cluster")
+        .arg("create")
+        .args(&addrs)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cluster create: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // Wait until every node agrees the cluster is up.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    for port in &ports {
+        loop {
+            let info = Command::new("redis-cli")
+                .args(["-p", &port.to_string(), "cluster", "info"])
+                .output()
+                .unwrap();
+            if String::from_utf8_lossy(&info.stdout).contains("cluster_state:ok") {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "cluster not ok on {port}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    cluster
+}
+
+#[tokio::test]
+async fn the_fleet_runs_on_a_redis_cluster() {
+    let cluster = start_cluster().await;
+    let mut env = TestEnv::new(&[("REDIS_URL", &cluster.url)]).await;
+    // Several pools, so their hash tags land on different nodes.
+    let combos: &[(&str, &[(u64, u64)])] = &[
+        ("a", &[(0, 80), (2, 15), (10, 5)]),
+        ("b", &[(0, 90), (3, 10)]),
+    ];
+    let pools = ["gift-a", "gift-b", "gift-c", "gift-d"];
+    for (i, pool) in pools.iter().enumerate() {
+        let storage = if i % 2 == 0 { "list" } else { "sparse" };
+        env.load(&pool_toml(
+            pool,
+            &format!("storage = \"{storage}\"\nrefill_at = 0.5"),
+            combos,
+        ))
+        .await;
+    }
+    env.start_fleet().await;
+    let client = env.client().await;
+    for pool in pools {
+        let mut rewards = 0;
+        for user in 0..12 {
+            let r = client.call("draw", &draw(pool, user, 50), T).await.unwrap();
+            assert_eq!(r["status"], "ok", "{pool}: {r}");
+            rewards += r["reward"].as_i64().unwrap();
+        }
+        let s = env.status(pool).await;
+        assert_eq!(s.drawn, 600);
+        assert!(s.generation >= 4, "refills ran on the cluster: {s:?}");
+        assert_eq!(s.stocked, s.drawn + s.in_pool);
+        assert_eq!(env.wait_ledger(pool, rewards).await, rewards);
+    }
+
+    // A red packet and a lottery on the same cluster.
+    prizepool::settle::apply(
+        &env.db,
+        &[prizepool::messages::SettleRequest::new(
+            "topup:1",
+            1,
+            "coin",
+            1000,
+            "topup",
+            json!({}),
+        )],
+    )
+    .await
+    .unwrap();
+    let created = client
+        .call("refill", &json!({"type": "redpacket.create", "packet_id": "rp-c", "sender": 1, "total": 1000, "count": 5, "min": 1, "expires_in_s": 600}), T)
+        .await
+        .unwrap();
+    assert_eq!(created["status"], "ok", "{created}");
+    let first = client.call("draw", &draw("rp-c", 9, 1), T).await.unwrap();
+    assert_eq!(first["status"], "ok", "{first}");
+    let again = client.call("draw", &draw("rp-c", 9, 1), T).await.unwrap();
+    assert_eq!(again["error"]["code"], "already_grabbed");
+    let mut redis = env.redis.clone();
+    let packet = prizepool::kinds::red_packet::status(&mut redis, &env.scripts, &env.keys("rp-c"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        packet.total,
+        packet.grabbed + packet.refunded + packet.in_packet
+    );
+
+    let now = chrono::Utc::now();
+    let activity = format!(
+        "[[activities]]\nid = \"lot-c\"\nstrategy = \"wheel\"\nstarts_at = \"{}\"\nends_at = \"{}\"\nprizes = [ {{ id = \"x\", weight = 1, stock = 2 }} ]\nconsolation = {{ id = \"y\", weight = 1 }}\n",
+        (now - chrono::Duration::hours(1)).to_rfc3339(),
+        (now + chrono::Duration::hours(1)).to_rfc3339()
+    );
+    let activities = prizepool::kinds::lottery::parse_file(&activity).unwrap();
+    prizepool::kinds::lottery::load(
+        &env.db,
+        &mut redis,
+        &env.scripts,
+        &env.config.redis_prefix,
+        &activities,
+    )
+    .await
+    .unwrap();
+    let grant = client
+        .call("draw", &json!({"type": "lottery.grant", "grant_id": "g", "activity": "lot-c", "user_id": 4, "chances": 1}), T)
+        .await
+        .unwrap();
+    assert_eq!(grant["status"], "ok");
+    let won = client.call("draw", &draw("lot-c", 4, 1), T).await.unwrap();
+    assert_eq!(won["status"], "ok", "{won}");
+    assert_eq!(won["chances_left"], 0);
+    env.stop_workers().await;
+}
