@@ -467,3 +467,106 @@ async fn workers_reconnect_after_the_broker_drops_their_connections() {
     assert_eq!(reply["status"], "ok");
     env.stop_workers().await;
 }
+
+#[tokio::test]
+async fn settlement_survives_a_database_outage_without_loss_or_doubling() {
+    let mut env = TestEnv::new(&[]).await;
+    env.start_settle_worker().await;
+    let client = env.client().await;
+    let entry = |i: i64| {
+        serde_json::to_value(SettleRequest::new(
+            format!("outage:{i}"),
+            55,
+            "coin",
+            10,
+            "topup",
+            json!({"pool": "outage"}),
+        ))
+        .unwrap()
+    };
+    for i in 0..10 {
+        client.send("settle", &entry(i)).await.unwrap();
+    }
+    assert_eq!(env.wait_ledger("outage", 100).await, 100);
+
+    // The database refuses every connection, and the open ones are cut.
+    let admin = sqlx::PgPool::connect("postgres://postgres@127.0.0.1:5432/postgres")
+        .await
+        .unwrap();
+    let db = &env.db_name;
+    sqlx::query(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS false"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()")
+        .bind(db)
+        .execute(&admin)
+        .await
+        .unwrap();
+    // Entries arrive during the outage, some of them twice.
+    for i in 10..30 {
+        client.send("settle", &entry(i)).await.unwrap();
+    }
+    for i in 20..30 {
+        client.send("settle", &entry(i)).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Nothing was acked: the messages wait, unacked, in the queue.
+    assert_eq!(env.queue_depth(amqp::SETTLE.dlq).await, 0);
+
+    sqlx::query(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS true"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    // Everything lands once: 30 entries of 10.
+    assert_eq!(env.wait_ledger("outage", 300).await, 300);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(env.wait_ledger("outage", 300).await, 300);
+    assert_eq!(
+        prizepool::settle::balances(&env.db, 55).await.unwrap()[0].balance,
+        300
+    );
+    env.stop_workers().await;
+}
+
+#[tokio::test]
+async fn an_entry_the_ledger_refuses_is_dead_lettered_and_its_batch_still_lands() {
+    let mut env = TestEnv::new(&[("SETTLE_BATCH_WAIT_MS", "200")]).await;
+    let client = env.client().await;
+    let entry = |id: &str, amount: i64| {
+        serde_json::to_value(SettleRequest::new(
+            id,
+            66,
+            "coin",
+            amount,
+            "topup",
+            json!({"pool": "refused"}),
+        ))
+        .unwrap()
+    };
+    // The second credit would overflow the balance (SQLSTATE 22003).
+    for (id, amount) in [
+        ("big", i64::MAX - 5),
+        ("overflow", 10),
+        ("small-1", 1),
+        ("small-2", 2),
+    ] {
+        client.send("settle", &entry(id, amount)).await.unwrap();
+    }
+    env.start_settle_worker().await;
+    let expected = i64::MAX - 5 + 3;
+    assert_eq!(env.wait_ledger("refused", expected).await, expected);
+    let deadline = tokio::time::Instant::now() + T;
+    while env.queue_depth(amqp::SETTLE.dlq).await < 1 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    env.stop_workers().await;
+    let conn = amqp::connect(&env.config.amqp_url, "t").await.unwrap();
+    let letters = amqp::dlq::list(&conn, amqp::SETTLE, 10).await.unwrap();
+    assert_eq!(letters.len(), 1);
+    assert!(
+        letters[0].body.contains("overflow") && letters[0].reason.contains("refused by the ledger"),
+        "{:?}",
+        letters[0]
+    );
+}

@@ -173,7 +173,7 @@ async fn settle_batch(
                     .increment(applied.inserted.unsigned_abs());
                 break;
             }
-            Err(sqlx::Error::Database(error)) => {
+            Err(error) if refuses_data(&error) => {
                 // The data itself is refused (not an outage): find the culprits
                 // one by one so the rest of the batch still lands.
                 tracing::warn!(%error, "batch refused by Postgres; applying entries one by one");
@@ -182,7 +182,7 @@ async fn settle_batch(
                 for (entry, owner) in entries.drain(..).zip(owners.drain(..)) {
                     match super::apply(db, std::slice::from_ref(&entry)).await {
                         Ok(_) => {}
-                        Err(sqlx::Error::Database(e)) => {
+                        Err(e) if refuses_data(&e) => {
                             let invalid = Invalid::new(format!("refused by the ledger: {e}"));
                             publish_dead_letter(publisher, owner, amqp::SETTLE, &invalid).await?;
                         }
@@ -233,6 +233,19 @@ async fn settle_batch(
         }
     }
     Ok(())
+}
+
+/// Whether Postgres refused the entries themselves (SQLSTATE class 22, data
+/// exception, or 23, integrity violation). Everything else, including the
+/// errors a server shutting down or refusing connections reports (57P01,
+/// 55000, class 08), is an outage: keep the batch and retry.
+fn refuses_data(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(e) => e
+            .code()
+            .is_some_and(|c| c.starts_with("22") || c.starts_with("23")),
+        _ => false,
+    }
 }
 
 fn decode(body: &[u8]) -> Result<SettleRequest, Invalid> {
