@@ -15,6 +15,9 @@ pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/prize
 /// Default number of unacknowledged deliveries a worker holds.
 pub const DEFAULT_PREFETCH: u16 = 256;
 
+/// Where workers serve their ops endpoint unless told otherwise.
+pub const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:9100";
+
 /// An environment variable that could not be used.
 #[derive(Debug, thiserror::Error)]
 #[error("environment variable {name}={value:?} is invalid: {reason}")]
@@ -58,8 +61,9 @@ pub struct Config {
     /// `DRAW_EVENTS`: publish `draw.completed` for every draw (`true`); turn
     /// off when nobody consumes them, to save one publish per draw.
     pub draw_events: bool,
-    /// `METRICS_ADDR`: where `/metrics`, `/healthz` and `/readyz` are served
-    /// (empty: not served).
+    /// `METRICS_ADDR`: where a worker serves `/metrics`, `/healthz` and
+    /// `/readyz` (default [`DEFAULT_METRICS_ADDR`]; set it empty to turn the
+    /// endpoint off).
     pub metrics_addr: Option<String>,
 }
 
@@ -96,7 +100,11 @@ impl Config {
             transient_retry: ms("TRANSIENT_RETRY_MS", 30_000)?,
             shutdown_grace: ms("SHUTDOWN_GRACE_MS", 10_000)?,
             draw_events: parse(&lookup, "DRAW_EVENTS", true)?,
-            metrics_addr: lookup("METRICS_ADDR").filter(|v| !v.is_empty()),
+            metrics_addr: match lookup("METRICS_ADDR") {
+                None => Some(DEFAULT_METRICS_ADDR.to_owned()),
+                Some(v) if v.trim().is_empty() => None,
+                Some(v) => Some(v),
+            },
         })
     }
 }
@@ -129,7 +137,9 @@ mod tests {
         let cfg = Config::from_lookup(|_| None).unwrap();
         assert_eq!(cfg.amqp_url, DEFAULT_AMQP_URL);
         assert_eq!(cfg.prefetch, DEFAULT_PREFETCH);
-        assert!(cfg.metrics_addr.is_none());
+        assert_eq!(cfg.metrics_addr.as_deref(), Some(DEFAULT_METRICS_ADDR));
+        let off = Config::from_lookup(|n| (n == "METRICS_ADDR").then(String::new)).unwrap();
+        assert!(off.metrics_addr.is_none());
     }
 
     #[test]

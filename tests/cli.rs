@@ -186,3 +186,83 @@ async fn draws_resume_after_redis_drops_every_connection() {
     assert_eq!(env.status("rr").await.drawn, 4);
     env.stop_workers().await;
 }
+
+/// GET `path` from `addr` over plain HTTP/1.0; returns (status, body).
+async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.unwrap();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+#[tokio::test]
+async fn a_worker_serves_health_readiness_and_metrics() {
+    let env = TestEnv::new(&[]).await;
+    env.load(&pool_toml("ops", "", &[("c1", &[(0, 90), (2, 10)])]))
+        .await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _worker = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_draw-worker"))
+            .envs(env.env())
+            .env("METRICS_ADDR", &addr)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // Ready once it consumes.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if tokio::net::TcpStream::connect(&addr).await.is_ok()
+            && http_get(&addr, "/readyz").await.0 == 200
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "worker never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(http_get(&addr, "/healthz").await, (200, "ok".to_owned()));
+    let client = env.client().await;
+    let reply = client
+        .call("draw", &draw("ops", 1, 3), Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(reply["status"], "ok");
+    let (status, metrics) = http_get(&addr, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("prizepool_messages_total{queue=\"prizepool.draw\",outcome=\"acked\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("prizepool_prizes_drawn_total 3"),
+        "{metrics}"
+    );
+}
+
+/// A child process killed when dropped (even on panic).
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -103,6 +103,8 @@ impl TestEnv {
             ("DATABASE_URL".into(), self.config.database_url.clone()),
             ("REDIS_PREFIX".into(), self.config.redis_prefix.clone()),
             ("REDIS_URL".into(), self.config.redis_url.clone()),
+            // No ops endpoint unless a test asks for one: ports stay free.
+            ("METRICS_ADDR".into(), String::new()),
             (
                 "SHORT_POOL_WAIT_MS".into(),
                 self.config.short_pool_wait.as_millis().to_string(),
