@@ -1,12 +1,14 @@
-//! Logging set-up: `RUST_LOG` filters (default `info`), `LOG_FORMAT=json`
+//! Logging set-up: `RUST_LOG` filters (default `info` for workers, `warn` for the CLI, whose own output is its report), `LOG_FORMAT=json`
 //! switches to one JSON object per line.
 
 use tracing_subscriber::{fmt, prelude::*, EnvFilter};
 
-/// Installs the global subscriber for `service`. Safe to call twice (the
-/// second call is ignored), so tests may call it freely.
-pub fn init(service: &str) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+/// Installs the global subscriber for `service` with `RUST_LOG` as the filter,
+/// or `default_level` when it is unset. Safe to call twice (the second call
+/// is ignored), so tests may call it freely.
+pub fn init(service: &str, default_level: &str) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     let json = std::env::var("LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
     let registry = tracing_subscriber::registry().with(filter);
     let result = if json {

@@ -5,7 +5,7 @@ use clap::Parser;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    prizepool::telemetry::init("prizepool");
+    prizepool::telemetry::init("prizepool", "warn");
     let cli = prizepool::cli::Cli::parse();
     match prizepool::cli::run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -5,7 +5,7 @@ use prizepool::{config::Config, ops::Health, shutdown, telemetry};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    telemetry::init("settle-worker");
+    telemetry::init("settle-worker", "info");
     let config = Config::from_env().context("reading configuration")?;
     let shutdown = shutdown::signal();
     let health = Health::default();
