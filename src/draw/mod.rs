@@ -42,11 +42,13 @@ pub struct DrawWorker {
 }
 
 /// The prize kinds a draw can address.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug)]
 enum Kind {
     LuckyGift(Storage),
     RedPacket,
-    Lottery,
+    /// The activity's strategy, resolved once: `activity load` refuses to
+    /// change an activity's strategy, so the label cannot go stale.
+    Lottery(&'static dyn lottery::Strategy),
 }
 
 impl DrawWorker {
@@ -67,19 +69,29 @@ impl DrawWorker {
             return Ok(Some(*kind));
         }
         let mut conn = self.redis.clone();
-        let (label, storage): (Option<String>, Option<String>) = redis::cmd("HMGET")
-            .arg(keys.meta())
-            .arg("kind")
-            .arg("storage")
-            .query_async(&mut conn)
-            .await?;
+        let (label, storage, strategy): (Option<String>, Option<String>, Option<String>) =
+            redis::cmd("HMGET")
+                .arg(keys.meta())
+                .arg("kind")
+                .arg("storage")
+                .arg("strategy")
+                .query_async(&mut conn)
+                .await?;
         let kind = match label.as_deref() {
             Some(lucky_gift::KIND) if storage.as_deref() == Some("sparse") => {
                 Kind::LuckyGift(Storage::Sparse)
             }
             Some(lucky_gift::KIND) => Kind::LuckyGift(Storage::List),
             Some(red_packet::KIND) => Kind::RedPacket,
-            Some(lottery::KIND) => Kind::Lottery,
+            Some(lottery::KIND) => match strategy.as_deref().and_then(lottery::strategy) {
+                Some(s) => Kind::Lottery(s),
+                None => {
+                    return Err(anyhow::anyhow!(
+                        "activity {id} names no registered strategy ({strategy:?})"
+                    )
+                    .into())
+                }
+            },
             _ => return Ok(None),
         };
         self.kinds.write().await.insert(id.to_owned(), kind);
@@ -111,7 +123,7 @@ impl DrawWorker {
                 self.draw_lucky_gift(req, keys, storage, publisher).await
             }
             Some(Kind::RedPacket) => self.grab(req, keys).await,
-            Some(Kind::Lottery) => self.draw_lottery(req, keys).await,
+            Some(Kind::Lottery(strategy)) => self.draw_lottery(req, keys, strategy).await,
             None => Ok(rejected(
                 &req,
                 ErrorCode::UnknownPool,
@@ -139,8 +151,13 @@ impl DrawWorker {
             self.config.result_ttl.as_secs(),
         )
         .await?;
-        let (share, amount) = match grab {
-            Grab::Got { share, amount, .. } => (share, amount),
+        let (share, amount, asset) = match grab {
+            Grab::Got {
+                share,
+                amount,
+                asset,
+                ..
+            } => (share, amount, asset),
             Grab::Already { share, amount } => {
                 let mut out = rejected(
                     &req,
@@ -177,13 +194,7 @@ impl DrawWorker {
                 ))
             }
         };
-        let mut conn = self.redis.clone();
-        let asset: Option<String> = redis::cmd("HGET")
-            .arg(keys.meta())
-            .arg("asset")
-            .query_async(&mut conn)
-            .await?;
-        let asset = asset.unwrap_or_else(|| "coin".into());
+
         let result = DrawResult {
             request_id: req.request_id.clone(),
             status: Status::Ok,
@@ -210,7 +221,12 @@ impl DrawWorker {
     }
 
     /// A lottery draw through the activity's strategy.
-    async fn draw_lottery(&self, req: DrawRequest, keys: PoolKeys) -> Result<Outcome, HandleError> {
+    async fn draw_lottery(
+        &self,
+        req: DrawRequest,
+        keys: PoolKeys,
+        strategy: &'static dyn lottery::Strategy,
+    ) -> Result<Outcome, HandleError> {
         if req.count != 1 {
             return Err(Invalid::new(format!(
                 "a lottery draw spends one chance; `count` must be 1, got {}",
@@ -219,18 +235,6 @@ impl DrawWorker {
             .into());
         }
         let mut conn = self.redis.clone();
-        let label: Option<String> = redis::cmd("HGET")
-            .arg(keys.meta())
-            .arg("strategy")
-            .query_async(&mut conn)
-            .await?;
-        let Some(strategy) = label.as_deref().and_then(lottery::strategy) else {
-            return Err(anyhow::anyhow!(
-                "activity {} names no registered strategy ({label:?})",
-                req.pool
-            )
-            .into());
-        };
         let step = strategy
             .draw(lottery::DrawContext {
                 conn: &mut conn,

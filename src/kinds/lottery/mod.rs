@@ -149,6 +149,21 @@ pub async fn load<C: ConnectionLike + Send>(
             "id {:?} already names a {kind}, not an activity",
             a.id
         );
+        let previous: Option<(Option<String>,)> = sqlx::query_as(
+            "SELECT config->>'strategy' FROM activity_versions WHERE activity_id = $1 ORDER BY version DESC LIMIT 1",
+        )
+        .bind(&a.id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some((Some(previous),)) = previous {
+            // Draw workers resolve an activity's strategy once and keep it.
+            anyhow::ensure!(
+                previous == a.strategy,
+                "activity {:?}: field `strategy`: cannot change from {previous:?} to {:?} on a loaded activity",
+                a.id,
+                a.strategy
+            );
+        }
         let (version,): (i32,) = sqlx::query_as(
             "SELECT coalesce(max(version), 0) + 1 FROM activity_versions WHERE activity_id = $1",
         )

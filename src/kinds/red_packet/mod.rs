@@ -247,6 +247,8 @@ pub enum Grab {
     Got {
         share: u32,
         amount: i64,
+        /// The packet's asset, so the credit needs no second round trip.
+        asset: String,
         replayed: bool,
     },
     /// The user holds this share already.
@@ -273,7 +275,7 @@ pub async fn grab<C: ConnectionLike + Send>(
     user: i64,
     result_ttl_s: u64,
 ) -> Result<Grab, redis::RedisError> {
-    let (status, text): (String, String) = scripts
+    let (status, text, asset): (String, String, String) = scripts
         .grab_red_packet
         .key(keys.meta())
         .key(keys.shares())
@@ -295,6 +297,7 @@ pub async fn grab<C: ConnectionLike + Send>(
             Grab::Got {
                 share,
                 amount,
+                asset,
                 replayed: status == "dup",
             }
         }
