@@ -332,7 +332,7 @@ impl DrawWorker {
             .without_max_times()
             .build();
         let mut refill_asked: Option<u64> = None;
-        let step = loop {
+        loop {
             let step = lucky_gift::draw(
                 &mut conn,
                 &self.scripts,
@@ -343,12 +343,28 @@ impl DrawWorker {
                 self.config.result_ttl.as_secs(),
             )
             .await?;
-            let DrawStep::Short {
-                in_pool,
-                generation,
-            } = step
-            else {
-                break step;
+            let (in_pool, generation) = match step {
+                DrawStep::Drawn(drawn) | DrawStep::Replayed(drawn) => {
+                    return self.drawn(&req, &keys, drawn).await
+                }
+                DrawStep::TooMany { max_count } => {
+                    return Err(Invalid::new(format!(
+                        "`count` {} is above the max_count {max_count} of pool {}",
+                        req.count, req.pool
+                    ))
+                    .into())
+                }
+                DrawStep::Unknown => {
+                    return Ok(rejected(
+                        &req,
+                        ErrorCode::UnknownPool,
+                        format!("no pool named {}", req.pool),
+                    ))
+                }
+                DrawStep::Short {
+                    in_pool,
+                    generation,
+                } => (in_pool, generation),
             };
             // Ask for the next batch once per batch seen short; the refill
             // worker stocks one batch per trigger however often it is asked.
@@ -381,22 +397,6 @@ impl DrawWorker {
                     ));
                 }
             }
-        };
-        match step {
-            DrawStep::Drawn(drawn) | DrawStep::Replayed(drawn) => {
-                self.drawn(&req, &keys, drawn).await
-            }
-            DrawStep::TooMany { max_count } => Err(Invalid::new(format!(
-                "`count` {} is above the max_count {max_count} of pool {}",
-                req.count, req.pool
-            ))
-            .into()),
-            DrawStep::Unknown => Ok(rejected(
-                &req,
-                ErrorCode::UnknownPool,
-                format!("no pool named {}", req.pool),
-            )),
-            DrawStep::Short { .. } => unreachable_short(),
         }
     }
 
@@ -523,13 +523,6 @@ impl DrawWorker {
             effects: Vec::new(),
         })
     }
-}
-
-fn unreachable_short() -> Result<Outcome, HandleError> {
-    // The retry loop above only breaks on a step that is not `Short`.
-    Err(HandleError::Transient(anyhow::anyhow!(
-        "draw loop left a short pool unanswered"
-    )))
 }
 
 /// A `rejected` draw result: a business refusal, not bad input.
