@@ -285,14 +285,15 @@ pub fn decode_envelope(body: &[u8]) -> Result<Value, Invalid> {
 }
 
 /// Decodes a typed payload from an envelope, turning serde's complaint into a
-/// readable reason (`unknown variant` becomes `unknown type`).
-pub fn decode_typed<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, Invalid> {
+/// readable reason (`unknown variant` becomes `unknown type`). It reads the
+/// envelope in place, so a retried delivery decodes again without a copy.
+pub fn decode_typed<T: serde::de::DeserializeOwned>(value: &Value) -> Result<T, Invalid> {
     let kind = value
         .get("type")
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_owned();
-    serde_json::from_value(value).map_err(|e| {
+    T::deserialize(value).map_err(|e| {
         let text = e.to_string();
         if text.contains("unknown variant") {
             Invalid::new(format!("unknown type {kind:?}"))
@@ -433,7 +434,7 @@ mod tests {
             br#"{"type":"draw","request_id":"01JD","pool":"gift-1001","user_id":42,"count":100}"#,
         )
         .unwrap();
-        let msg: DrawQueueMessage = decode_typed(v).unwrap();
+        let msg: DrawQueueMessage = decode_typed(&v).unwrap();
         let DrawQueueMessage::Draw(d) = msg else {
             panic!("not a draw")
         };
@@ -457,7 +458,7 @@ mod tests {
             (br#"{"type":"explode","request_id":"a"}"#, "unknown type"),
         ] {
             let err = decode_envelope(body)
-                .and_then(decode_typed::<DrawQueueMessage>)
+                .and_then(|v| decode_typed::<DrawQueueMessage>(&v))
                 .unwrap_err();
             assert!(err.message.contains(needle), "{body:?}: {err}");
         }

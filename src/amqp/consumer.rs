@@ -83,7 +83,7 @@ pub trait Handler: Send + Sync + 'static {
     /// messages belong in the returned [`Outcome`].
     fn handle(
         &self,
-        envelope: Value,
+        envelope: &Value,
         publisher: &Publisher,
     ) -> impl Future<Output = Result<Outcome, HandleError>> + Send;
 }
@@ -272,7 +272,7 @@ async fn handle_with_retry<H: Handler>(
         .without_max_times()
         .build();
     loop {
-        match handler.handle(value.clone(), publisher).await {
+        match handler.handle(&value, publisher).await {
             Err(HandleError::Transient(error)) => match delays.next() {
                 Some(delay) => {
                     tracing::warn!(

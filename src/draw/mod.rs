@@ -546,7 +546,11 @@ impl Handler for DrawWorker {
         amqp::DRAW
     }
 
-    async fn handle(&self, envelope: Value, publisher: &Publisher) -> Result<Outcome, HandleError> {
+    async fn handle(
+        &self,
+        envelope: &Value,
+        publisher: &Publisher,
+    ) -> Result<Outcome, HandleError> {
         match decode_typed::<DrawQueueMessage>(envelope)? {
             DrawQueueMessage::Draw(req) => self.draw(req, publisher).await,
             DrawQueueMessage::Grant(grant) => self.grant(grant).await,

@@ -260,7 +260,7 @@ impl Handler for RefillWorker {
 
     async fn handle(
         &self,
-        envelope: Value,
+        envelope: &Value,
         _publisher: &Publisher,
     ) -> Result<Outcome, HandleError> {
         match decode_typed::<RefillQueueMessage>(envelope)? {

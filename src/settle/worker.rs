@@ -249,7 +249,7 @@ fn refuses_data(error: &sqlx::Error) -> bool {
 }
 
 fn decode(body: &[u8]) -> Result<SettleRequest, Invalid> {
-    let entry: SettleRequest = decode_typed(decode_envelope(body)?)?;
+    let entry: SettleRequest = decode_typed(&decode_envelope(body)?)?;
     entry.validate()?;
     Ok(entry)
 }
