@@ -98,16 +98,20 @@ impl DrawWorker {
         Ok(Some(kind))
     }
 
-    /// A settlement plus, when `DRAW_EVENTS` is on, the `draw.completed` event.
-    fn effects(&self, settle: Outgoing, result: &DrawResult) -> Vec<Outgoing> {
-        let mut effects = vec![settle];
+    /// The outcome of a successful draw of any kind: the reply, the messages
+    /// it causes, and, when `DRAW_EVENTS` is on, the `draw.completed` event.
+    /// The result is serialised once; the event is the reply retyped.
+    fn completed(&self, result: &DrawResult, mut effects: Vec<Outgoing>) -> Outcome {
+        let reply = with_type("draw_result", result);
         if self.config.draw_events {
-            effects.push(Outgoing::event(
-                "draw.completed",
-                &with_type("draw.completed", result),
-            ));
+            let mut event = reply.clone();
+            event["type"] = "draw.completed".into();
+            effects.push(Outgoing::event("draw.completed", &event));
         }
-        effects
+        Outcome {
+            reply: Some(reply),
+            effects,
+        }
     }
 
     /// Handles one draw request, whatever the pool's kind.
@@ -214,10 +218,10 @@ impl DrawWorker {
             "red_packet",
             json!({ "pool": req.pool, "request_id": req.request_id, "share": share }),
         );
-        Ok(Outcome {
-            effects: self.effects(Outgoing::work(amqp::SETTLE.routing_key, &entry), &result),
-            reply: Some(with_type("draw_result", &result)),
-        })
+        Ok(self.completed(
+            &result,
+            vec![Outgoing::work(amqp::SETTLE.routing_key, &entry)],
+        ))
     }
 
     /// A lottery draw through the activity's strategy.
@@ -309,10 +313,10 @@ impl DrawWorker {
             "lottery",
             json!({ "pool": req.pool, "request_id": req.request_id }),
         );
-        Ok(Outcome {
-            effects: self.effects(Outgoing::work(amqp::SETTLE.routing_key, &entry), &result),
-            reply: Some(with_type("draw_result", &result)),
-        })
+        Ok(self.completed(
+            &result,
+            vec![Outgoing::work(amqp::SETTLE.routing_key, &entry)],
+        ))
     }
 
     /// A lucky-gift draw, waiting for a refill when the pool is short.
@@ -482,17 +486,8 @@ impl DrawWorker {
                 &with_type("refill", &refill),
             ));
         }
-        if self.config.draw_events {
-            effects.push(Outgoing::event(
-                "draw.completed",
-                &with_type("draw.completed", &result),
-            ));
-        }
         metrics::counter!("prizepool_prizes_drawn_total").increment(drawn.codes.len() as u64);
-        Ok(Outcome {
-            reply: Some(with_type("draw_result", &result)),
-            effects,
-        })
+        Ok(self.completed(&result, effects))
     }
 
     async fn grant(&self, grant: GrantRequest) -> Result<Outcome, HandleError> {
