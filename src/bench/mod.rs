@@ -569,11 +569,7 @@ async fn fleet_run(
 }
 
 async fn ledger_total(db: &sqlx::PgPool, pool: &str) -> anyhow::Result<i64> {
-    let (t,): (i64,) = sqlx::query_as("SELECT coalesce(sum(amount), 0)::bigint FROM ledger_entries WHERE ref->>'pool' = $1 AND asset = 'coin'")
-        .bind(pool)
-        .fetch_one(db)
-        .await?;
-    Ok(t)
+    Ok(crate::settle::pool_total(db, pool, "coin").await?)
 }
 
 async fn lottery_setup(

@@ -207,12 +207,7 @@ pub(crate) async fn run(config: &Config, args: DemoArgs) -> anyhow::Result<()> {
 async fn wait_for_ledger(db: &sqlx::PgPool, pool: &str, expected: i64) -> anyhow::Result<i64> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let (total,): (i64,) = sqlx::query_as(
-            "SELECT coalesce(sum(amount), 0)::bigint FROM ledger_entries WHERE ref->>'pool' = $1",
-        )
-        .bind(pool)
-        .fetch_one(db)
-        .await?;
+        let total = crate::settle::pool_total(db, pool, "coin").await?;
         if total == expected || tokio::time::Instant::now() > deadline {
             return Ok(total);
         }

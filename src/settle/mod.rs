@@ -79,6 +79,19 @@ pub async fn balances(db: &PgPool, account: i64) -> Result<Vec<Balance>, sqlx::E
         .await
 }
 
+/// Sum of the entries of `asset` whose `ref.pool` is `pool`: what a pool,
+/// packet or activity has moved through the ledger.
+pub async fn pool_total(db: &PgPool, pool: &str, asset: &str) -> Result<i64, sqlx::Error> {
+    let (total,): (i64,) = sqlx::query_as(
+        "SELECT coalesce(sum(amount), 0)::bigint FROM ledger_entries WHERE ref->>'pool' = $1 AND asset = $2",
+    )
+    .bind(pool)
+    .bind(asset)
+    .fetch_one(db)
+    .await?;
+    Ok(total)
+}
+
 /// Sum of every entry for `reason` (or all reasons), per asset.
 pub async fn totals(
     db: &PgPool,

@@ -225,13 +225,9 @@ impl TestEnv {
     pub async fn wait_ledger(&self, pool: &str, expected: i64) -> i64 {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
-            let (total,): (i64,) = sqlx::query_as(
-                "SELECT coalesce(sum(amount), 0)::bigint FROM ledger_entries WHERE ref->>'pool' = $1",
-            )
-            .bind(pool)
-            .fetch_one(&self.db)
-            .await
-            .unwrap();
+            let total = prizepool::settle::pool_total(&self.db, pool, "coin")
+                .await
+                .unwrap();
             if total == expected || tokio::time::Instant::now() > deadline {
                 return total;
             }
