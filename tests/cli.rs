@@ -6,7 +6,7 @@ mod common;
 
 use std::{process::Command, time::Duration};
 
-use common::{draw, pool_toml, TestEnv};
+use common::{draw, free_port, pool_toml, TestEnv};
 
 /// Runs the CLI without blocking the runtime (in-process workers keep running).
 async fn prizepool(env: &TestEnv, args: &[&str]) -> std::process::Output {
@@ -103,14 +103,6 @@ async fn draw_and_balance_commands() {
         serde_json::json!([{"asset": "coin", "balance": 120}])
     );
     env.stop_workers().await;
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[tokio::test]

@@ -35,11 +35,7 @@ impl Drop for Cluster {
 fn free_port() -> u16 {
     // Cluster nodes also listen on port + 10000: pick ports where both are free.
     loop {
-        let p = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let p = common::free_port();
         if p < 55000 && std::net::TcpListener::bind(("127.0.0.1", p + 10000)).is_ok() {
             return p;
         }
@@ -200,21 +196,13 @@ async fn the_fleet_runs_on_a_redis_cluster() {
     );
 
     let now = chrono::Utc::now();
-    let activity = format!(
-        "[[activities]]\nid = \"lot-c\"\nstrategy = \"wheel\"\nstarts_at = \"{}\"\nends_at = \"{}\"\nprizes = [ {{ id = \"x\", weight = 1, stock = 2 }} ]\nconsolation = {{ id = \"y\", weight = 1 }}\n",
-        (now - chrono::Duration::hours(1)).to_rfc3339(),
-        (now + chrono::Duration::hours(1)).to_rfc3339()
-    );
-    let activities = prizepool::kinds::lottery::parse_file(&activity).unwrap();
-    prizepool::kinds::lottery::load(
-        &env.db,
-        &mut redis,
-        &env.scripts,
-        &env.config.redis_prefix,
-        &activities,
-    )
-    .await
-    .unwrap();
+    env.load_activities(&common::activity_toml(
+        "lot-c",
+        now - chrono::Duration::hours(1),
+        now + chrono::Duration::hours(1),
+        "{ id = \"x\", weight = 1, stock = 2 }",
+    ))
+    .await;
     let grant = client
         .call("draw", &json!({"type": "lottery.grant", "grant_id": "g", "activity": "lot-c", "user_id": 4, "chances": 1}), T)
         .await

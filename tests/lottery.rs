@@ -7,38 +7,11 @@ mod common;
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use chrono::{Duration as Days, Utc};
-use common::{draw, TestEnv};
+use common::{activity_toml, draw, TestEnv};
 use prizepool::kinds::lottery;
 use serde_json::{json, Value};
 
 const T: Duration = Duration::from_secs(30);
-
-fn activity(
-    id: &str,
-    starts: chrono::DateTime<Utc>,
-    ends: chrono::DateTime<Utc>,
-    prizes: &str,
-) -> String {
-    format!(
-        "[[activities]]\nid = \"{id}\"\nstrategy = \"wheel\"\nstarts_at = \"{}\"\nends_at = \"{}\"\nprizes = [ {prizes} ]\nconsolation = {{ id = \"points-10\", weight = 1 }}\n",
-        starts.to_rfc3339(),
-        ends.to_rfc3339()
-    )
-}
-
-async fn load(env: &TestEnv, toml: &str) {
-    let activities = lottery::parse_file(toml).unwrap();
-    let mut redis = env.redis.clone();
-    lottery::load(
-        &env.db,
-        &mut redis,
-        &env.scripts,
-        &env.config.redis_prefix,
-        &activities,
-    )
-    .await
-    .unwrap();
-}
 
 fn grant(id: &str, activity: &str, user: i64, chances: u32) -> Value {
     json!({"type": "lottery.grant", "grant_id": id, "activity": activity, "user_id": user, "chances": chances})
@@ -48,35 +21,26 @@ fn grant(id: &str, activity: &str, user: i64, chances: u32) -> Value {
 async fn window_chances_and_idempotent_grants() {
     let mut env = TestEnv::new(&[]).await;
     let now = Utc::now();
-    load(
-        &env,
-        &activity(
-            "future",
-            now + Days::days(1),
-            now + Days::days(2),
-            "{ id = \"ipad\", weight = 1, stock = 1 }",
-        ),
-    )
+    env.load_activities(&activity_toml(
+        "future",
+        now + Days::days(1),
+        now + Days::days(2),
+        "{ id = \"ipad\", weight = 1, stock = 1 }",
+    ))
     .await;
-    load(
-        &env,
-        &activity(
-            "past",
-            now - Days::days(2),
-            now - Days::days(1),
-            "{ id = \"ipad\", weight = 1, stock = 1 }",
-        ),
-    )
+    env.load_activities(&activity_toml(
+        "past",
+        now - Days::days(2),
+        now - Days::days(1),
+        "{ id = \"ipad\", weight = 1, stock = 1 }",
+    ))
     .await;
-    load(
-        &env,
-        &activity(
-            "open",
-            now - Days::days(1),
-            now + Days::days(1),
-            "{ id = \"ipad\", weight = 1, stock = 1 }",
-        ),
-    )
+    env.load_activities(&activity_toml(
+        "open",
+        now - Days::days(1),
+        now + Days::days(1),
+        "{ id = \"ipad\", weight = 1, stock = 1 }",
+    ))
     .await;
     env.start_fleet().await;
     let client = env.client().await;
@@ -153,9 +117,7 @@ async fn window_chances_and_idempotent_grants() {
 async fn stock_is_never_exceeded_under_concurrent_draws_and_prizes_reach_the_ledger() {
     let mut env = TestEnv::new(&[]).await;
     let now = Utc::now();
-    load(
-        &env,
-        &activity(
+    env.load_activities(&activity_toml(
             "rush",
             now - Days::hours(1),
             now + Days::hours(1),
@@ -246,15 +208,12 @@ async fn stock_is_never_exceeded_under_concurrent_draws_and_prizes_reach_the_led
 async fn the_wheel_script_picks_exactly_as_the_reference_model() {
     let env = TestEnv::new(&[]).await;
     let now = Utc::now();
-    load(
-        &env,
-        &activity(
-            "model",
-            now - Days::hours(1),
-            now + Days::hours(1),
-            "{ id = \"a\", weight = 3, stock = 1000 }, { id = \"b\", weight = 5, stock = 1000 }",
-        ),
-    )
+    env.load_activities(&activity_toml(
+        "model",
+        now - Days::hours(1),
+        now + Days::hours(1),
+        "{ id = \"a\", weight = 3, stock = 1000 }, { id = \"b\", weight = 5, stock = 1000 }",
+    ))
     .await;
     let keys = env.keys("model");
     let mut redis = env.redis.clone();

@@ -133,6 +133,21 @@ impl TestEnv {
         configs
     }
 
+    /// Loads lottery activities from TOML text.
+    pub async fn load_activities(&self, toml: &str) {
+        let activities = prizepool::kinds::lottery::parse_file(toml).unwrap();
+        let mut redis = self.redis.clone();
+        prizepool::kinds::lottery::load(
+            &self.db,
+            &mut redis,
+            &self.scripts,
+            &self.config.redis_prefix,
+            &activities,
+        )
+        .await
+        .unwrap();
+    }
+
     pub async fn status(&self, pool: &str) -> lucky_gift::PoolStatus {
         let mut redis = self.redis.clone();
         lucky_gift::status(&mut redis, &self.scripts, &self.keys(pool), pool)
@@ -275,4 +290,28 @@ pub fn pool_toml(id: &str, extra: &str, combos: &[(&str, &[(u64, u64)])]) -> Str
         ));
     }
     text
+}
+
+/// An activity file with one `wheel` activity over `prizes` (TOML inline
+/// tables) and an unlimited `points-10` consolation prize.
+pub fn activity_toml(
+    id: &str,
+    starts: chrono::DateTime<chrono::Utc>,
+    ends: chrono::DateTime<chrono::Utc>,
+    prizes: &str,
+) -> String {
+    format!(
+        "[[activities]]\nid = \"{id}\"\nstrategy = \"wheel\"\nstarts_at = \"{}\"\nends_at = \"{}\"\nprizes = [ {prizes} ]\nconsolation = {{ id = \"points-10\", weight = 1 }}\n",
+        starts.to_rfc3339(),
+        ends.to_rfc3339()
+    )
+}
+
+/// A TCP port nothing listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
