@@ -34,6 +34,8 @@ use crate::{
 pub struct Rate {
     pub per_s: f64,
     pub latency: Percentiles,
+    /// CPU time of the local RabbitMQ per message, where measured.
+    pub broker_cpu_us_per_msg: Option<f64>,
 }
 
 /// How [`redis_draws`] calls Redis.
@@ -142,6 +144,7 @@ pub(super) async fn redis_draws(
     Ok(Rate {
         per_s: done.load(Ordering::Relaxed) as f64 / elapsed,
         latency: all.percentiles(),
+        broker_cpu_us_per_msg: None,
     })
 }
 
@@ -177,7 +180,10 @@ pub(super) async fn amqp_round_trip(
     pub_ch
         .confirm_select(ConfirmSelectOptions::default())
         .await?;
-    let sub_ch = conn.create_channel().await?;
+    // The consumer gets a connection of its own, as a worker would.
+    let sub_conn =
+        crate::amqp::connect(&config.amqp_url, "prizepool-bench-ceiling-consumer").await?;
+    let sub_ch = sub_conn.create_channel().await?;
     sub_ch.basic_qos(1000, Default::default()).await?;
     let mut consumer = sub_ch
         .basic_consume(
@@ -187,12 +193,14 @@ pub(super) async fn amqp_round_trip(
             FieldTable::default(),
         )
         .await?;
+    let broker_before = super::stats::service_cpu();
     let epoch = Instant::now();
     let latencies = Arc::new(Mutex::new(Latencies::default()));
     let received = Arc::new(AtomicU64::new(0));
     let (lat2, rec2) = (latencies.clone(), received.clone());
     let reader = tokio::spawn(async move {
         let mut batch = Latencies::default();
+        let mut acks = FuturesUnordered::new();
         while let Some(Ok(d)) = consumer.next().await {
             let sent = u64::from_le_bytes(
                 d.data
@@ -201,12 +209,19 @@ pub(super) async fn amqp_round_trip(
                     .unwrap_or([0; 8]),
             );
             batch.record(epoch.elapsed().saturating_sub(Duration::from_micros(sent)));
-            let _ = d.ack(BasicAckOptions::default()).await;
+            // One ack per message, but not one I/O round per message: the
+            // acks are in flight while the next deliveries are read.
+            acks.push(async move { d.ack(BasicAckOptions::default()).await });
+            while futures_util::FutureExt::now_or_never(acks.next())
+                .flatten()
+                .is_some()
+            {}
             rec2.fetch_add(1, Ordering::Relaxed);
             if batch.len() >= 1000 {
                 lat2.lock().await.extend(std::mem::take(&mut batch));
             }
         }
+        while acks.next().await.is_some() {}
         lat2.lock().await.extend(batch);
     });
 
@@ -248,6 +263,10 @@ pub(super) async fn amqp_round_trip(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let broker_cpu_s = super::stats::service_cpu_since(&broker_before)
+        .into_iter()
+        .find(|(name, _)| *name == "rabbitmq")
+        .map(|(_, s)| s);
     // Cancelling ends the consumer stream, so the reader hands in its last samples.
     let _ = sub_ch
         .basic_cancel("ceiling".into(), Default::default())
@@ -257,9 +276,12 @@ pub(super) async fn amqp_round_trip(
         .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
         .await;
     let _ = conn.close(200, "bench".into()).await;
+    let _ = sub_conn.close(200, "bench".into()).await;
     let mut lat = std::mem::take(&mut *latencies.lock().await);
+    let received = received.load(Ordering::Relaxed);
     Ok(Rate {
-        per_s: received.load(Ordering::Relaxed) as f64 / elapsed,
+        per_s: received as f64 / elapsed,
         latency: lat.percentiles(),
+        broker_cpu_us_per_msg: broker_cpu_s.map(|s| s * 1e6 / received.max(1) as f64),
     })
 }

@@ -508,11 +508,16 @@ async fn fleet_run(
     .await;
 
     let cpu_before = fleet.cpu();
+    let services_before = stats::service_cpu();
     let own_before = stats::cpu_time(std::process::id()).unwrap_or_default();
     let duration = Duration::from_secs(args.duration);
     let rate = (args.rate > 0.0).then_some(args.rate);
     let max = fleet::drive(&clients, make.clone(), duration, args.in_flight, rate).await;
     let cpu_after = fleet.cpu();
+    let services: Vec<report::ServiceCpu> = stats::service_cpu_since(&services_before)
+        .into_iter()
+        .map(|(name, cpu_s)| report::ServiceCpu { name, cpu_s })
+        .collect();
     let own = stats::cpu_time(std::process::id())
         .unwrap_or_default()
         .saturating_sub(own_before);
@@ -555,7 +560,13 @@ async fn fleet_run(
         })
         .collect();
     let worker_cpu: f64 = processes.iter().map(|p| p.cpu_s).sum();
+    let broker_cpu_per_draw_us = services
+        .iter()
+        .find(|s| s.name == "rabbitmq")
+        .map(|s| s.cpu_s * 1e6 / max.ok.max(1) as f64);
     Ok(report::Run {
+        services,
+        broker_cpu_per_draw_us,
         draw_workers: workers,
         cpu_per_draw_us: worker_cpu * 1e6 / max.ok.max(1) as f64,
         load_generator_cpu_s: own.as_secs_f64(),

@@ -60,6 +60,17 @@ pub(super) struct Run {
     pub cpu_per_draw_us: f64,
     pub load_generator_cpu_s: f64,
     pub processes: Vec<ProcessCpu>,
+    /// CPU seconds of the local services (RabbitMQ, Redis, PostgreSQL)
+    /// during the full-speed phase.
+    pub services: Vec<ServiceCpu>,
+    /// RabbitMQ CPU per draw, where it runs on this machine.
+    pub broker_cpu_per_draw_us: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct ServiceCpu {
+    pub name: &'static str,
+    pub cpu_s: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -194,12 +205,18 @@ impl Report {
                 .iter()
                 .map(|p| format!("{} {:.2}", p.name, p.cpu_s))
                 .collect();
+            let services: Vec<String> = r
+                .services
+                .iter()
+                .map(|p| format!("{} {:.2}", p.name, p.cpu_s))
+                .collect();
             let _ = writeln!(
                 md,
-                "- {} draw workers: {}; load generator {:.2}",
+                "- {} draw workers: {}; load generator {:.2}; services: {}",
                 r.draw_workers,
                 procs.join(", "),
-                r.load_generator_cpu_s
+                r.load_generator_cpu_s,
+                services.join(", ")
             );
         }
         let _ = writeln!(md, "\n### Ratios\n");
@@ -220,6 +237,15 @@ impl Report {
                 "| worker CPU per draw | {:.0} µs | reported |",
                 best.cpu_per_draw_us
             );
+            if let (Some(draw), Some(msg)) =
+                (best.broker_cpu_per_draw_us, c.amqp.broker_cpu_us_per_msg)
+            {
+                let _ = writeln!(
+                    md,
+                    "| RabbitMQ CPU per draw ÷ per ceiling message ({draw:.0} µs vs {msg:.0} µs) | {:.2} | reported |",
+                    draw / msg.max(0.001)
+                );
+            }
         }
         let _ = writeln!(
             md,

@@ -73,6 +73,55 @@ pub(super) fn cpu_time(pid: u32) -> Option<Duration> {
     Some(Duration::from_millis((utime + stime) * 10))
 }
 
+/// CPU time used so far by the local service processes, summed by service
+/// (`rabbitmq`, `redis`, `postgres`). A service running on another host does
+/// not appear.
+pub(super) fn service_cpu() -> Vec<(&'static str, Duration)> {
+    let mut totals: Vec<(&'static str, Duration)> = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return totals;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/comm")) else {
+            continue;
+        };
+        let service = match comm.trim() {
+            "beam.smp" => "rabbitmq",
+            "redis-server" => "redis",
+            "postgres" => "postgres",
+            _ => continue,
+        };
+        let used = cpu_time(pid).unwrap_or_default();
+        match totals.iter_mut().find(|(name, _)| *name == service) {
+            Some((_, total)) => *total += used,
+            None => totals.push((service, used)),
+        }
+    }
+    totals.sort_by_key(|(name, _)| *name);
+    totals
+}
+
+/// CPU seconds each service used between two [`service_cpu`] readings.
+pub(super) fn service_cpu_since(before: &[(&'static str, Duration)]) -> Vec<(&'static str, f64)> {
+    service_cpu()
+        .into_iter()
+        .map(|(name, now)| {
+            let was = before
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map_or(Duration::ZERO, |(_, d)| *d);
+            (name, now.saturating_sub(was).as_secs_f64())
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
