@@ -358,6 +358,67 @@ impl GrantRequest {
     }
 }
 
+/// The most entries one `settle.batch` message may carry.
+pub const MAX_SETTLE_BATCH: usize = 1000;
+
+/// What the settle queue carries: one `settle` entry, or a `settle.batch`
+/// of them (how workers publish the entries of concurrent draws).
+#[derive(Debug)]
+pub enum SettleMessage {
+    One(SettleRequest),
+    /// Each entry decoded on its own, so one bad entry spoils only itself.
+    Batch(Vec<Result<SettleRequest, BadEntry>>),
+}
+
+/// An entry of a `settle.batch` that is not a valid `settle` message.
+#[derive(Debug)]
+pub struct BadEntry {
+    pub body: Value,
+    pub invalid: Invalid,
+}
+
+impl SettleMessage {
+    /// Decodes and validates a settle-queue message.
+    pub fn decode(envelope: &Value) -> Result<Self, Invalid> {
+        if envelope.get("type").and_then(Value::as_str) != Some("settle.batch") {
+            let entry: SettleRequest = decode_typed(envelope)?;
+            entry.validate()?;
+            return Ok(Self::One(entry));
+        }
+        if let Some(field) = envelope
+            .as_object()
+            .and_then(|o| o.keys().find(|k| *k != "type" && *k != "entries"))
+        {
+            return Err(Invalid::new(format!(
+                "unknown field `{field}` in settle.batch"
+            )));
+        }
+        let entries = envelope
+            .get("entries")
+            .and_then(Value::as_array)
+            .ok_or_else(|| Invalid::new("`entries` must be an array of settle messages"))?;
+        if entries.is_empty() || entries.len() > MAX_SETTLE_BATCH {
+            return Err(Invalid::new(format!(
+                "a settle.batch holds 1 to {MAX_SETTLE_BATCH} entries, got {}",
+                entries.len()
+            )));
+        }
+        Ok(Self::Batch(
+            entries
+                .iter()
+                .map(|body| {
+                    decode_typed::<SettleRequest>(body)
+                        .and_then(|entry| entry.validate().map(|()| entry))
+                        .map_err(|invalid| BadEntry {
+                            body: body.clone(),
+                            invalid,
+                        })
+                })
+                .collect(),
+        ))
+    }
+}
+
 impl SettleRequest {
     /// Checks ids and the asset name.
     pub fn validate(&self) -> Result<(), Invalid> {

@@ -570,3 +570,126 @@ async fn an_entry_the_ledger_refuses_is_dead_lettered_and_its_batch_still_lands(
         letters[0]
     );
 }
+
+#[tokio::test]
+async fn a_settle_batch_lands_without_its_bad_entries_which_are_dead_lettered_alone() {
+    let mut env = TestEnv::new(&[("SETTLE_BATCH_WAIT_MS", "100")]).await;
+    env.start_settle_worker().await;
+    let client = env.client().await;
+    let entry = |id: &str, amount: i64| {
+        serde_json::to_value(SettleRequest::new(
+            id,
+            88,
+            "coin",
+            amount,
+            "topup",
+            json!({"pool": "batched"}),
+        ))
+        .unwrap()
+    };
+    let reply = client
+        .call(
+            "settle",
+            &json!({"type": "settle.batch", "entries": [
+                entry("b-1", 10),
+                {"type": "settle", "entry_id": "b-missing-fields"},
+                entry("b-2", 20),
+                entry("b-1", 10),
+                entry("b-huge", i64::MAX - 100),
+                entry("b-overflow", 100),
+                entry("b-3", 30),
+            ]}),
+            T,
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply["status"], "ok", "{reply}");
+    // Six entries decode; the overflowing one is refused by the ledger.
+    assert_eq!(reply["entries"], 5, "{reply}");
+    // Not a batch at all: the whole message is dead-lettered and answered.
+    let bad = client
+        .call(
+            "settle",
+            &json!({"type": "settle.batch", "entries": "b-4"}),
+            T,
+        )
+        .await
+        .unwrap();
+    assert_eq!(bad["status"], "rejected", "{bad}");
+
+    let expected = i64::MAX - 40;
+    let total = env.wait_ledger("batched", expected).await;
+    assert_eq!(total, expected);
+    let deadline = tokio::time::Instant::now() + T;
+    while env.queue_depth(amqp::SETTLE.dlq).await < 3 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    env.stop_workers().await;
+    // b-1 once, b-2, b-3 and b-huge: the ledger sum is exact, nothing doubled.
+    let balances = prizepool::settle::balances(&env.db, 88).await.unwrap();
+    assert_eq!(balances[0].balance, expected);
+    let conn = amqp::connect(&env.config.amqp_url, "t").await.unwrap();
+    let letters = amqp::dlq::list(&conn, amqp::SETTLE, 10).await.unwrap();
+    assert_eq!(letters.len(), 3, "{letters:?}");
+    // Each bad entry is a message of its own: none carries the good ones.
+    assert!(
+        letters.iter().all(|l| !l.body.contains("b-2")),
+        "{letters:?}"
+    );
+    assert!(letters
+        .iter()
+        .any(|l| l.body.contains("b-missing-fields") && !l.body.contains("settle.batch")));
+    assert!(letters.iter().any(|l| l.body.contains("b-overflow")
+        && !l.body.contains("settle.batch")
+        && l.reason.contains("refused by the ledger")));
+    assert!(letters
+        .iter()
+        .any(|l| l.body.contains("settle.batch") && l.reason.contains("entries")));
+}
+
+#[tokio::test]
+async fn concurrent_ledger_entries_travel_in_few_messages_and_none_is_lost() {
+    let env = TestEnv::new(&[]).await;
+    let conn = amqp::connect(&env.config.amqp_url, "t").await.unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    amqp::declare_topology(&channel, env.config.delivery_limit)
+        .await
+        .unwrap();
+    let publisher = amqp::Publisher::new(conn.create_channel().await.unwrap())
+        .await
+        .unwrap();
+    let (ledger, task) = amqp::ledger::LedgerPublisher::start(publisher);
+    let entries: Vec<SettleRequest> = (0..500)
+        .map(|i| {
+            SettleRequest::new(
+                format!("group:{i}"),
+                5,
+                "coin",
+                1 + i,
+                "topup",
+                json!({"pool": "grouped"}),
+            )
+        })
+        .collect();
+    // 500 deliveries settling at once, as a busy draw worker's would.
+    let all = futures_util::future::join_all(
+        entries
+            .iter()
+            .map(|e| ledger.settle(std::slice::from_ref(e))),
+    )
+    .await;
+    assert!(all.iter().all(Result::is_ok), "{all:?}");
+    drop(ledger);
+    task.await.unwrap();
+
+    let messages = env.queue_depth(amqp::SETTLE.queue).await as usize;
+    assert!(
+        (1..100).contains(&messages),
+        "500 entries took {messages} messages"
+    );
+    let mut env = env;
+    env.start_settle_worker().await;
+    let expected: i64 = (0..500).map(|i| 1 + i).sum();
+    assert_eq!(env.wait_ledger("grouped", expected).await, expected);
+    env.stop_workers().await;
+}

@@ -1,7 +1,8 @@
 //! The consume loop every queue worker shares.
 //!
 //! It decodes the envelope, calls the worker's [`Handler`], publishes what the
-//! handler produced (effects and reply) with confirms, and only then acks.
+//! handler produced (effects and reply) with confirms, and only then acks
+//! (coalesced into `multiple` acks, see [`super::acks`]).
 //! Bad input is dead-lettered with its reason in a header and answered with a
 //! `rejected` reply; transient failures are retried with backoff and, if they
 //! persist, the delivery is requeued (the queue's delivery limit bounds that).
@@ -15,9 +16,7 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use futures_util::StreamExt;
 use lapin::{
     message::Delivery,
-    options::{
-        BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
-    },
+    options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions},
     types::FieldTable,
     BasicProperties,
 };
@@ -27,6 +26,8 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{info_span, Instrument};
 
 use super::{
+    acks::{Acks, Settle},
+    ledger::LedgerPublisher,
     publish::{with_header, Outgoing, Publisher},
     Route, DLX, ERROR_CODE_HEADER, ERROR_HEADER,
 };
@@ -42,6 +43,9 @@ use crate::{
 pub struct Outcome {
     pub reply: Option<Value>,
     pub effects: Vec<Outgoing>,
+    /// Ledger entries, published grouped with other deliveries' entries
+    /// (see [`super::ledger`]) and confirmed before the ack like the effects.
+    pub ledger: Vec<crate::messages::SettleRequest>,
 }
 
 /// Why a request could not be handled.
@@ -156,6 +160,8 @@ async fn session<H: Handler>(
     tracing::info!(queue = route.queue, "consuming");
 
     let tracker = TaskTracker::new();
+    let (acks, acker) = Acks::start(channel.clone());
+    let (ledger, ledger_task) = LedgerPublisher::start(publisher.clone());
     let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
     let result = loop {
         let next = tokio::select! {
@@ -171,8 +177,12 @@ async fn session<H: Handler>(
                 let handler = handler.clone();
                 let publisher = publisher.clone();
                 let config = config.clone();
+                let acks = acks.clone();
+                let ledger = ledger.clone();
                 tracker.spawn(async move {
-                    process(&config, &*handler, &publisher, delivery).await;
+                    let tag = delivery.delivery_tag;
+                    let how = process(&config, &*handler, &publisher, &ledger, delivery).await;
+                    acks.finish(tag, how);
                     drop(permit);
                 });
             }
@@ -195,6 +205,12 @@ async fn session<H: Handler>(
             "in-flight deliveries did not finish within the grace period; they will be redelivered"
         );
     }
+    // The acker and the ledger publisher end once every handle is gone and
+    // what they hold is out.
+    drop(ledger);
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), ledger_task).await;
+    drop(acks);
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), acker).await;
     // A synchronous round trip on the consuming channel: the broker handles a
     // channel's frames in order, so once qos-ok arrives every ack sent before
     // it has been processed (acks written just before a close can be lost).
@@ -207,14 +223,14 @@ async fn session<H: Handler>(
     result
 }
 
-/// Handles one delivery end to end; never panics, never leaves it unanswered
-/// unless the channel itself is gone (then the broker redelivers it).
+/// Handles one delivery end to end and says how to settle it; never panics.
 async fn process<H: Handler>(
     config: &Config,
     handler: &H,
     publisher: &Publisher,
+    ledger: &LedgerPublisher,
     delivery: Delivery,
-) {
+) -> Settle {
     let started = Instant::now();
     let route = handler.route();
     let envelope = messages::decode_envelope(&delivery.data);
@@ -230,8 +246,8 @@ async fn process<H: Handler>(
             Err(invalid) => Err(HandleError::Invalid(invalid)),
             Ok(value) => handle_with_retry(config, handler, publisher, value).await,
         };
-        let label = match outcome {
-            Ok(outcome) => finish(publisher, &delivery, outcome).await,
+        let (label, how) = match outcome {
+            Ok(outcome) => finish(publisher, ledger, &delivery, outcome).await,
             Err(HandleError::Invalid(invalid)) => {
                 dead_letter(publisher, &delivery, route, &invalid).await
             }
@@ -240,19 +256,14 @@ async fn process<H: Handler>(
                     error = format!("{error:#}"),
                     "giving up for now; requeueing"
                 );
-                let _ = delivery
-                    .nack(BasicNackOptions {
-                        requeue: true,
-                        ..BasicNackOptions::default()
-                    })
-                    .await;
-                "requeued"
+                ("requeued", Settle::Requeue)
             }
         };
         metrics::counter!("prizepool_messages_total", "queue" => route.queue, "outcome" => label)
             .increment(1);
         metrics::histogram!("prizepool_handle_seconds", "queue" => route.queue)
             .record(started.elapsed().as_secs_f64());
+        how
     }
     .instrument(span)
     .await
@@ -290,9 +301,17 @@ async fn handle_with_retry<H: Handler>(
     }
 }
 
-/// Publishes the outcome's effects and reply, then acks.
-async fn finish(publisher: &Publisher, delivery: &Delivery, outcome: Outcome) -> &'static str {
-    let mut messages = outcome.effects;
+/// Publishes the outcome's effects and reply; the delivery may be acked once
+/// they are confirmed.
+async fn finish(
+    publisher: &Publisher,
+    ledger: &LedgerPublisher,
+    delivery: &Delivery,
+    outcome: Outcome,
+) -> (&'static str, Settle) {
+    // The reply first: the requester is waiting for it, while the effects
+    // only have to be confirmed before the ack.
+    let mut messages = Vec::with_capacity(outcome.effects.len() + 1);
     if let (Some(reply), Some(reply_to)) = (outcome.reply, delivery.properties.reply_to()) {
         messages.push(Outgoing::reply(
             reply_to.as_str(),
@@ -300,56 +319,52 @@ async fn finish(publisher: &Publisher, delivery: &Delivery, outcome: Outcome) ->
             &reply,
         ));
     }
-    match publisher.publish_all(messages).await {
-        Ok(()) => {
-            if let Err(error) = delivery.ack(BasicAckOptions::default()).await {
-                tracing::warn!(%error, "ack failed; the message will be redelivered and replayed");
-            }
-            "acked"
-        }
+    messages.extend(outcome.effects);
+    let (published, settled) = tokio::join!(
+        publisher.publish_all(messages),
+        ledger.settle(&outcome.ledger)
+    );
+    match published.map_err(anyhow::Error::from).and(settled) {
+        Ok(()) => ("acked", Settle::Ack),
         Err(error) => {
             // Nothing is acked: the request is redelivered and, being
             // idempotent, replays its first result and republishes.
-            tracing::error!(%error, "publishing the outcome failed; requeueing");
-            let _ = delivery
-                .nack(BasicNackOptions {
-                    requeue: true,
-                    ..BasicNackOptions::default()
-                })
-                .await;
-            "requeued"
+            tracing::error!(
+                error = format!("{error:#}"),
+                "publishing the outcome failed; requeueing"
+            );
+            ("requeued", Settle::Requeue)
         }
     }
 }
 
-/// Moves a bad message to its dead-letter queue with the reason in headers,
-/// answers the requester, then acks the original.
+/// Moves a bad message to its dead-letter queue with the reason in headers
+/// and answers the requester; the original may then be acked.
 async fn dead_letter(
     publisher: &Publisher,
     delivery: &Delivery,
     route: Route,
     invalid: &Invalid,
-) -> &'static str {
+) -> (&'static str, Settle) {
     tracing::warn!(reason = %invalid, "bad input; dead-lettering");
     match publish_dead_letter(publisher, delivery, route, invalid).await {
-        Ok(()) => {
-            let _ = delivery.ack(BasicAckOptions::default()).await;
-            "dead_lettered"
-        }
+        Ok(()) => ("dead_lettered", Settle::Ack),
         Err(error) => {
             // Let the broker dead-letter it natively instead (no reason header).
             tracing::error!(%error, "could not publish the dead letter; rejecting");
-            let _ = delivery
-                .reject(lapin::options::BasicRejectOptions { requeue: false })
-                .await;
-            "rejected"
+            ("rejected", Settle::Reject)
         }
     }
 }
 
 /// The copy of `delivery` that goes to its dead-letter queue: same body and
 /// properties, plus the reason headers.
-fn dead_letter_message(delivery: &Delivery, route: Route, invalid: &Invalid) -> Outgoing {
+fn dead_letter_message(
+    delivery: &Delivery,
+    body: Vec<u8>,
+    route: Route,
+    invalid: &Invalid,
+) -> Outgoing {
     let properties: BasicProperties = with_header(
         with_header(
             delivery.properties.clone(),
@@ -362,7 +377,7 @@ fn dead_letter_message(delivery: &Delivery, route: Route, invalid: &Invalid) -> 
     Outgoing {
         exchange: DLX.into(),
         routing_key: route.queue.into(),
-        body: delivery.data.clone(),
+        body,
         properties,
         mandatory: true,
     }
@@ -377,7 +392,12 @@ pub async fn publish_dead_letter(
     route: Route,
     invalid: &Invalid,
 ) -> Result<(), super::publish::PublishError> {
-    let mut messages = vec![dead_letter_message(delivery, route, invalid)];
+    let mut messages = vec![dead_letter_message(
+        delivery,
+        delivery.data.clone(),
+        route,
+        invalid,
+    )];
     if let Some(reply_to) = delivery.properties.reply_to() {
         let request = messages::decode_envelope(&delivery.data).ok();
         let reply = messages::rejected_reply(
@@ -392,4 +412,22 @@ pub async fn publish_dead_letter(
         ));
     }
     publisher.publish_all(messages).await
+}
+
+/// Dead-letters one part of `delivery` (an entry of a batch) as a message of
+/// its own, with `delivery`'s properties and the reason headers. No reply:
+/// the rest of the delivery still succeeds.
+pub async fn publish_dead_letter_part(
+    publisher: &Publisher,
+    delivery: &Delivery,
+    body: Vec<u8>,
+    route: Route,
+    invalid: &Invalid,
+) -> Result<(), super::publish::PublishError> {
+    let mut message = dead_letter_message(delivery, body, route, invalid);
+    message.properties = message
+        .properties
+        .with_reply_to("".into())
+        .with_correlation_id("".into());
+    publisher.publish(message).await
 }

@@ -10,8 +10,10 @@
 //! prizepool.events (topic): draw.completed, pool.refilled, ...
 //! ```
 
+pub mod acks;
 mod consumer;
 pub mod dlq;
+pub mod ledger;
 mod publish;
 pub mod rpc;
 
@@ -22,7 +24,9 @@ use lapin::{
     Channel, Connection, ConnectionProperties, ExchangeKind,
 };
 
-pub use consumer::{publish_dead_letter, run, HandleError, Handler, Outcome};
+pub use consumer::{
+    publish_dead_letter, publish_dead_letter_part, run, HandleError, Handler, Outcome,
+};
 pub use publish::{Outgoing, Publisher};
 
 /// The request exchange (direct).

@@ -101,7 +101,12 @@ impl DrawWorker {
     /// The outcome of a successful draw of any kind: the reply, the messages
     /// it causes, and, when `DRAW_EVENTS` is on, the `draw.completed` event.
     /// The result is serialised once; the event is the reply retyped.
-    fn completed(&self, result: &DrawResult, mut effects: Vec<Outgoing>) -> Outcome {
+    fn completed(
+        &self,
+        result: &DrawResult,
+        mut effects: Vec<Outgoing>,
+        ledger: Option<SettleRequest>,
+    ) -> Outcome {
         let reply = with_type("draw_result", result);
         if self.config.draw_events {
             let mut event = reply.clone();
@@ -111,6 +116,7 @@ impl DrawWorker {
         Outcome {
             reply: Some(reply),
             effects,
+            ledger: ledger.into_iter().collect(),
         }
     }
 
@@ -218,10 +224,7 @@ impl DrawWorker {
             "red_packet",
             json!({ "pool": req.pool, "request_id": req.request_id, "share": share }),
         );
-        Ok(self.completed(
-            &result,
-            vec![Outgoing::work(amqp::SETTLE.routing_key, &entry)],
-        ))
+        Ok(self.completed(&result, Vec::new(), Some(entry)))
     }
 
     /// A lottery draw through the activity's strategy.
@@ -313,10 +316,7 @@ impl DrawWorker {
             "lottery",
             json!({ "pool": req.pool, "request_id": req.request_id }),
         );
-        Ok(self.completed(
-            &result,
-            vec![Outgoing::work(amqp::SETTLE.routing_key, &entry)],
-        ))
+        Ok(self.completed(&result, Vec::new(), Some(entry)))
     }
 
     /// A lucky-gift draw, waiting for a refill when the pool is short.
@@ -463,18 +463,17 @@ impl DrawWorker {
             asset: Some(asset.clone()),
             ..DrawResult::default()
         };
-        let mut effects = Vec::with_capacity(3);
-        if reward != 0 {
-            let entry = SettleRequest::new(
+        let mut effects = Vec::with_capacity(2);
+        let entry = (reward != 0).then(|| {
+            SettleRequest::new(
                 format!("draw:{}", req.request_id),
                 req.user_id,
                 asset.as_str(),
                 reward,
                 "lucky_gift",
                 json!({ "pool": req.pool, "request_id": req.request_id }),
-            );
-            effects.push(Outgoing::work(amqp::SETTLE.routing_key, &entry));
-        }
+            )
+        });
         if let Some(trigger) = drawn.trigger {
             let refill = RefillRequest {
                 pool: req.pool.clone(),
@@ -487,7 +486,7 @@ impl DrawWorker {
             ));
         }
         metrics::counter!("prizepool_prizes_drawn_total").increment(drawn.codes.len() as u64);
-        Ok(self.completed(&result, effects))
+        Ok(self.completed(&result, effects, entry))
     }
 
     async fn grant(&self, grant: GrantRequest) -> Result<Outcome, HandleError> {
@@ -515,7 +514,7 @@ impl DrawWorker {
         };
         Ok(Outcome {
             reply: Some(reply),
-            effects: Vec::new(),
+            ..Outcome::default()
         })
     }
 }
@@ -532,7 +531,7 @@ pub fn rejected(req: &DrawRequest, code: ErrorCode, message: String) -> Outcome 
     };
     Outcome {
         reply: Some(with_type("draw_result", &result)),
-        effects: Vec::new(),
+        ..Outcome::default()
     }
 }
 

@@ -82,6 +82,7 @@ impl RefillWorker {
                             json!({"type": "refill_result", "status": "ok", "pool": req.pool, "generation": generation}),
                         ),
                         effects: vec![Outgoing::event("pool.refilled", &event)],
+                        ..Outcome::default()
                     });
                 }
                 Ok(StockOutcome::AlreadyDone { generation }) => {
@@ -91,6 +92,7 @@ impl RefillWorker {
                             json!({"type": "refill_result", "status": "ok", "pool": req.pool, "generation": generation}),
                         ),
                         effects: Vec::new(),
+                        ..Outcome::default()
                     });
                 }
                 Ok(StockOutcome::Busy { retry_in }) => {
@@ -135,6 +137,7 @@ impl RefillWorker {
                     "error": { "code": code, "message": message },
                 })),
                 effects: Vec::new(),
+                ..Outcome::default()
             })
         };
         let created = match red_packet::create(
@@ -175,6 +178,7 @@ impl RefillWorker {
                 Outgoing::event("redpacket.created", &event),
             ],
             reply: Some(reply),
+            ..Outcome::default()
         })
     }
 
@@ -207,6 +211,7 @@ impl RefillWorker {
                     wait,
                     &with_type("redpacket.expire", &again),
                 )],
+                ..Outcome::default()
             });
         }
         let keys = PoolKeys::new(&self.config.redis_prefix, &req.packet_id);
@@ -219,6 +224,7 @@ impl RefillWorker {
             return Err(Invalid::new(format!("no red packet named {}", req.packet_id)).into());
         };
         let mut effects = Vec::new();
+        let mut ledger = Vec::new();
         if closed.refunded > 0 {
             // Sent again on every replay; the ledger applies it once.
             let refund = SettleRequest::new(
@@ -229,7 +235,7 @@ impl RefillWorker {
                 "red_packet_refund",
                 json!({ "pool": req.packet_id }),
             );
-            effects.push(Outgoing::work(amqp::SETTLE.routing_key, &refund));
+            ledger.push(refund);
         }
         let body = json!({"type": "redpacket.closed", "packet_id": req.packet_id, "refunded": closed.refunded});
         if closed.now {
@@ -241,6 +247,7 @@ impl RefillWorker {
                 json!({"type": "redpacket_result", "packet_id": req.packet_id, "status": "ok", "closed": true, "refunded": closed.refunded}),
             ),
             effects,
+            ledger,
         })
     }
 }

@@ -16,9 +16,9 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    amqp::{self, publish_dead_letter, Outgoing, Publisher},
+    amqp::{self, publish_dead_letter, publish_dead_letter_part, Outgoing, Publisher},
     config::Config,
-    messages::{decode_envelope, decode_typed, Invalid, SettleRequest},
+    messages::{decode_envelope, Invalid, SettleMessage, SettleRequest},
     ops::Health,
 };
 
@@ -134,30 +134,61 @@ async fn session(
     result
 }
 
-/// Applies one batch: dead-letters bad entries, commits the good ones (with
-/// retries while Postgres is unreachable), replies when asked, then acks the
-/// whole batch with one `multiple` ack.
+/// A ledger entry and the delivery it came in.
+struct Owned<'a> {
+    entry: SettleRequest,
+    delivery: &'a Delivery,
+    /// Whether the delivery is a `settle.batch` (its other entries go on
+    /// without this one if it is refused).
+    grouped: bool,
+}
+
+/// Applies one batch of deliveries: dead-letters bad messages and bad
+/// entries, commits the good entries (with retries while Postgres is
+/// unreachable), replies when asked, then acks the whole batch with one
+/// `multiple` ack.
 async fn settle_batch(
     db: &PgPool,
     publisher: &Publisher,
     batch: Vec<Delivery>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
-    let mut entries = Vec::with_capacity(batch.len());
-    let mut owners = Vec::with_capacity(batch.len());
-    let mut dead = Vec::new();
+    let mut owned = Vec::with_capacity(batch.len());
     for delivery in &batch {
-        match decode(&delivery.data) {
-            Ok(entry) => {
-                entries.push(entry);
-                owners.push(delivery);
+        match decode_envelope(&delivery.data).and_then(|v| SettleMessage::decode(&v)) {
+            Ok(SettleMessage::One(entry)) => owned.push(Owned {
+                entry,
+                delivery,
+                grouped: false,
+            }),
+            Ok(SettleMessage::Batch(entries)) => {
+                for entry in entries {
+                    match entry {
+                        Ok(entry) => owned.push(Owned {
+                            entry,
+                            delivery,
+                            grouped: true,
+                        }),
+                        Err(bad) => {
+                            tracing::warn!(reason = %bad.invalid, "bad entry in a settle batch; dead-lettering it");
+                            let body = serde_json::to_vec(&bad.body)?;
+                            publish_dead_letter_part(
+                                publisher,
+                                delivery,
+                                body,
+                                amqp::SETTLE,
+                                &bad.invalid,
+                            )
+                            .await?;
+                        }
+                    }
+                }
             }
-            Err(invalid) => dead.push((delivery, invalid)),
+            Err(invalid) => {
+                tracing::warn!(reason = %invalid, "bad settle message; dead-lettering");
+                publish_dead_letter(publisher, delivery, amqp::SETTLE, &invalid).await?;
+            }
         }
-    }
-    for (delivery, invalid) in &dead {
-        tracing::warn!(reason = %invalid, "bad settle message; dead-lettering");
-        publish_dead_letter(publisher, delivery, amqp::SETTLE, invalid).await?;
     }
 
     let mut delays = ExponentialBuilder::default()
@@ -166,34 +197,47 @@ async fn settle_batch(
         .with_max_delay(Duration::from_secs(5))
         .without_max_times()
         .build();
-    while !entries.is_empty() {
+    let mut refused_deliveries = Vec::new();
+    // Entries applied so far (the replies are built from them).
+    let mut landed = Vec::with_capacity(owned.len());
+    while !owned.is_empty() {
+        let entries: Vec<SettleRequest> = owned.iter().map(|o| o.entry.clone()).collect();
         match super::apply(db, &entries).await {
             Ok(applied) => {
                 metrics::counter!("prizepool_ledger_entries_total")
                     .increment(applied.inserted.unsigned_abs());
-                break;
+                landed.append(&mut owned);
             }
             Err(error) if refuses_data(&error) => {
                 // The data itself is refused (not an outage): find the culprits
                 // one by one so the rest of the batch still lands.
                 tracing::warn!(%error, "batch refused by Postgres; applying entries one by one");
-                let mut keep_entries = Vec::new();
-                let mut keep_owners = Vec::new();
-                for (entry, owner) in entries.drain(..).zip(owners.drain(..)) {
-                    match super::apply(db, std::slice::from_ref(&entry)).await {
-                        Ok(_) => {}
+                let mut keep = Vec::new();
+                for o in owned.drain(..) {
+                    match super::apply(db, std::slice::from_ref(&o.entry)).await {
+                        Ok(_) => landed.push(o),
                         Err(e) if refuses_data(&e) => {
                             let invalid = Invalid::new(format!("refused by the ledger: {e}"));
-                            publish_dead_letter(publisher, owner, amqp::SETTLE, &invalid).await?;
+                            if o.grouped {
+                                let body = serde_json::to_vec(&o.entry)?;
+                                publish_dead_letter_part(
+                                    publisher,
+                                    o.delivery,
+                                    body,
+                                    amqp::SETTLE,
+                                    &invalid,
+                                )
+                                .await?;
+                            } else {
+                                publish_dead_letter(publisher, o.delivery, amqp::SETTLE, &invalid)
+                                    .await?;
+                                refused_deliveries.push(o.delivery.delivery_tag);
+                            }
                         }
-                        Err(_) => {
-                            keep_entries.push(entry);
-                            keep_owners.push(owner);
-                        }
+                        Err(_) => keep.push(o),
                     }
                 }
-                entries = keep_entries;
-                owners = keep_owners;
+                owned = keep;
             }
             Err(error) => {
                 let delay = delays.next().unwrap_or(Duration::from_secs(5));
@@ -207,32 +251,46 @@ async fn settle_batch(
         }
     }
 
-    let replies: Vec<Outgoing> = owners
+    // One reply per delivery that asked and was not answered already: a
+    // `settle` names its entry, a `settle.batch` counts the entries that
+    // landed (its bad ones are in the dead-letter queue).
+    let replies: Vec<Outgoing> = batch
         .iter()
-        .zip(&entries)
-        .filter_map(|(d, e)| {
-            d.properties.reply_to().as_ref().map(|to| {
-                Outgoing::reply(
-                    to.as_str(),
-                    d.properties.correlation_id().as_ref(),
-                    &json!({"type": "settle_result", "entry_id": e.entry_id, "status": "ok"}),
-                )
-            })
+        .filter(|d| !refused_deliveries.contains(&d.delivery_tag))
+        .filter_map(|d| {
+            let to = d.properties.reply_to().as_ref()?;
+            let mine: Vec<&Owned<'_>> = landed
+                .iter()
+                .filter(|o| o.delivery.delivery_tag == d.delivery_tag)
+                .collect();
+            let body = match mine.as_slice() {
+                [one] if !one.grouped => {
+                    json!({"type": "settle_result", "entry_id": one.entry.entry_id, "status": "ok"})
+                }
+                // A bad `settle`: dead-lettered and answered already.
+                [] if !is_batch(d) => return None,
+                _ => json!({"type": "settle_result", "status": "ok", "entries": mine.len()}),
+            };
+            Some(Outgoing::reply(
+                to.as_str(),
+                d.properties.correlation_id().as_ref(),
+                &body,
+            ))
         })
         .collect();
     if !replies.is_empty() {
         publisher.publish_all(replies).await?;
     }
-    if let Some(last) = batch.iter().map(|d| d.delivery_tag).max() {
-        let acker = &batch
-            .iter()
-            .find(|d| d.delivery_tag == last)
-            .map(|d| d.acker.clone());
-        if let Some(acker) = acker {
-            acker.ack(BasicAckOptions { multiple: true }).await?;
-        }
+    if let Some(last) = batch.iter().max_by_key(|d| d.delivery_tag) {
+        last.acker.ack(BasicAckOptions { multiple: true }).await?;
     }
     Ok(())
+}
+
+/// Whether a delivery is a `settle.batch` message.
+fn is_batch(delivery: &Delivery) -> bool {
+    decode_envelope(&delivery.data)
+        .is_ok_and(|v| v.get("type").and_then(serde_json::Value::as_str) == Some("settle.batch"))
 }
 
 /// Whether Postgres refused the entries themselves (SQLSTATE class 22, data
@@ -246,10 +304,4 @@ fn refuses_data(error: &sqlx::Error) -> bool {
             .is_some_and(|c| c.starts_with("22") || c.starts_with("23")),
         _ => false,
     }
-}
-
-fn decode(body: &[u8]) -> Result<SettleRequest, Invalid> {
-    let entry: SettleRequest = decode_typed(&decode_envelope(body)?)?;
-    entry.validate()?;
-    Ok(entry)
 }
