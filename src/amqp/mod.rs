@@ -1,5 +1,6 @@
 //! RabbitMQ plumbing: connection, the topology of SPEC §2, publishing with
-//! confirms, the shared consume loop and dead-letter tools.
+//! confirms, the shared consume loop (with coalesced acks and grouped ledger
+//! entries) and dead-letter tools.
 //!
 //! Topology, declared idempotently by every worker at start:
 //!

@@ -34,7 +34,9 @@ use crate::{
 pub struct Rate {
     pub per_s: f64,
     pub latency: Percentiles,
-    /// CPU time of the local RabbitMQ per message, where measured.
+    /// CPU time of the local RabbitMQ per message, where measured. It falls
+    /// as the rate rises (the broker batches its work), so compare it only
+    /// between runs at the same rate.
     pub broker_cpu_us_per_msg: Option<f64>,
 }
 

@@ -63,7 +63,8 @@ pub(super) struct Run {
     /// CPU seconds of the local services (RabbitMQ, Redis, PostgreSQL)
     /// during the full-speed phase.
     pub services: Vec<ServiceCpu>,
-    /// RabbitMQ CPU per draw, where it runs on this machine.
+    /// RabbitMQ CPU per draw, where it runs on this machine (like the
+    /// ceiling's per-message figure, it depends on the rate).
     pub broker_cpu_per_draw_us: Option<f64>,
 }
 
@@ -237,15 +238,6 @@ impl Report {
                 "| worker CPU per draw | {:.0} µs | reported |",
                 best.cpu_per_draw_us
             );
-            if let (Some(draw), Some(msg)) =
-                (best.broker_cpu_per_draw_us, c.amqp.broker_cpu_us_per_msg)
-            {
-                let _ = writeln!(
-                    md,
-                    "| RabbitMQ CPU per draw ÷ per ceiling message ({draw:.0} µs vs {msg:.0} µs) | {:.2} | reported |",
-                    draw / msg.max(0.001)
-                );
-            }
         }
         let _ = writeln!(
             md,
