@@ -237,12 +237,19 @@ async fn a_worker_serves_health_readiness_and_metrics() {
         .await
         .unwrap();
     assert_eq!(reply["status"], "ok");
-    let (status, metrics) = http_get(&addr, "/metrics").await;
-    assert_eq!(status, 200);
-    assert!(
-        metrics.contains("prizepool_messages_total{queue=\"prizepool.draw\",outcome=\"acked\"} 1"),
-        "{metrics}"
-    );
+    // The reply leaves before the worker has its confirms and acks, so the
+    // counter may trail the reply by a moment.
+    let acked = "prizepool_messages_total{queue=\"prizepool.draw\",outcome=\"acked\"} 1";
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let metrics = loop {
+        let (status, metrics) = http_get(&addr, "/metrics").await;
+        assert_eq!(status, 200);
+        if metrics.contains(acked) || std::time::Instant::now() > deadline {
+            break metrics;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(metrics.contains(acked), "{metrics}");
     assert!(
         metrics.contains("prizepool_prizes_drawn_total 3"),
         "{metrics}"
