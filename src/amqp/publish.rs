@@ -96,11 +96,6 @@ impl Outgoing {
             mandatory: false,
         }
     }
-
-    /// `exchange/routing_key`, for errors.
-    fn target(&self) -> String {
-        format!("{}/{}", self.exchange, self.routing_key)
-    }
 }
 
 /// A publish failed or was refused by the broker.
@@ -141,27 +136,34 @@ impl Publisher {
     pub async fn publish_all(&self, messages: Vec<Outgoing>) -> Result<(), PublishError> {
         // `try_join_all` polls the publishes in order, and a publish takes
         // its place on the channel (and its confirm tag) on its first poll.
-        let confirms = futures_util::future::try_join_all(messages.iter().map(|m| {
-            self.channel.basic_publish(
-                m.exchange.as_str().into(),
-                m.routing_key.as_str().into(),
-                BasicPublishOptions {
-                    mandatory: m.mandatory,
-                    ..BasicPublishOptions::default()
-                },
-                &m.body,
-                m.properties.clone(),
-            )
-        }))
-        .await?;
-        for (m, confirm) in messages.iter().zip(confirms) {
+        let channel = &self.channel;
+        let confirms =
+            futures_util::future::try_join_all(messages.into_iter().map(|m| async move {
+                let confirm = channel
+                    .basic_publish(
+                        m.exchange.as_str().into(),
+                        m.routing_key.as_str().into(),
+                        BasicPublishOptions {
+                            mandatory: m.mandatory,
+                            ..BasicPublishOptions::default()
+                        },
+                        &m.body,
+                        m.properties,
+                    )
+                    .await?;
+                Ok::<_, lapin::Error>((m.exchange, m.routing_key, confirm))
+            }))
+            .await?;
+        for (exchange, routing_key, confirm) in confirms {
             let confirmation = confirm.await?;
             if confirmation.is_nack() {
-                return Err(PublishError::Nacked(m.target()));
+                return Err(PublishError::Nacked(format!("{exchange}/{routing_key}")));
             }
             // An ack that carries a returned message means it went nowhere.
             if confirmation.take_message().is_some() {
-                return Err(PublishError::Unroutable(m.target()));
+                return Err(PublishError::Unroutable(format!(
+                    "{exchange}/{routing_key}"
+                )));
             }
         }
         Ok(())
