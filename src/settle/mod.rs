@@ -24,44 +24,63 @@ pub struct Applied {
 }
 
 /// Writes `entries` to the ledger in one transaction.
-pub async fn apply(db: &PgPool, entries: &[SettleRequest]) -> Result<Applied, sqlx::Error> {
+pub async fn apply<'a>(
+    db: &PgPool,
+    entries: impl IntoIterator<Item = &'a SettleRequest>,
+) -> Result<Applied, sqlx::Error> {
+    let columns = Columns::of(entries);
     let mut tx = db.begin().await?;
-    let applied = apply_in(&mut tx, entries).await?;
+    let applied = columns.insert(&mut tx).await?;
     tx.commit().await?;
     Ok(applied)
 }
 
 /// Writes `entries` inside the caller's transaction (red-packet escrow uses
 /// this to debit the sender atomically with the packet's creation).
-pub async fn apply_in(
+pub async fn apply_in<'a>(
     conn: &mut sqlx::PgConnection,
-    entries: &[SettleRequest],
+    entries: impl IntoIterator<Item = &'a SettleRequest>,
 ) -> Result<Applied, sqlx::Error> {
-    let n = entries.len();
-    let mut ids = Vec::with_capacity(n);
-    let mut accounts = Vec::with_capacity(n);
-    let mut assets = Vec::with_capacity(n);
-    let mut amounts = Vec::with_capacity(n);
-    let mut reasons = Vec::with_capacity(n);
-    let mut refs = Vec::with_capacity(n);
-    for e in entries {
-        ids.push(e.entry_id.clone());
-        accounts.push(e.account);
-        assets.push(e.asset.clone());
-        amounts.push(e.amount);
-        reasons.push(e.reason.clone());
-        refs.push(e.reference.clone().unwrap_or(Value::Null));
+    Columns::of(entries).insert(conn).await
+}
+
+/// Entries as the columns the `unnest` insert binds.
+#[derive(Default)]
+struct Columns {
+    ids: Vec<String>,
+    accounts: Vec<i64>,
+    assets: Vec<String>,
+    amounts: Vec<i64>,
+    reasons: Vec<String>,
+    refs: Vec<Value>,
+}
+
+impl Columns {
+    fn of<'a>(entries: impl IntoIterator<Item = &'a SettleRequest>) -> Self {
+        let mut c = Self::default();
+        for e in entries {
+            c.ids.push(e.entry_id.clone());
+            c.accounts.push(e.account);
+            c.assets.push(e.asset.clone());
+            c.amounts.push(e.amount);
+            c.reasons.push(e.reason.clone());
+            c.refs.push(e.reference.clone().unwrap_or(Value::Null));
+        }
+        c
     }
-    let (inserted, _accounts): (i64, i64) = sqlx::query_as(include_str!("ledger.sql"))
-        .bind(&ids)
-        .bind(&accounts)
-        .bind(&assets)
-        .bind(&amounts)
-        .bind(&reasons)
-        .bind(&refs)
-        .fetch_one(conn)
-        .await?;
-    Ok(Applied { inserted })
+
+    async fn insert(&self, conn: &mut sqlx::PgConnection) -> Result<Applied, sqlx::Error> {
+        let (inserted, _accounts): (i64, i64) = sqlx::query_as(include_str!("ledger.sql"))
+            .bind(&self.ids)
+            .bind(&self.accounts)
+            .bind(&self.assets)
+            .bind(&self.amounts)
+            .bind(&self.reasons)
+            .bind(&self.refs)
+            .fetch_one(conn)
+            .await?;
+        Ok(Applied { inserted })
+    }
 }
 
 /// One account's balance in one asset.

@@ -134,13 +134,22 @@ async fn session(
     result
 }
 
-/// A ledger entry and the delivery it came in.
-struct Owned<'a> {
+/// A ledger entry and the delivery (index in the batch) it came in.
+struct Owned {
     entry: SettleRequest,
-    delivery: &'a Delivery,
-    /// Whether the delivery is a `settle.batch` (its other entries go on
-    /// without this one if it is refused).
-    grouped: bool,
+    at: usize,
+}
+
+/// What a delivery of the batch is, for its reply.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A `settle`: the reply names its entry.
+    One,
+    /// A `settle.batch`: the reply counts the entries that landed; a bad or
+    /// refused entry is dead-lettered on its own.
+    Batch,
+    /// Dead-lettered whole, and answered then.
+    Answered,
 }
 
 /// Applies one batch of deliveries: dead-letters bad messages and bad
@@ -154,38 +163,28 @@ async fn settle_batch(
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     let mut owned = Vec::with_capacity(batch.len());
-    for delivery in &batch {
+    let mut kinds = Vec::with_capacity(batch.len());
+    for (at, delivery) in batch.iter().enumerate() {
         match decode_envelope(&delivery.data).and_then(|v| SettleMessage::decode(&v)) {
-            Ok(SettleMessage::One(entry)) => owned.push(Owned {
-                entry,
-                delivery,
-                grouped: false,
-            }),
+            Ok(SettleMessage::One(entry)) => {
+                kinds.push(Kind::One);
+                owned.push(Owned { entry, at });
+            }
             Ok(SettleMessage::Batch(entries)) => {
+                kinds.push(Kind::Batch);
                 for entry in entries {
                     match entry {
-                        Ok(entry) => owned.push(Owned {
-                            entry,
-                            delivery,
-                            grouped: true,
-                        }),
+                        Ok(entry) => owned.push(Owned { entry, at }),
                         Err(bad) => {
                             tracing::warn!(reason = %bad.invalid, "bad entry in a settle batch; dead-lettering it");
-                            let body = serde_json::to_vec(&bad.body)?;
-                            publish_dead_letter_part(
-                                publisher,
-                                delivery,
-                                body,
-                                amqp::SETTLE,
-                                &bad.invalid,
-                            )
-                            .await?;
+                            dead_letter_entry(publisher, delivery, &bad.body, &bad.invalid).await?;
                         }
                     }
                 }
             }
             Err(invalid) => {
                 tracing::warn!(reason = %invalid, "bad settle message; dead-lettering");
+                kinds.push(Kind::Answered);
                 publish_dead_letter(publisher, delivery, amqp::SETTLE, &invalid).await?;
             }
         }
@@ -197,12 +196,10 @@ async fn settle_batch(
         .with_max_delay(Duration::from_secs(5))
         .without_max_times()
         .build();
-    let mut refused_deliveries = Vec::new();
     // Entries applied so far (the replies are built from them).
     let mut landed = Vec::with_capacity(owned.len());
     while !owned.is_empty() {
-        let entries: Vec<SettleRequest> = owned.iter().map(|o| o.entry.clone()).collect();
-        match super::apply(db, &entries).await {
+        match super::apply(db, owned.iter().map(|o| &o.entry)).await {
             Ok(applied) => {
                 metrics::counter!("prizepool_ledger_entries_total")
                     .increment(applied.inserted.unsigned_abs());
@@ -214,24 +211,17 @@ async fn settle_batch(
                 tracing::warn!(%error, "batch refused by Postgres; applying entries one by one");
                 let mut keep = Vec::new();
                 for o in owned.drain(..) {
-                    match super::apply(db, std::slice::from_ref(&o.entry)).await {
+                    match super::apply(db, [&o.entry]).await {
                         Ok(_) => landed.push(o),
                         Err(e) if refuses_data(&e) => {
                             let invalid = Invalid::new(format!("refused by the ledger: {e}"));
-                            if o.grouped {
-                                let body = serde_json::to_vec(&o.entry)?;
-                                publish_dead_letter_part(
-                                    publisher,
-                                    o.delivery,
-                                    body,
-                                    amqp::SETTLE,
-                                    &invalid,
-                                )
-                                .await?;
+                            let delivery = &batch[o.at];
+                            if kinds[o.at] == Kind::Batch {
+                                dead_letter_entry(publisher, delivery, &o.entry, &invalid).await?;
                             } else {
-                                publish_dead_letter(publisher, o.delivery, amqp::SETTLE, &invalid)
+                                publish_dead_letter(publisher, delivery, amqp::SETTLE, &invalid)
                                     .await?;
-                                refused_deliveries.push(o.delivery.delivery_tag);
+                                kinds[o.at] = Kind::Answered;
                             }
                         }
                         Err(_) => keep.push(o),
@@ -251,25 +241,22 @@ async fn settle_batch(
         }
     }
 
-    // One reply per delivery that asked and was not answered already: a
-    // `settle` names its entry, a `settle.batch` counts the entries that
-    // landed (its bad ones are in the dead-letter queue).
+    // One reply per delivery that asked and was not answered already.
     let replies: Vec<Outgoing> = batch
         .iter()
-        .filter(|d| !refused_deliveries.contains(&d.delivery_tag))
-        .filter_map(|d| {
+        .enumerate()
+        .filter_map(|(at, d)| {
             let to = d.properties.reply_to().as_ref()?;
-            let mine: Vec<&Owned<'_>> = landed
-                .iter()
-                .filter(|o| o.delivery.delivery_tag == d.delivery_tag)
-                .collect();
-            let body = match mine.as_slice() {
-                [one] if !one.grouped => {
-                    json!({"type": "settle_result", "entry_id": one.entry.entry_id, "status": "ok"})
+            let body = match kinds[at] {
+                Kind::Answered => return None,
+                Kind::One => {
+                    let entry = &landed.iter().find(|o| o.at == at)?.entry;
+                    json!({"type": "settle_result", "entry_id": entry.entry_id, "status": "ok"})
                 }
-                // A bad `settle`: dead-lettered and answered already.
-                [] if !is_batch(d) => return None,
-                _ => json!({"type": "settle_result", "status": "ok", "entries": mine.len()}),
+                Kind::Batch => {
+                    let n = landed.iter().filter(|o| o.at == at).count();
+                    json!({"type": "settle_result", "status": "ok", "entries": n})
+                }
             };
             Some(Outgoing::reply(
                 to.as_str(),
@@ -287,10 +274,16 @@ async fn settle_batch(
     Ok(())
 }
 
-/// Whether a delivery is a `settle.batch` message.
-fn is_batch(delivery: &Delivery) -> bool {
-    decode_envelope(&delivery.data)
-        .is_ok_and(|v| v.get("type").and_then(serde_json::Value::as_str) == Some("settle.batch"))
+/// Dead-letters one entry of a `settle.batch` as a `settle` message of its own.
+async fn dead_letter_entry(
+    publisher: &Publisher,
+    delivery: &Delivery,
+    entry: &impl serde::Serialize,
+    invalid: &Invalid,
+) -> anyhow::Result<()> {
+    let body = serde_json::to_vec(entry)?;
+    publish_dead_letter_part(publisher, delivery, body, amqp::SETTLE, invalid).await?;
+    Ok(())
 }
 
 /// Whether Postgres refused the entries themselves (SQLSTATE class 22, data
