@@ -67,16 +67,18 @@ pub(super) async fn redis_draws(
     let bare = Arc::new(redis::Script::new(
         "return redis.call('HGET', KEYS[1], 'kind')",
     ));
+    let day = crate::scripts::utc_day();
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..concurrency {
-        let (mut conn, scripts, bare, keys, stop, done) = (
+        let (mut conn, scripts, bare, keys, day, stop, done) = (
             redis.clone(),
             scripts.clone(),
             bare.clone(),
             keys.clone(),
+            day.clone(),
             stop.clone(),
             done.clone(),
         );
@@ -85,35 +87,7 @@ pub(super) async fn redis_draws(
             while !stop.load(Ordering::Relaxed) && started.elapsed() < duration {
                 let id = ulid::Ulid::new().to_string();
                 let t = Instant::now();
-                if caller == Caller::Raw {
-                    let reply: redis::Value = scripts
-                        .draw_lucky_gift
-                        .key(keys.meta())
-                        .key(keys.queue())
-                        .key(keys.held())
-                        .key(keys.spent("bench"))
-                        .key(keys.result(&id))
-                        .arg(count)
-                        .arg(120)
-                        .arg(120)
-                        .invoke_async(&mut conn)
-                        .await?;
-                    // A short pool answers {"short", ...}: stop there.
-                    if matches!(&reply, redis::Value::Array(items) if matches!(items.first(), Some(redis::Value::BulkString(s)) if s.as_slice() == b"short")) {
-                        stop.store(true, Ordering::Relaxed);
-                        break;
-                    }
-                } else if caller == Caller::Trivial {
-                    let _: Option<String> = bare
-                        .key(keys.meta())
-                        .key(keys.queue())
-                        .key(keys.held())
-                        .key(keys.spent("bench"))
-                        .key(keys.result(&id))
-                        .arg(count)
-                        .invoke_async(&mut conn)
-                        .await?;
-                } else {
+                if caller == Caller::Wrapper {
                     match lucky_gift::draw(
                         &mut conn,
                         &scripts,
@@ -130,6 +104,29 @@ pub(super) async fn redis_draws(
                             stop.store(true, Ordering::Relaxed);
                             break;
                         }
+                    }
+                } else {
+                    // The same keys and arguments as the worker's call; the
+                    // reply is not parsed.
+                    let script = match caller {
+                        Caller::Raw => &scripts.draw_lucky_gift,
+                        _ => &*bare,
+                    };
+                    let reply: redis::Value = lucky_gift::draw_call(
+                        script,
+                        &keys,
+                        lucky_gift::Storage::List,
+                        &day,
+                        &id,
+                        count,
+                        120,
+                    )
+                    .invoke_async(&mut conn)
+                    .await?;
+                    // A short pool answers {"short", ...}: stop there.
+                    if matches!(&reply, redis::Value::Array(items) if matches!(items.first(), Some(redis::Value::BulkString(s)) if s.as_slice() == b"short")) {
+                        stop.store(true, Ordering::Relaxed);
+                        break;
                     }
                 }
                 lat.record(t.elapsed());

@@ -86,6 +86,48 @@ pub enum DrawStep {
     Unknown,
 }
 
+/// The draw script of `storage`.
+pub fn draw_script(scripts: &Scripts, storage: Storage) -> &redis::Script {
+    match storage {
+        Storage::List => &scripts.draw_lucky_gift,
+        Storage::Sparse => &scripts.draw_sparse,
+    }
+}
+
+/// A call of `script` with the draw step's keys and arguments for `storage`,
+/// in the order the draw scripts' contracts list them. `script` is the
+/// storage's [`draw_script`], or any script that should see the same keys
+/// (the bench's round-trip floor).
+pub fn draw_call<'a>(
+    script: &'a redis::Script,
+    keys: &PoolKeys,
+    storage: Storage,
+    day: &str,
+    request_id: &str,
+    count: u32,
+    result_ttl_s: u64,
+) -> redis::ScriptInvocation<'a> {
+    let mut call = script.prepare_invoke();
+    call.key(keys.meta());
+    match storage {
+        Storage::List => call.key(keys.queue()),
+        Storage::Sparse => call
+            .key(keys.sparse())
+            .key(keys.segments())
+            .key(keys.flags()),
+    };
+    call.key(keys.held())
+        .key(keys.spent(day))
+        .key(keys.result(request_id))
+        .arg(count)
+        .arg(result_ttl_s)
+        .arg(SPENT_TTL_S);
+    if storage == Storage::Sparse {
+        call.arg(SPARSE_BUCKET);
+    }
+    call
+}
+
 /// Draws `count` prizes for `request_id` from the pool behind `keys`, in one
 /// atomic Lua step.
 pub async fn draw<C: ConnectionLike + Send>(
@@ -98,39 +140,17 @@ pub async fn draw<C: ConnectionLike + Send>(
     result_ttl_s: u64,
 ) -> Result<DrawStep, redis::RedisError> {
     let day = crate::scripts::utc_day();
-    let (status, text, number): (String, String, u64) = match storage {
-        Storage::List => {
-            scripts
-                .draw_lucky_gift
-                .key(keys.meta())
-                .key(keys.queue())
-                .key(keys.held())
-                .key(keys.spent(&day))
-                .key(keys.result(request_id))
-                .arg(count)
-                .arg(result_ttl_s)
-                .arg(SPENT_TTL_S)
-                .invoke_async(conn)
-                .await?
-        }
-        Storage::Sparse => {
-            scripts
-                .draw_sparse
-                .key(keys.meta())
-                .key(keys.sparse())
-                .key(keys.segments())
-                .key(keys.flags())
-                .key(keys.held())
-                .key(keys.spent(&day))
-                .key(keys.result(request_id))
-                .arg(count)
-                .arg(result_ttl_s)
-                .arg(SPENT_TTL_S)
-                .arg(SPARSE_BUCKET)
-                .invoke_async(conn)
-                .await?
-        }
-    };
+    let (status, text, number): (String, String, u64) = draw_call(
+        draw_script(scripts, storage),
+        keys,
+        storage,
+        &day,
+        request_id,
+        count,
+        result_ttl_s,
+    )
+    .invoke_async(conn)
+    .await?;
     Ok(match status.as_str() {
         "ok" => DrawStep::Drawn(Drawn::parse(&text)?),
         "dup" => DrawStep::Replayed(Drawn::parse(&text)?),
