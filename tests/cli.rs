@@ -6,7 +6,7 @@ mod common;
 
 use std::{process::Command, time::Duration};
 
-use common::{draw, free_port, pool_toml, TestEnv};
+use common::{draw, free_port, pool_toml, redis_server, KillOnDrop, TestEnv};
 
 /// Runs the CLI without blocking the runtime (in-process workers keep running).
 async fn prizepool(env: &TestEnv, args: &[&str]) -> std::process::Output {
@@ -17,16 +17,6 @@ async fn prizepool(env: &TestEnv, args: &[&str]) -> std::process::Output {
         .output()
         .await
         .unwrap()
-}
-
-/// A redis-server of the test's own, stopped when dropped (even on panic).
-struct OwnRedis(std::process::Child);
-
-impl Drop for OwnRedis {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[tokio::test]
@@ -110,25 +100,7 @@ async fn draws_resume_after_redis_drops_every_connection() {
     let port = free_port();
     let dir = std::env::temp_dir().join(format!("pp-redis-{port}"));
     std::fs::create_dir_all(&dir).unwrap();
-    let _server = OwnRedis(
-        Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .arg("--dir")
-            .arg(&dir)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let _server = redis_server(port, &dir, &[]);
     let url = format!("redis://127.0.0.1:{port}");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while redis::Client::open(url.as_str())
@@ -254,14 +226,4 @@ async fn a_worker_serves_health_readiness_and_metrics() {
         metrics.contains("prizepool_prizes_drawn_total 3"),
         "{metrics}"
     );
-}
-
-/// A child process killed when dropped (even on panic).
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }

@@ -5,29 +5,24 @@
 
 mod common;
 
-use std::{
-    process::{Child, Command, Stdio},
-    time::Duration,
-};
+use std::{process::Command, time::Duration};
 
-use common::{draw, pool_toml, TestEnv};
+use common::{draw, pool_toml, redis_server, KillOnDrop, TestEnv};
 use serde_json::json;
 
 const T: Duration = Duration::from_secs(30);
 
 /// Three cluster-mode redis-servers, stopped when dropped (even on panic).
 struct Cluster {
-    nodes: Vec<Child>,
+    nodes: Vec<KillOnDrop>,
     dir: std::path::PathBuf,
     url: String,
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        for n in &mut self.nodes {
-            let _ = n.kill();
-            let _ = n.wait();
-        }
+        // Stop the nodes before removing their files.
+        self.nodes.clear();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -48,31 +43,17 @@ async fn start_cluster() -> Cluster {
     let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let mut nodes = Vec::new();
     for port in &ports {
-        nodes.push(
-            Command::new("redis-server")
-                .args([
-                    "--port",
-                    &port.to_string(),
-                    "--bind",
-                    "127.0.0.1",
-                    "--cluster-enabled",
-                    "yes",
-                ])
-                .args([
-                    "--cluster-config-file",
-                    &format!("nodes-{port}.conf"),
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                ])
-                .arg("--dir")
-                .arg(&dir)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
+        let config_file = format!("nodes-{port}.conf");
+        nodes.push(redis_server(
+            *port,
+            &dir,
+            &[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                &config_file,
+            ],
+        ));
     }
     let cluster = Cluster {
         nodes,

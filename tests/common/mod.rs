@@ -315,3 +315,31 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// A child process stopped when dropped (even when the test panics).
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts a redis-server of the test's own on `port`, keeping nothing on
+/// disk and its files in `dir`; `extra` adds options (cluster mode).
+pub fn redis_server(port: u16, dir: &std::path::Path, extra: &[&str]) -> KillOnDrop {
+    let port = port.to_string();
+    KillOnDrop(
+        Command::new("redis-server")
+            .args(["--port", &port, "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(extra)
+            .arg("--dir")
+            .arg(dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
