@@ -12,6 +12,19 @@ use serde_json::{json, Value};
 
 const T: Duration = Duration::from_secs(20);
 
+/// A credit of `amount` coins to `account`, booked under `pool` (what the
+/// ledger totals of these tests sum by).
+fn topup(id: impl Into<String>, account: i64, amount: i64, pool: &str) -> SettleRequest {
+    SettleRequest::new(
+        id,
+        account,
+        "coin",
+        amount,
+        "topup",
+        json!({ "pool": pool }),
+    )
+}
+
 const GIFT: &[(&str, &[(u64, u64)])] = &[
     ("a", &[(0, 300), (1, 60), (5, 20)]),
     ("b", &[(0, 200), (2, 50), (10, 10)]),
@@ -264,23 +277,11 @@ async fn settlement_applies_each_entry_once() {
     let mut env = TestEnv::new(&[("SETTLE_BATCH_SIZE", "7")]).await;
     env.start_settle_worker().await;
     let client = env.client().await;
-    let entry = |i: i64| {
-        SettleRequest::new(
-            format!("topup:{i}"),
-            77,
-            "coin",
-            100 + i,
-            "topup",
-            json!({"pool": "topups"}),
-        )
-    };
+    let entry = |i: i64| topup(format!("topup:{i}"), 77, 100 + i, "topups");
     // Every entry three times, interleaved, plus a bad one.
     for _ in 0..3 {
         for i in 0..20 {
-            client
-                .send("settle", &serde_json::to_value(entry(i)).unwrap())
-                .await
-                .unwrap();
+            client.send("settle", &json!(entry(i))).await.unwrap();
         }
     }
     client
@@ -473,17 +474,7 @@ async fn settlement_survives_a_database_outage_without_loss_or_doubling() {
     let mut env = TestEnv::new(&[]).await;
     env.start_settle_worker().await;
     let client = env.client().await;
-    let entry = |i: i64| {
-        serde_json::to_value(SettleRequest::new(
-            format!("outage:{i}"),
-            55,
-            "coin",
-            10,
-            "topup",
-            json!({"pool": "outage"}),
-        ))
-        .unwrap()
-    };
+    let entry = |i: i64| json!(topup(format!("outage:{i}"), 55, 10, "outage"));
     for i in 0..10 {
         client.send("settle", &entry(i)).await.unwrap();
     }
@@ -533,17 +524,7 @@ async fn settlement_survives_a_database_outage_without_loss_or_doubling() {
 async fn an_entry_the_ledger_refuses_is_dead_lettered_and_its_batch_still_lands() {
     let mut env = TestEnv::new(&[("SETTLE_BATCH_WAIT_MS", "200")]).await;
     let client = env.client().await;
-    let entry = |id: &str, amount: i64| {
-        serde_json::to_value(SettleRequest::new(
-            id,
-            66,
-            "coin",
-            amount,
-            "topup",
-            json!({"pool": "refused"}),
-        ))
-        .unwrap()
-    };
+    let entry = |id: &str, amount: i64| json!(topup(id, 66, amount, "refused"));
     // The second credit would overflow the balance (SQLSTATE 22003).
     for (id, amount) in [
         ("big", i64::MAX - 5),
@@ -576,17 +557,7 @@ async fn a_settle_batch_lands_without_its_bad_entries_which_are_dead_lettered_al
     let mut env = TestEnv::new(&[("SETTLE_BATCH_WAIT_MS", "100")]).await;
     env.start_settle_worker().await;
     let client = env.client().await;
-    let entry = |id: &str, amount: i64| {
-        serde_json::to_value(SettleRequest::new(
-            id,
-            88,
-            "coin",
-            amount,
-            "topup",
-            json!({"pool": "batched"}),
-        ))
-        .unwrap()
-    };
+    let entry = |id: &str, amount: i64| json!(topup(id, 88, amount, "batched"));
     let reply = client
         .call(
             "settle",
@@ -660,16 +631,7 @@ async fn concurrent_ledger_entries_travel_in_few_messages_and_none_is_lost() {
         .unwrap();
     let (ledger, task) = amqp::ledger::LedgerPublisher::start(publisher);
     let entries: Vec<SettleRequest> = (0..500)
-        .map(|i| {
-            SettleRequest::new(
-                format!("group:{i}"),
-                5,
-                "coin",
-                1 + i,
-                "topup",
-                json!({"pool": "grouped"}),
-            )
-        })
+        .map(|i| topup(format!("group:{i}"), 5, 1 + i, "grouped"))
         .collect();
     // 500 deliveries settling at once, as a busy draw worker's would.
     let all = futures_util::future::join_all(
