@@ -22,7 +22,7 @@ use super::EXCHANGE;
 
 const REPLY_TO: &str = "amq.rabbitmq.reply-to";
 
-type Waiters = Arc<Mutex<HashMap<String, oneshot::Sender<Value>>>>;
+type Waiters = Arc<Mutex<HashMap<String, oneshot::Sender<Vec<u8>>>>>;
 
 /// A connection that publishes requests and awaits their replies.
 #[derive(Debug)]
@@ -62,8 +62,8 @@ impl RpcClient {
                     continue;
                 };
                 let waiter = routes.lock().ok().and_then(|mut w| w.remove(id.as_str()));
-                if let (Some(tx), Ok(value)) = (waiter, serde_json::from_slice(&delivery.data)) {
-                    let _ = tx.send(value);
+                if let Some(tx) = waiter {
+                    let _ = tx.send(delivery.data);
                 }
             }
         });
@@ -93,6 +93,18 @@ impl RpcClient {
         body: &[u8],
         timeout: Duration,
     ) -> anyhow::Result<Value> {
+        let reply = self.request(routing_key, body, timeout).await?;
+        serde_json::from_slice(&reply).context("the reply is not JSON")
+    }
+
+    /// Publishes `body` as is and returns the reply's body unparsed, for a
+    /// caller that reads only a few of its fields (the benchmark).
+    pub async fn request(
+        &self,
+        routing_key: &str,
+        body: &[u8],
+        timeout: Duration,
+    ) -> anyhow::Result<Vec<u8>> {
         let id = ulid::Ulid::new().to_string();
         let (tx, rx) = oneshot::channel();
         self.waiters

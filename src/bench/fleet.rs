@@ -12,7 +12,6 @@ use std::{
 
 use anyhow::Context;
 use lapin::options::QueueDeclareOptions;
-use serde_json::{json, Value};
 use tokio::sync::{Mutex, Semaphore};
 
 use super::stats::{cpu_time, Latencies, Percentiles};
@@ -138,8 +137,44 @@ pub(super) struct Load {
     pub reward: i64,
 }
 
-/// Builds the request body of draw number `i`.
-pub(super) type MakeRequest = Arc<dyn Fn(u64) -> Value + Send + Sync>;
+/// Builds the request body (JSON) of draw number `i`.
+pub(super) type MakeRequest = Arc<dyn Fn(u64) -> Vec<u8> + Send + Sync>;
+
+/// The fields of a draw reply the load generator counts; the rest is skipped
+/// unparsed.
+#[derive(serde::Deserialize)]
+struct Reply {
+    status: String,
+    #[serde(default)]
+    prizes: Vec<serde::de::IgnoredAny>,
+    #[serde(default)]
+    reward: i64,
+}
+
+/// A draw request as upstream services send it.
+#[derive(serde::Serialize)]
+pub(super) struct DrawRequest<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    request_id: String,
+    pool: &'a str,
+    user_id: u64,
+    count: u32,
+}
+
+impl<'a> DrawRequest<'a> {
+    /// Draw number `i` of `count` prizes from `pool`, by one of `users` users.
+    pub(super) fn body(pool: &'a str, i: u64, users: u64, count: u32) -> Vec<u8> {
+        let request = Self {
+            kind: "draw",
+            request_id: ulid::Ulid::new().to_string(),
+            pool,
+            user_id: 1 + (i * 7919) % users,
+            count,
+        };
+        serde_json::to_vec(&request).unwrap_or_default()
+    }
+}
 
 /// Sends draws for `duration`: `in_flight` at a time (closed loop), or at
 /// `rate` per second (open loop, at most `in_flight` outstanding).
@@ -177,21 +212,16 @@ pub(super) async fn drive(
         tasks.spawn(async move {
             let t = Instant::now();
             let reply = client
-                .call(amqp::DRAW.routing_key, &body, Duration::from_secs(30))
-                .await;
+                .request(amqp::DRAW.routing_key, &body, Duration::from_secs(30))
+                .await
+                .and_then(|r| Ok(serde_json::from_slice::<Reply>(&r)?));
             let took = t.elapsed();
             drop(permit);
             match reply {
-                Ok(r) if r["status"] == "ok" => {
+                Ok(r) if r.status == "ok" => {
                     counters[0].fetch_add(1, Ordering::Relaxed);
-                    counters[3].fetch_add(
-                        r["prizes"].as_array().map_or(0, Vec::len) as u64,
-                        Ordering::Relaxed,
-                    );
-                    counters[4].fetch_add(
-                        r["reward"].as_i64().unwrap_or(0).unsigned_abs(),
-                        Ordering::Relaxed,
-                    );
+                    counters[3].fetch_add(r.prizes.len() as u64, Ordering::Relaxed);
+                    counters[4].fetch_add(r.reward.unsigned_abs(), Ordering::Relaxed);
                     latencies.lock().await.record(took);
                 }
                 Ok(_) => {
@@ -223,8 +253,5 @@ pub(super) async fn drive(
 
 /// A lucky-gift draw request maker over `users` simulated users.
 pub(super) fn lucky_gift_requests(pool: String, users: u64, count: u32) -> MakeRequest {
-    Arc::new(move |i| {
-        json!({"type": "draw", "request_id": ulid::Ulid::new().to_string(), "pool": pool,
-               "user_id": 1 + (i * 7919) % users, "count": count})
-    })
+    Arc::new(move |i| DrawRequest::body(&pool, i, users, count))
 }

@@ -17,7 +17,6 @@ mod stats;
 use std::{sync::Arc, time::Duration};
 
 use anyhow::Context;
-use serde_json::json;
 
 pub use ceilings::Rate;
 pub use stats::{Latencies, Percentiles};
@@ -163,7 +162,7 @@ pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
     let d = Duration::from_secs(3);
     use ceilings::Caller;
     rep.ceilings.redis_trivial =
-        ceilings::redis_draws(&redis, &keys, args.count, 64, d, Caller::Trivial).await?;
+        ceilings::redis_draws(&config.redis_url, &keys, args.count, 64, d, Caller::Trivial).await?;
     // Each drawing pass gets a fresh pool big enough to last it; the two
     // callers alternate and each keeps its best pass, so neither pays for
     // the state the other left behind.
@@ -176,7 +175,8 @@ pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
         );
         load(&db, &redis, &scripts, config, &pool).await?;
         let keys = PoolKeys::new(&config.redis_prefix, &pool.id);
-        let rate = ceilings::redis_draws(&redis, &keys, args.count, 64, d, caller).await?;
+        let rate =
+            ceilings::redis_draws(&config.redis_url, &keys, args.count, 64, d, caller).await?;
         let best = match caller {
             Caller::Raw => &mut rep.ceilings.redis_raw,
             _ => &mut rep.ceilings.redis_draw,
@@ -615,7 +615,6 @@ async fn lottery_setup(
     }
     let id = id.to_owned();
     Ok(Arc::new(move |i| {
-        json!({"type": "draw", "request_id": ulid::Ulid::new().to_string(), "pool": id,
-               "user_id": 1 + (i * 7919) % users, "count": 1})
+        fleet::DrawRequest::body(&id, i, users, 1)
     }))
 }

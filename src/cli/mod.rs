@@ -120,6 +120,16 @@ enum DlqCommand {
     },
 }
 
+impl Cli {
+    /// Whether the subcommand runs whole workers in this process (the demo),
+    /// and so wants a runtime thread per core. The others, the benchmark's
+    /// load generator above all, spend less CPU on one thread: their tasks
+    /// never wake a second runtime thread.
+    pub fn runs_workers(&self) -> bool {
+        matches!(self.command, Command::Demo(_))
+    }
+}
+
 /// Runs one subcommand.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let config = Config::from_env().context("reading configuration")?;
