@@ -475,6 +475,30 @@ pub fn rejected_reply(request: Option<&Value>, code: ErrorCode, message: &str) -
     reply
 }
 
+/// `body` (a struct without a `type` field) serialised as a JSON object
+/// whose first field is `"type": reply_type`: the same document as
+/// [`with_type`], written straight to bytes.
+pub fn typed_json(reply_type: &str, body: &impl Serialize) -> Vec<u8> {
+    retype(reply_type, &serde_json::to_vec(body).unwrap_or_default())
+}
+
+/// The serialised JSON object `fields` with `"type": reply_type` put first,
+/// so one serialisation serves several message types (a reply and its event).
+pub fn retype(reply_type: &str, fields: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(fields.len() + reply_type.len() + 12);
+    out.extend_from_slice(b"{\"type\":");
+    // A &str always serialises.
+    let _ = serde_json::to_writer(&mut out, reply_type);
+    match fields.strip_prefix(b"{") {
+        Some(b"}") | None => out.push(b'}'),
+        Some(rest) => {
+            out.push(b',');
+            out.extend_from_slice(rest);
+        }
+    }
+    out
+}
+
 /// Serialises a reply body with its `type` field first.
 pub fn with_type(reply_type: &str, body: &impl Serialize) -> Value {
     let mut map = serde_json::Map::new();
@@ -563,5 +587,52 @@ mod tests {
             v.to_string(),
             r#"{"type":"draw_result","request_id":"01JD","status":"ok","pool":"gift-1001","user_id":42,"prizes":[{"multiplier":10,"combo":"c3"}],"total_multiplier":10,"reward":1000,"asset":"coin"}"#
         );
+    }
+
+    #[test]
+    fn typed_json_writes_the_same_document_as_with_type() {
+        let full = DrawResult {
+            request_id: "01JD\"q".into(),
+            pool: Some("gift-1001".into()),
+            user_id: Some(42),
+            prizes: vec![
+                Prize::Multiplier {
+                    multiplier: 10,
+                    combo: "c3".into(),
+                },
+                Prize::Share {
+                    share: 2,
+                    amount: 7,
+                },
+            ],
+            reward: Some(1000),
+            ..Default::default()
+        };
+        #[derive(Serialize)]
+        struct Empty {}
+        for (kind, bytes, value) in [
+            (
+                "draw_result",
+                typed_json("draw_result", &full),
+                with_type("draw_result", &full),
+            ),
+            (
+                "draw.completed",
+                typed_json("draw.completed", &DrawResult::default()),
+                with_type("draw.completed", &DrawResult::default()),
+            ),
+            (
+                "x\"y",
+                typed_json("x\"y", &Empty {}),
+                with_type("x\"y", &Empty {}),
+            ),
+        ] {
+            // Byte for byte: same fields, same order, `type` first.
+            assert_eq!(
+                String::from_utf8(bytes).unwrap(),
+                value.to_string(),
+                "{kind}"
+            );
+        }
     }
 }

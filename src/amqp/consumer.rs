@@ -41,11 +41,35 @@ use crate::{
 /// it asked, via `reply_to`) and messages to publish before the ack.
 #[derive(Debug, Default)]
 pub struct Outcome {
-    pub reply: Option<Value>,
+    pub reply: Option<Reply>,
     pub effects: Vec<Outgoing>,
     /// Ledger entries, published grouped with other deliveries' entries
     /// (see [`super::ledger`]) and confirmed before the ack like the effects.
     pub ledger: Vec<crate::messages::SettleRequest>,
+}
+
+/// A reply's body: a JSON value, or JSON already serialised (the draw's hot
+/// path, where one serialisation serves the reply and its event).
+#[derive(Debug)]
+pub enum Reply {
+    Value(Value),
+    Json(Vec<u8>),
+}
+
+impl From<Value> for Reply {
+    fn from(value: Value) -> Self {
+        Self::Value(value)
+    }
+}
+
+impl Reply {
+    /// The body's bytes.
+    pub fn into_bytes(self) -> Vec<u8> {
+        match self {
+            Self::Value(value) => serde_json::to_vec(&value).unwrap_or_default(),
+            Self::Json(bytes) => bytes,
+        }
+    }
 }
 
 /// Why a request could not be handled.
@@ -316,7 +340,7 @@ async fn finish(
         messages.push(Outgoing::reply(
             reply_to.as_str(),
             delivery.properties.correlation_id().as_ref(),
-            &reply,
+            reply.into_bytes(),
         ));
     }
     messages.extend(outcome.effects);
@@ -408,7 +432,7 @@ pub async fn publish_dead_letter(
         messages.push(Outgoing::reply(
             reply_to.as_str(),
             delivery.properties.correlation_id().as_ref(),
-            &reply,
+            serde_json::to_vec(&reply).unwrap_or_default(),
         ));
     }
     publisher.publish_all(messages).await

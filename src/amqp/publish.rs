@@ -68,21 +68,22 @@ impl Outgoing {
 
     /// A fact on the events exchange (`draw.completed`, `pool.refilled`, …).
     pub fn event(routing_key: &str, body: &serde_json::Value) -> Self {
+        Self::event_raw(routing_key, serde_json::to_vec(body).unwrap_or_default())
+    }
+
+    /// A fact whose JSON body is already serialised.
+    pub fn event_raw(routing_key: &str, body: Vec<u8>) -> Self {
         Self {
             exchange: EVENTS.into(),
             routing_key: routing_key.into(),
-            body: serde_json::to_vec(body).unwrap_or_default(),
+            body,
             properties: json_properties(),
             mandatory: false,
         }
     }
 
     /// A reply to `reply_to`, carrying the request's correlation id.
-    pub fn reply(
-        reply_to: &str,
-        correlation_id: Option<&ShortString>,
-        body: &serde_json::Value,
-    ) -> Self {
+    pub fn reply(reply_to: &str, correlation_id: Option<&ShortString>, body: Vec<u8>) -> Self {
         let mut properties =
             BasicProperties::default().with_content_type("application/json".into());
         if let Some(id) = correlation_id {
@@ -91,7 +92,7 @@ impl Outgoing {
         Self {
             exchange: String::new(),
             routing_key: reply_to.into(),
-            body: serde_json::to_vec(body).unwrap_or_default(),
+            body,
             properties,
             mandatory: false,
         }

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use tokio::sync::RwLock;
 
 use crate::{
-    amqp::{self, HandleError, Handler, Outcome, Outgoing, Publisher},
+    amqp::{self, HandleError, Handler, Outcome, Outgoing, Publisher, Reply},
     config::Config,
     kinds::{
         lottery::{self, LotteryStep},
@@ -21,8 +21,8 @@ use crate::{
         red_packet::{self, Grab},
     },
     messages::{
-        decode_typed, with_type, DrawQueueMessage, DrawRequest, DrawResult, ErrorBody, ErrorCode,
-        GrantRequest, Invalid, Prize, RefillRequest, SettleRequest, Status,
+        decode_typed, retype, typed_json, with_type, DrawQueueMessage, DrawRequest, DrawResult,
+        ErrorBody, ErrorCode, GrantRequest, Invalid, Prize, RefillRequest, SettleRequest, Status,
     },
     scripts::{PoolKeys, Scripts},
 };
@@ -107,14 +107,15 @@ impl DrawWorker {
         mut effects: Vec<Outgoing>,
         ledger: Option<SettleRequest>,
     ) -> Outcome {
-        let reply = with_type("draw_result", result);
+        let fields = serde_json::to_vec(result).unwrap_or_default();
         if self.config.draw_events {
-            let mut event = reply.clone();
-            event["type"] = "draw.completed".into();
-            effects.push(Outgoing::event("draw.completed", &event));
+            effects.push(Outgoing::event_raw(
+                "draw.completed",
+                retype("draw.completed", &fields),
+            ));
         }
         Outcome {
-            reply: Some(reply),
+            reply: Some(Reply::Json(retype("draw_result", &fields))),
             effects,
             ledger: ledger.into_iter().collect(),
         }
@@ -169,7 +170,7 @@ impl DrawWorker {
                 ..
             } => (share, amount, asset),
             Grab::Already { share, amount } => {
-                let mut out = rejected(
+                let mut result = rejected_result(
                     &req,
                     ErrorCode::AlreadyGrabbed,
                     format!(
@@ -177,10 +178,11 @@ impl DrawWorker {
                         req.user_id, req.pool
                     ),
                 );
-                if let Some(reply) = out.reply.as_mut() {
-                    reply["previous"] = json!({ "share": share, "amount": amount });
-                }
-                return Ok(out);
+                result.previous = Some(Prize::Share { share, amount });
+                return Ok(Outcome {
+                    reply: Some(Reply::Json(typed_json("draw_result", &result))),
+                    ..Outcome::default()
+                });
             }
             Grab::Closed => {
                 return Ok(rejected(
@@ -513,7 +515,7 @@ impl DrawWorker {
             }),
         };
         Ok(Outcome {
-            reply: Some(reply),
+            reply: Some(reply.into()),
             ..Outcome::default()
         })
     }
@@ -521,17 +523,23 @@ impl DrawWorker {
 
 /// A `rejected` draw result: a business refusal, not bad input.
 pub fn rejected(req: &DrawRequest, code: ErrorCode, message: String) -> Outcome {
-    let result = DrawResult {
+    Outcome {
+        reply: Some(Reply::Json(typed_json(
+            "draw_result",
+            &rejected_result(req, code, message),
+        ))),
+        ..Outcome::default()
+    }
+}
+
+fn rejected_result(req: &DrawRequest, code: ErrorCode, message: String) -> DrawResult {
+    DrawResult {
         request_id: req.request_id.clone(),
         status: Status::Rejected,
         pool: Some(req.pool.clone()),
         user_id: Some(req.user_id),
         error: Some(ErrorBody { code, message }),
         ..DrawResult::default()
-    };
-    Outcome {
-        reply: Some(with_type("draw_result", &result)),
-        ..Outcome::default()
     }
 }
 

@@ -261,7 +261,7 @@ async fn settle_batch(
             Some(Outgoing::reply(
                 to.as_str(),
                 d.properties.correlation_id().as_ref(),
-                &body,
+                serde_json::to_vec(&body).unwrap_or_default(),
             ))
         })
         .collect();
