@@ -53,8 +53,18 @@ pub(super) enum Caller {
     Trivial,
 }
 
-/// Calls the draw step from `concurrency` tasks sharing one multiplexed
-/// connection, for `duration` or until the pool runs short.
+/// One pass of [`redis_draws`]: `count` prizes a draw, `concurrency` tasks
+/// sharing one multiplexed connection, for `duration` or until the pool runs
+/// short.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Pass {
+    pub count: u32,
+    pub concurrency: usize,
+    pub duration: Duration,
+    pub caller: Caller,
+}
+
+/// Calls the draw step of the pool behind `keys` as `pass` says.
 ///
 /// The loop runs on a runtime of its own with a thread per core and a
 /// connection of its own, so the client's work (building calls, parsing
@@ -63,10 +73,7 @@ pub(super) enum Caller {
 pub(super) async fn redis_draws(
     redis_url: &str,
     keys: &PoolKeys,
-    count: u32,
-    concurrency: usize,
-    duration: Duration,
-    caller: Caller,
+    pass: Pass,
 ) -> anyhow::Result<Rate> {
     let (url, keys) = (redis_url.to_owned(), keys.clone());
     tokio::task::spawn_blocking(move || {
@@ -75,20 +82,19 @@ pub(super) async fn redis_draws(
             .build()?;
         runtime.block_on(async move {
             let redis = crate::redis_conn::connect(&url).await?;
-            draw_loop(&redis, &keys, count, concurrency, duration, caller).await
+            draw_loop(&redis, &keys, pass).await
         })
     })
     .await?
 }
 
-async fn draw_loop(
-    redis: &RedisConn,
-    keys: &PoolKeys,
-    count: u32,
-    concurrency: usize,
-    duration: Duration,
-    caller: Caller,
-) -> anyhow::Result<Rate> {
+async fn draw_loop(redis: &RedisConn, keys: &PoolKeys, pass: Pass) -> anyhow::Result<Rate> {
+    let Pass {
+        count,
+        concurrency,
+        duration,
+        caller,
+    } = pass;
     let scripts = Arc::new(Scripts::new());
     let bare = Arc::new(redis::Script::new(
         "return redis.call('HGET', KEYS[1], 'kind')",

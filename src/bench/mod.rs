@@ -159,10 +159,15 @@ pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
     load(&db, &redis, &scripts, config, &ceiling_pool).await?;
     let keys = PoolKeys::new(&config.redis_prefix, &ceiling_pool.id);
     rep.memory.list_bytes_per_prize = list_bytes_per_prize(&redis, &keys).await?;
-    let d = Duration::from_secs(3);
-    use ceilings::Caller;
+    use ceilings::{Caller, Pass};
+    let pass = |caller| Pass {
+        count: args.count,
+        concurrency: 64,
+        duration: Duration::from_secs(3),
+        caller,
+    };
     rep.ceilings.redis_trivial =
-        ceilings::redis_draws(&config.redis_url, &keys, args.count, 64, d, Caller::Trivial).await?;
+        ceilings::redis_draws(&config.redis_url, &keys, pass(Caller::Trivial)).await?;
     // Each drawing pass gets a fresh pool big enough to last it; the two
     // callers alternate and each keeps its best pass, so neither pays for
     // the state the other left behind.
@@ -175,8 +180,7 @@ pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
         );
         load(&db, &redis, &scripts, config, &pool).await?;
         let keys = PoolKeys::new(&config.redis_prefix, &pool.id);
-        let rate =
-            ceilings::redis_draws(&config.redis_url, &keys, args.count, 64, d, caller).await?;
+        let rate = ceilings::redis_draws(&config.redis_url, &keys, pass(caller)).await?;
         let best = match caller {
             Caller::Raw => &mut rep.ceilings.redis_raw,
             _ => &mut rep.ceilings.redis_draw,
