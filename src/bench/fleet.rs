@@ -18,6 +18,7 @@ use super::stats::{cpu_time, Latencies, Percentiles};
 use crate::{
     amqp::{self, rpc::RpcClient},
     config::Config,
+    messages::{typed_json, DrawRequest},
 };
 
 /// The worker processes of one run.
@@ -151,29 +152,16 @@ struct Reply {
     reward: i64,
 }
 
-/// A draw request as upstream services send it.
-#[derive(serde::Serialize)]
-pub(super) struct DrawRequest<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    request_id: String,
-    pool: &'a str,
-    user_id: u64,
-    count: u32,
-}
-
-impl<'a> DrawRequest<'a> {
-    /// Draw number `i` of `count` prizes from `pool`, by one of `users` users.
-    pub(super) fn body(pool: &'a str, i: u64, users: u64, count: u32) -> Vec<u8> {
-        let request = Self {
-            kind: "draw",
-            request_id: ulid::Ulid::new().to_string(),
-            pool,
-            user_id: 1 + (i * 7919) % users,
-            count,
-        };
-        serde_json::to_vec(&request).unwrap_or_default()
-    }
+/// The body of draw number `i`: `count` prizes from `pool`, for one of
+/// `users` simulated users.
+pub(super) fn draw_body(pool: &str, i: u64, users: u64, count: u32) -> Vec<u8> {
+    let request = DrawRequest {
+        request_id: ulid::Ulid::new().to_string(),
+        pool: pool.to_owned(),
+        user_id: (1 + (i * 7919) % users) as i64,
+        count,
+    };
+    typed_json("draw", &request)
 }
 
 /// Sends draws for `duration`: `in_flight` at a time (closed loop), or at
@@ -253,5 +241,5 @@ pub(super) async fn drive(
 
 /// A lucky-gift draw request maker over `users` simulated users.
 pub(super) fn lucky_gift_requests(pool: String, users: u64, count: u32) -> MakeRequest {
-    Arc::new(move |i| DrawRequest::body(&pool, i, users, count))
+    Arc::new(move |i| draw_body(&pool, i, users, count))
 }

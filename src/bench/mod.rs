@@ -618,7 +618,5 @@ async fn lottery_setup(
         .await?;
     }
     let id = id.to_owned();
-    Ok(Arc::new(move |i| {
-        fleet::DrawRequest::body(&id, i, users, 1)
-    }))
+    Ok(Arc::new(move |i| fleet::draw_body(&id, i, users, 1)))
 }
