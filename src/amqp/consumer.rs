@@ -41,35 +41,13 @@ use crate::{
 /// it asked, via `reply_to`) and messages to publish before the ack.
 #[derive(Debug, Default)]
 pub struct Outcome {
-    pub reply: Option<Reply>,
+    /// The reply's JSON body, serialised (a draw's result is serialised once
+    /// for its reply and its event).
+    pub reply: Option<Vec<u8>>,
     pub effects: Vec<Outgoing>,
     /// Ledger entries, published grouped with other deliveries' entries
     /// (see [`super::ledger`]) and confirmed before the ack like the effects.
     pub ledger: Vec<crate::messages::SettleRequest>,
-}
-
-/// A reply's body: a JSON value, or JSON already serialised (the draw's hot
-/// path, where one serialisation serves the reply and its event).
-#[derive(Debug)]
-pub enum Reply {
-    Value(Value),
-    Json(Vec<u8>),
-}
-
-impl From<Value> for Reply {
-    fn from(value: Value) -> Self {
-        Self::Value(value)
-    }
-}
-
-impl Reply {
-    /// The body's bytes.
-    pub fn into_bytes(self) -> Vec<u8> {
-        match self {
-            Self::Value(value) => serde_json::to_vec(&value).unwrap_or_default(),
-            Self::Json(bytes) => bytes,
-        }
-    }
 }
 
 /// Why a request could not be handled.
@@ -340,7 +318,7 @@ async fn finish(
         messages.push(Outgoing::reply(
             reply_to.as_str(),
             delivery.properties.correlation_id().as_ref(),
-            reply.into_bytes(),
+            reply,
         ));
     }
     messages.extend(outcome.effects);

@@ -26,7 +26,7 @@ use lapin::{
 };
 
 pub use consumer::{
-    publish_dead_letter, publish_dead_letter_part, run, HandleError, Handler, Outcome, Reply,
+    publish_dead_letter, publish_dead_letter_part, run, HandleError, Handler, Outcome,
 };
 pub use publish::{Outgoing, Publisher};
 

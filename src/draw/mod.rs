@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use tokio::sync::RwLock;
 
 use crate::{
-    amqp::{self, HandleError, Handler, Outcome, Outgoing, Publisher, Reply},
+    amqp::{self, HandleError, Handler, Outcome, Outgoing, Publisher},
     config::Config,
     kinds::{
         lottery::{self, LotteryStep},
@@ -21,8 +21,8 @@ use crate::{
         red_packet::{self, Grab},
     },
     messages::{
-        decode_typed, retype, typed_json, with_type, DrawQueueMessage, DrawRequest, DrawResult,
-        ErrorBody, ErrorCode, GrantRequest, Invalid, Prize, RefillRequest, SettleRequest, Status,
+        decode_typed, retype, typed_json, DrawQueueMessage, DrawRequest, DrawResult, ErrorBody,
+        ErrorCode, GrantRequest, Invalid, Prize, RefillRequest, SettleRequest, Status,
     },
     scripts::{PoolKeys, Scripts},
 };
@@ -115,7 +115,7 @@ impl DrawWorker {
             ));
         }
         Outcome {
-            reply: Some(Reply::Json(retype("draw_result", &fields))),
+            reply: Some(retype("draw_result", &fields)),
             effects,
             ledger: ledger.into_iter().collect(),
         }
@@ -180,7 +180,7 @@ impl DrawWorker {
                 );
                 result.previous = Some(Prize::Share { share, amount });
                 return Ok(Outcome {
-                    reply: Some(Reply::Json(typed_json("draw_result", &result))),
+                    reply: Some(typed_json("draw_result", &result)),
                     ..Outcome::default()
                 });
             }
@@ -381,9 +381,9 @@ impl DrawWorker {
                     urgent: true,
                 };
                 publisher
-                    .publish(Outgoing::work(
+                    .publish(Outgoing::work_raw(
                         amqp::REFILL.routing_key,
-                        &with_type("refill", &refill),
+                        typed_json("refill", &refill),
                     ))
                     .await?;
                 refill_asked = Some(generation);
@@ -482,9 +482,9 @@ impl DrawWorker {
                 trigger,
                 urgent: false,
             };
-            effects.push(Outgoing::work(
+            effects.push(Outgoing::work_raw(
                 amqp::REFILL.routing_key,
-                &with_type("refill", &refill),
+                typed_json("refill", &refill),
             ));
         }
         metrics::counter!("prizepool_prizes_drawn_total").increment(drawn.codes.len() as u64);
@@ -515,7 +515,7 @@ impl DrawWorker {
             }),
         };
         Ok(Outcome {
-            reply: Some(reply.into()),
+            reply: Some(reply.to_string().into_bytes()),
             ..Outcome::default()
         })
     }
@@ -524,10 +524,10 @@ impl DrawWorker {
 /// A `rejected` draw result: a business refusal, not bad input.
 pub fn rejected(req: &DrawRequest, code: ErrorCode, message: String) -> Outcome {
     Outcome {
-        reply: Some(Reply::Json(typed_json(
+        reply: Some(typed_json(
             "draw_result",
             &rejected_result(req, code, message),
-        ))),
+        )),
         ..Outcome::default()
     }
 }

@@ -79,7 +79,7 @@ impl RefillWorker {
                     });
                     return Ok(Outcome {
                         reply: Some(
-                            json!({"type": "refill_result", "status": "ok", "pool": req.pool, "generation": generation}).into(),
+                            json!({"type": "refill_result", "status": "ok", "pool": req.pool, "generation": generation}).to_string().into_bytes(),
                         ),
                         effects: vec![Outgoing::event("pool.refilled", &event)],
                         ..Outcome::default()
@@ -89,7 +89,7 @@ impl RefillWorker {
                     tracing::debug!(pool = %req.pool, trigger = req.trigger, generation, "duplicate refill request");
                     return Ok(Outcome {
                         reply: Some(
-                            json!({"type": "refill_result", "status": "ok", "pool": req.pool, "generation": generation}).into(),
+                            json!({"type": "refill_result", "status": "ok", "pool": req.pool, "generation": generation}).to_string().into_bytes(),
                         ),
                         effects: Vec::new(),
                         ..Outcome::default()
@@ -135,7 +135,7 @@ impl RefillWorker {
                 reply: Some(json!({
                     "type": "redpacket_result", "packet_id": req.packet_id, "status": "rejected",
                     "error": { "code": code, "message": message },
-                }).into()),
+                }).to_string().into_bytes()),
                 effects: Vec::new(),
                 ..Outcome::default()
             })
@@ -177,7 +177,7 @@ impl RefillWorker {
                 ),
                 Outgoing::event("redpacket.created", &event),
             ],
-            reply: Some(reply.into()),
+            reply: Some(reply.to_string().into_bytes()),
             ..Outcome::default()
         })
     }
@@ -244,7 +244,7 @@ impl RefillWorker {
         }
         Ok(Outcome {
             reply: Some(
-                json!({"type": "redpacket_result", "packet_id": req.packet_id, "status": "ok", "closed": true, "refunded": closed.refunded}).into(),
+                json!({"type": "redpacket_result", "packet_id": req.packet_id, "status": "ok", "closed": true, "refunded": closed.refunded}).to_string().into_bytes(),
             ),
             effects,
             ledger,
