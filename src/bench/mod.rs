@@ -134,9 +134,13 @@ pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
         "sparse" => Storage::Sparse,
         other => anyhow::bail!("unknown storage {other:?}"),
     };
-    let db = crate::db::migrate(&config.database_url).await?;
-    let redis = crate::redis_conn::connect(&config.redis_url).await?;
-    let scripts = Scripts::new();
+    let svc = Services {
+        config,
+        db: crate::db::migrate(&config.database_url).await?,
+        redis: crate::redis_conn::connect(&config.redis_url).await?,
+        scripts: Scripts::new(),
+    };
+    let Services { redis, .. } = &svc;
     let mut rep = report::Report::new(&args, storage);
     // The topology must exist before the first publish.
     RpcClient::connect(config).await?.close().await;
@@ -144,9 +148,9 @@ pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
     // have not yet filled with result keys.
     if !args.quick {
         println!("pool-size flatness (1 thousand vs 10 million prizes)");
-        rep.flatness = Some(flatness(&db, &redis, &scripts, config).await?);
+        rep.flatness = Some(flatness(&svc).await?);
         println!("stocking stall (a 3-million-prize batch)");
-        rep.stall = Some(stall(&db, &redis, &scripts, config).await?);
+        rep.stall = Some(stall(&svc).await?);
     }
 
     println!("ceilings");
@@ -156,9 +160,9 @@ pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
         &borrow(&spec_combos(7)),
         1.0,
     );
-    load(&db, &redis, &scripts, config, &ceiling_pool).await?;
+    svc.load(&ceiling_pool).await?;
     let keys = PoolKeys::new(&config.redis_prefix, &ceiling_pool.id);
-    rep.memory.list_bytes_per_prize = list_bytes_per_prize(&redis, &keys).await?;
+    rep.memory.list_bytes_per_prize = list_bytes_per_prize(redis, &keys).await?;
     use ceilings::{Caller, Pass};
     let pass = |caller| Pass {
         count: args.count,
@@ -178,7 +182,7 @@ pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
             &borrow(&spec_combos(20)),
             1.0,
         );
-        load(&db, &redis, &scripts, config, &pool).await?;
+        svc.load(&pool).await?;
         let keys = PoolKeys::new(&config.redis_prefix, &pool.id);
         let rate = ceilings::redis_draws(&config.redis_url, &keys, pass(caller)).await?;
         let best = match caller {
@@ -209,13 +213,12 @@ pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
     );
 
     if let Storage::Sparse = storage {
-        rep.memory.sparse_bytes_per_nonzero =
-            Some(sparse_bytes_per_nonzero(&db, &redis, &scripts, config).await?);
+        rep.memory.sparse_bytes_per_nonzero = Some(sparse_bytes_per_nonzero(&svc).await?);
     }
 
     for &n in &args.workers {
         println!("fleet with {n} draw workers");
-        let run = fleet_run(config, &db, &redis, &scripts, &args, storage, n).await?;
+        let run = fleet_run(&svc, &args, storage, n).await?;
         println!(
             "  {:.0} draws/s, {:.0} prizes/s, p99 {:.1} ms; at half rate p99 {:.1} ms (rabbitmq {:.1} ms)",
             run.max.draws_per_s, run.max.prizes_per_s, run.max.latency.p99_ms, run.half.latency.p99_ms, run.amqp_at_half.latency.p99_ms
@@ -228,24 +231,29 @@ pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn load(
-    db: &sqlx::PgPool,
-    redis: &crate::redis_conn::RedisConn,
-    scripts: &Scripts,
-    config: &Config,
-    pool: &PoolConfig,
-) -> anyhow::Result<()> {
-    let mut conn = redis.clone();
-    crate::pools::load(
-        db,
-        &mut conn,
-        scripts,
-        &config.redis_prefix,
-        std::slice::from_ref(pool),
-        config.refill_chunk,
-    )
-    .await?;
-    Ok(())
+/// The services a run talks to, opened once.
+struct Services<'a> {
+    config: &'a Config,
+    db: sqlx::PgPool,
+    redis: crate::redis_conn::RedisConn,
+    scripts: Scripts,
+}
+
+impl Services<'_> {
+    /// Loads `pool` (stocking its first batch).
+    async fn load(&self, pool: &PoolConfig) -> anyhow::Result<()> {
+        let mut conn = self.redis.clone();
+        crate::pools::load(
+            &self.db,
+            &mut conn,
+            &self.scripts,
+            &self.config.redis_prefix,
+            std::slice::from_ref(pool),
+            self.config.refill_chunk,
+        )
+        .await?;
+        Ok(())
+    }
 }
 
 async fn list_bytes_per_prize(
@@ -266,19 +274,15 @@ async fn list_bytes_per_prize(
     Ok(bytes as f64 / len.max(1) as f64)
 }
 
-async fn sparse_bytes_per_nonzero(
-    db: &sqlx::PgPool,
-    redis: &crate::redis_conn::RedisConn,
-    scripts: &Scripts,
-    config: &Config,
-) -> anyhow::Result<f64> {
+async fn sparse_bytes_per_nonzero(svc: &Services<'_>) -> anyhow::Result<f64> {
+    let Services { config, redis, .. } = svc;
     let pool = pool_config(
         &unique("bench-sparse"),
         Storage::Sparse,
         &borrow(&spec_combos(10)),
         1.0,
     );
-    load(db, redis, scripts, config, &pool).await?;
+    svc.load(&pool).await?;
     let keys = PoolKeys::new(&config.redis_prefix, &pool.id);
     let nonzero: u64 = pool
         .combos
@@ -303,12 +307,13 @@ async fn sparse_bytes_per_nonzero(
 }
 
 /// Draw-step cost with 1 thousand vs 10 million prizes stocked.
-async fn flatness(
-    db: &sqlx::PgPool,
-    redis: &crate::redis_conn::RedisConn,
-    scripts: &Scripts,
-    config: &Config,
-) -> anyhow::Result<report::Flatness> {
+async fn flatness(svc: &Services<'_>) -> anyhow::Result<report::Flatness> {
+    let Services {
+        config,
+        redis,
+        scripts,
+        ..
+    } = svc;
     let small = pool_config(
         &unique("bench-small"),
         Storage::List,
@@ -321,8 +326,8 @@ async fn flatness(
         &[("c1", &[(0, 9_900_000), (10, 100_000)])],
         1.0,
     );
-    load(db, redis, scripts, config, &small).await?;
-    load(db, redis, scripts, config, &big).await?;
+    svc.load(&small).await?;
+    svc.load(&big).await?;
     let (sk, bk) = (
         PoolKeys::new(&config.redis_prefix, &small.id),
         PoolKeys::new(&config.redis_prefix, &big.id),
@@ -387,19 +392,20 @@ async fn fixed_draws(
 }
 
 /// Longest time Redis stopped answering while a 3-million-prize batch was stocked.
-async fn stall(
-    db: &sqlx::PgPool,
-    redis: &crate::redis_conn::RedisConn,
-    scripts: &Scripts,
-    config: &Config,
-) -> anyhow::Result<report::Stall> {
+async fn stall(svc: &Services<'_>) -> anyhow::Result<report::Stall> {
+    let Services {
+        config,
+        redis,
+        scripts,
+        ..
+    } = svc;
     let pool = pool_config(
         &unique("bench-stall"),
         Storage::List,
         &[("c1", &[(0, 2_970_000), (10, 30_000)])],
         1.0,
     );
-    load(db, redis, scripts, config, &pool).await?;
+    svc.load(&pool).await?;
     let keys = PoolKeys::new(&config.redis_prefix, &pool.id);
     let table = lucky_gift::CodeTable::extend(None, &pool);
     // A probe on its own connection, so it waits only for Redis itself.
@@ -479,22 +485,20 @@ async fn stall(
 }
 
 async fn fleet_run(
-    config: &Config,
-    db: &sqlx::PgPool,
-    redis: &crate::redis_conn::RedisConn,
-    scripts: &Scripts,
+    svc: &Services<'_>,
     args: &BenchArgs,
     storage: Storage,
     workers: usize,
 ) -> anyhow::Result<report::Run> {
+    let Services { config, db, .. } = svc;
     let id = unique("bench");
     let make = match args.kind {
         BenchKind::LuckyGift => {
             let pool = pool_config(&id, storage, &borrow(&spec_combos(2)), 0.5);
-            load(db, redis, scripts, config, &pool).await?;
+            svc.load(&pool).await?;
             fleet::lucky_gift_requests(id.clone(), args.users, args.count)
         }
-        BenchKind::Lottery => lottery_setup(config, db, redis, scripts, &id, args.users).await?,
+        BenchKind::Lottery => lottery_setup(svc, &id, args.users).await?,
     };
     let fleet = fleet::Fleet::start(config, workers).await?;
     let clients = vec![
@@ -588,13 +592,16 @@ async fn ledger_total(db: &sqlx::PgPool, pool: &str) -> anyhow::Result<i64> {
 }
 
 async fn lottery_setup(
-    config: &Config,
-    db: &sqlx::PgPool,
-    redis: &crate::redis_conn::RedisConn,
-    scripts: &Scripts,
+    svc: &Services<'_>,
     id: &str,
     users: u64,
 ) -> anyhow::Result<fleet::MakeRequest> {
+    let Services {
+        config,
+        db,
+        redis,
+        scripts,
+    } = svc;
     let text = format!(
         "[[activities]]\nid = \"{id}\"\nstrategy = \"wheel\"\nstarts_at = \"{}\"\nends_at = \"{}\"\n\
          prizes = [ {{ id = \"ipad\", weight = 1, stock = 100 }}, {{ id = \"coupon-5\", weight = 100, stock = 100000 }} ]\n\
