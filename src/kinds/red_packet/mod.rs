@@ -384,29 +384,13 @@ pub async fn status<C: ConnectionLike + Send>(
         .invoke_async(conn)
         .await?;
     let mut it = reply.into_iter();
-    let kind: Option<String> = it
-        .next()
-        .map(redis::from_redis_value)
-        .transpose()
-        .ok()
-        .flatten();
-    let mut numbers = [0i64; 4];
-    for n in &mut numbers {
-        *n = it
-            .next()
-            .map(redis::from_redis_value)
-            .transpose()
-            .ok()
-            .flatten()
-            .unwrap_or(0);
+    // The next field of the reply, or `None` if it is missing, nil or not a `T`.
+    fn field<T: redis::FromRedisValue>(it: &mut impl Iterator<Item = redis::Value>) -> Option<T> {
+        it.next().and_then(|v| redis::from_redis_value(v).ok())
     }
-    let [total, grabbed, count, refunded] = numbers;
-    let closed: Option<String> = it
-        .next()
-        .map(redis::from_redis_value)
-        .transpose()
-        .ok()
-        .flatten();
+    let kind: Option<String> = field(&mut it);
+    let [total, grabbed, count, refunded] = [(); 4].map(|()| field::<i64>(&mut it).unwrap_or(0));
+    let closed: Option<String> = field(&mut it);
     let shares: Vec<String> = it.filter_map(|v| redis::from_redis_value(v).ok()).collect();
     if kind.as_deref() != Some(KIND) {
         return Ok(None);
