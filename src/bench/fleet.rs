@@ -155,10 +155,15 @@ struct Reply {
 /// The body of draw number `i`: `count` prizes from `pool`, for one of
 /// `users` simulated users.
 pub(super) fn draw_body(pool: &str, i: u64, users: u64, count: u32) -> Vec<u8> {
+    request_body(pool, (1 + (i * 7919) % users) as i64, count)
+}
+
+/// The body of a draw of `count` prizes from `pool` for `user`.
+pub(super) fn request_body(pool: &str, user: i64, count: u32) -> Vec<u8> {
     let request = DrawRequest {
         request_id: ulid::Ulid::new().to_string(),
         pool: pool.to_owned(),
-        user_id: (1 + (i * 7919) % users) as i64,
+        user_id: user,
         count,
     };
     typed_json("draw", &request)

@@ -24,7 +24,11 @@ pub use stats::{Latencies, Percentiles};
 use crate::{
     amqp::rpc::RpcClient,
     config::Config,
-    kinds::lucky_gift::{self, PoolConfig, StockOutcome, Storage},
+    kinds::{
+        lucky_gift::{self, PoolConfig, StockOutcome, Storage},
+        red_packet,
+    },
+    messages::{RedPacketCreate, SettleRequest},
     scripts::{PoolKeys, Scripts},
 };
 
@@ -32,6 +36,7 @@ use crate::{
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 pub enum BenchKind {
     LuckyGift,
+    RedPacket,
     Lottery,
 }
 
@@ -492,11 +497,21 @@ async fn fleet_run(
 ) -> anyhow::Result<report::Run> {
     let Services { config, db, .. } = svc;
     let id = unique("bench");
+    // The ids whose ledger credits the run's rewards must add up to.
+    let mut pools = vec![id.clone()];
     let make = match args.kind {
         BenchKind::LuckyGift => {
             let pool = pool_config(&id, storage, &borrow(&spec_combos(2)), 0.5);
             svc.load(&pool).await?;
             fleet::lucky_gift_requests(id.clone(), args.users, args.count)
+        }
+        BenchKind::RedPacket => {
+            // Enough shares for the warm-up and the full-speed phase at up to
+            // 40k grabs/s; the half-rate phase needs a quarter of that again.
+            let grabs = 40_000 * (1 + args.duration * 3 / 2);
+            let (make, packets) = red_packet_setup(svc, &id, args.users, grabs).await?;
+            pools = packets;
+            make
         }
         BenchKind::Lottery => lottery_setup(svc, &id, args.users).await?,
     };
@@ -533,10 +548,10 @@ async fn fleet_run(
     let lag_started = std::time::Instant::now();
     // The pool is new: its ledger total is what warm-up and load won.
     let expected = warm.reward + max.reward;
-    let mut settled = ledger_total(db, &id).await?;
+    let mut settled = crate::settle::credited(db, &pools, "coin").await?;
     while settled < expected && lag_started.elapsed() < Duration::from_secs(60) {
         tokio::time::sleep(Duration::from_millis(5)).await;
-        settled = ledger_total(db, &id).await?;
+        settled = crate::settle::credited(db, &pools, "coin").await?;
     }
     let settle_lag_ms = lag_started.elapsed().as_secs_f64() * 1000.0;
 
@@ -587,8 +602,66 @@ async fn fleet_run(
     })
 }
 
-async fn ledger_total(db: &sqlx::PgPool, pool: &str) -> anyhow::Result<i64> {
-    Ok(crate::settle::pool_total(db, pool, "coin").await?)
+/// Red packets for `grabs` grabs, each split into one share per simulated
+/// user (at most [`red_packet::split::MAX_SHARES`]), funded by one top-up.
+/// The `n`th grab of the run, whatever its phase, takes a share of packet
+/// `n / shares` for user `n % shares`, so consecutive grabs crowd one packet,
+/// as in a red-packet rain, and no user grabs a packet twice. Returns the
+/// request maker and the packets' ids.
+async fn red_packet_setup(
+    svc: &Services<'_>,
+    id: &str,
+    users: u64,
+    grabs: u64,
+) -> anyhow::Result<(fleet::MakeRequest, Vec<String>)> {
+    let Services {
+        config,
+        db,
+        redis,
+        scripts,
+    } = svc;
+    let shares = users.clamp(1, u64::from(red_packet::split::MAX_SHARES));
+    let packets: Vec<String> = (0..grabs.div_ceil(shares))
+        .map(|j| format!("{id}-{j}"))
+        .collect();
+    // Shares of 1 to about 200 coins, like small packets in a chat group.
+    let total = shares as i64 * 100;
+    let sender = 990_000_001;
+    let topup = SettleRequest::new(
+        format!("topup:{id}"),
+        sender,
+        "coin",
+        total * packets.len() as i64,
+        "topup",
+        serde_json::json!({ "pool": id }),
+    );
+    crate::settle::apply(db, std::slice::from_ref(&topup)).await?;
+    let mut conn = redis.clone();
+    for packet in &packets {
+        let create = RedPacketCreate {
+            packet_id: packet.clone(),
+            sender,
+            total,
+            count: shares as i64,
+            min: 1,
+            expires_in_s: 3600,
+            asset: "coin".into(),
+        };
+        red_packet::create(db, &mut conn, scripts, &config.redis_prefix, &create).await?;
+    }
+    println!(
+        "  {} red packets of {shares} shares ({total} coins each)",
+        packets.len()
+    );
+    let ids = packets.clone();
+    // Phases number their draws from 0 each; grabs are numbered across them.
+    let grabbed = std::sync::atomic::AtomicU64::new(0);
+    let make: fleet::MakeRequest = Arc::new(move |_| {
+        let n = grabbed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let packet = &ids[((n / shares) as usize) % ids.len()];
+        fleet::request_body(packet, (1 + n % shares) as i64, 1)
+    });
+    Ok((make, packets))
 }
 
 async fn lottery_setup(

@@ -111,6 +111,20 @@ pub async fn pool_total(db: &PgPool, pool: &str, asset: &str) -> Result<i64, sql
     Ok(total)
 }
 
+/// Sum of the credits (positive entries) of `asset` whose `ref.pool` is one
+/// of `pools`: what draws and grabs paid out, without a packet's escrow.
+pub async fn credited(db: &PgPool, pools: &[String], asset: &str) -> Result<i64, sqlx::Error> {
+    let (total,): (i64,) = sqlx::query_as(
+        "SELECT coalesce(sum(amount), 0)::bigint FROM ledger_entries \
+         WHERE ref->>'pool' = ANY($1) AND asset = $2 AND amount > 0",
+    )
+    .bind(pools)
+    .bind(asset)
+    .fetch_one(db)
+    .await?;
+    Ok(total)
+}
+
 /// Sum of every entry for `reason` (or all reasons), per asset.
 pub async fn totals(
     db: &PgPool,

@@ -1,0 +1,150 @@
+//! `prizepool bench` end to end, small, in a test's own vhost, prefix and
+//! database: it must run every phase against the real services, write its
+//! three reports, and find the ledger equal to the rewards it was told of.
+//! Speed is never asserted here (the figures are the bench's output); what is
+//! asserted holds on any machine: the run completed, nothing failed, money
+//! adds up, and storage stays within its byte budget.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::TestEnv;
+use serde_json::Value;
+
+/// Runs `prizepool bench --quick --workers 1 --duration 1` with `extra`
+/// arguments and returns the JSON report and the folder it was written to.
+async fn bench(env: &TestEnv, extra: &[&str]) -> (Value, std::path::PathBuf) {
+    let out = std::env::temp_dir().join(format!("pp-bench-{}", ulid::Ulid::new()));
+    let mut args = vec![
+        "bench",
+        "--quick",
+        "--workers",
+        "1",
+        "--duration",
+        "1",
+        "--in-flight",
+        "64",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_prizepool"))
+        .args(&args)
+        .envs(env.env())
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "bench failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let latest = out.join("latest");
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(latest.join("report.json")).unwrap()).unwrap();
+    (report, latest)
+}
+
+/// The checks every kind's run must pass.
+fn check_run(report: &Value, latest: &std::path::Path) {
+    let runs = report["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 1, "{report:#}");
+    let run = &runs[0];
+    assert_eq!(run["draw_workers"], 1);
+    for phase in ["max", "half"] {
+        let load = &run[phase];
+        assert!(load["ok"].as_u64().unwrap() > 0, "{phase}: {load}");
+        assert_eq!(load["rejected"], 0, "{phase}: {load}");
+        assert_eq!(load["failed"], 0, "{phase}: {load}");
+        let p = &load["latency"];
+        let (p50, p99, max) = (
+            p["p50_ms"].as_f64().unwrap(),
+            p["p99_ms"].as_f64().unwrap(),
+            p["max_ms"].as_f64().unwrap(),
+        );
+        assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{phase}: {p}");
+    }
+    assert_eq!(run["ledger_matches"], true, "{run:#}");
+    // Every process of the fleet was measured, and the draw worker worked.
+    let processes = run["processes"].as_array().unwrap();
+    let names: Vec<&str> = processes
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    for name in ["draw-worker", "refill-worker", "settle-worker"] {
+        assert!(names.contains(&name), "{names:?}");
+    }
+    assert!(run["cpu_per_draw_us"].as_f64().unwrap() > 0.0);
+    // The ceilings were measured in the same run.
+    let c = &report["ceilings"];
+    for ceiling in ["redis_draw", "redis_raw", "redis_trivial", "amqp"] {
+        assert!(c[ceiling]["per_s"].as_f64().unwrap() > 0.0, "{c:#}");
+    }
+    assert!(run["amqp_at_half"]["per_s"].as_f64().unwrap() > 0.0);
+    // Memory is a property of the layout, not of the machine's speed.
+    let list = report["memory"]["list_bytes_per_prize"].as_f64().unwrap();
+    assert!(list > 0.0 && list <= 2.5, "{list} bytes per prize");
+
+    let md = std::fs::read_to_string(latest.join("report.md")).unwrap();
+    assert!(md.contains("### Ratios") && md.contains("| 1 |"), "{md}");
+    let svg = std::fs::read_to_string(latest.join("plot.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+}
+
+#[tokio::test]
+async fn bench_of_a_sparse_lucky_gift_pool_reports_every_measure() {
+    let env = TestEnv::new(&[]).await;
+    let (report, latest) = bench(&env, &["--storage", "sparse", "--users", "300"]).await;
+    check_run(&report, &latest);
+    assert_eq!(report["kind"], "LuckyGift");
+    let run = &report["runs"][0];
+    // Ten prizes a draw.
+    assert_eq!(
+        run["max"]["prizes_per_s"].as_f64().unwrap().round(),
+        (run["max"]["draws_per_s"].as_f64().unwrap() * 10.0).round()
+    );
+    let sparse = report["memory"]["sparse_bytes_per_nonzero"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        sparse > 0.0 && sparse <= 64.0,
+        "{sparse} bytes per non-zero prize"
+    );
+}
+
+#[tokio::test]
+async fn bench_of_red_packets_grabs_each_share_once_and_settles_every_grab() {
+    let env = TestEnv::new(&[]).await;
+    // 5,000 users: one packet holds 5,000 shares, so few packets are made.
+    let (report, latest) = bench(&env, &["--kind", "red-packet", "--users", "5000"]).await;
+    check_run(&report, &latest);
+    assert_eq!(report["kind"], "RedPacket");
+    let run = &report["runs"][0];
+    // One share a grab; `rejected == 0` above means no user grabbed a packet twice.
+    assert_eq!(
+        run["max"]["prizes_per_s"].as_f64().unwrap(),
+        run["max"]["draws_per_s"].as_f64().unwrap()
+    );
+    // No packet paid out more shares or more coins than it held, and the
+    // ledger credited at least every grab of the full-speed phase (those of
+    // the half-rate phase may still be on their way when the fleet stops).
+    let packets: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT ref->>'pool', count(*), sum(amount)::bigint FROM ledger_entries \
+         WHERE reason = 'red_packet' GROUP BY 1",
+    )
+    .fetch_all(&env.db)
+    .await
+    .unwrap();
+    assert!(!packets.is_empty());
+    for (packet, shares, coins) in &packets {
+        assert!(
+            *shares <= 5_000 && *coins <= 500_000,
+            "{packet}: {shares} shares, {coins} coins"
+        );
+    }
+    let credited: i64 = packets.iter().map(|p| p.1).sum();
+    let max_ok = run["max"]["ok"].as_i64().unwrap();
+    assert!(credited >= max_ok, "{credited} credits, {max_ok} grabs");
+}
