@@ -25,7 +25,11 @@ use tokio::sync::Mutex;
 use super::stats::{Latencies, Percentiles};
 use crate::{
     config::Config,
-    kinds::lucky_gift::{self, DrawStep},
+    kinds::{
+        lottery::{DrawContext, LotteryStep, Strategy},
+        lucky_gift::{self, DrawStep},
+        red_packet,
+    },
     scripts::{PoolKeys, Scripts},
 };
 
@@ -43,120 +47,213 @@ pub struct Rate {
 /// How [`redis_draws`] calls Redis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Caller {
-    /// The worker's own path: `lucky_gift::draw`, reply parsed.
+    /// The worker's own path (`lucky_gift::draw`, `red_packet::grab`, the
+    /// lottery strategy's `draw`), reply parsed.
     Wrapper,
-    /// A bare EVALSHA of the same script with the same keys, reply ignored:
-    /// the raw ceiling of the draw step.
+    /// A bare EVALSHA of the same script with the same keys and arguments,
+    /// reply ignored: the raw ceiling of the draw step.
     Raw,
-    /// A script that only reads one field, given the same keys: the price of
-    /// a round trip without the draw's work.
+    /// A script that only reads one field of the pool's meta hash: the price
+    /// of a round trip without the draw's work.
     Trivial,
 }
 
-/// One pass of [`redis_draws`]: `count` prizes a draw, `concurrency` tasks
-/// sharing one multiplexed connection, for `duration` or until the pool runs
-/// short.
-#[derive(Clone, Copy, Debug)]
+/// The draw step a pass calls: that of the run's prize kind.
+#[derive(Clone, Debug)]
+pub(super) enum Step {
+    /// `count` prizes from the lucky-gift pool behind `keys`.
+    LuckyGift {
+        keys: PoolKeys,
+        storage: lucky_gift::Storage,
+        count: u32,
+    },
+    /// One share a grab; the `n`th grab of the pass goes to packet
+    /// `n / shares` for user `n % shares`, so no user grabs a packet twice.
+    RedPacket {
+        packets: Arc<Vec<PoolKeys>>,
+        shares: u64,
+    },
+    /// One chance a draw, for one of `users` users who all hold plenty.
+    Lottery {
+        keys: PoolKeys,
+        strategy: &'static dyn Strategy,
+        users: u64,
+    },
+}
+
+/// What one call of a pass did.
+enum Called {
+    Done,
+    /// The pool ran out: the pass ends here.
+    Empty,
+}
+
+impl Step {
+    /// The keys and user of the `n`th call of a pass.
+    fn target(&self, n: u64) -> (&PoolKeys, i64) {
+        match self {
+            Self::LuckyGift { keys, .. } => (keys, 1 + (n % 10_000) as i64),
+            Self::RedPacket { packets, shares } => (
+                &packets[((n / shares) as usize) % packets.len()],
+                1 + (n % shares) as i64,
+            ),
+            Self::Lottery { keys, users, .. } => (keys, 1 + (n % users) as i64),
+        }
+    }
+
+    /// Makes the `n`th call of a pass as `caller` says.
+    async fn call(
+        &self,
+        conn: &mut RedisConn,
+        scripts: &Scripts,
+        bare: &redis::Script,
+        caller: Caller,
+        day: &str,
+        n: u64,
+    ) -> anyhow::Result<Called> {
+        const TTL_S: u64 = 120;
+        let id = ulid::Ulid::new().to_string();
+        let (keys, user) = self.target(n);
+        if caller == Caller::Trivial {
+            let _: redis::Value = bare.key(keys.meta()).invoke_async(conn).await?;
+            return Ok(Called::Done);
+        }
+        let raw = caller == Caller::Raw;
+        let reply: redis::Value = match self {
+            Self::LuckyGift { storage, count, .. } if !raw => {
+                return Ok(
+                    match lucky_gift::draw(conn, scripts, keys, *storage, &id, *count, TTL_S)
+                        .await?
+                    {
+                        DrawStep::Drawn(_) => Called::Done,
+                        _ => Called::Empty,
+                    },
+                );
+            }
+            Self::LuckyGift { storage, count, .. } => {
+                lucky_gift::draw_call(
+                    lucky_gift::draw_script(scripts, *storage),
+                    keys,
+                    *storage,
+                    day,
+                    &id,
+                    *count,
+                    TTL_S,
+                )
+                .invoke_async(conn)
+                .await?
+            }
+            Self::RedPacket { .. } if !raw => {
+                return Ok(
+                    match red_packet::grab(conn, scripts, keys, &id, user, TTL_S).await? {
+                        red_packet::Grab::Got { .. } => Called::Done,
+                        _ => Called::Empty,
+                    },
+                );
+            }
+            Self::RedPacket { .. } => {
+                red_packet::grab_call(&scripts.grab_red_packet, keys, &id, user, TTL_S)
+                    .invoke_async(conn)
+                    .await?
+            }
+            Self::Lottery { strategy, .. } if !raw => {
+                let ctx = DrawContext {
+                    conn,
+                    scripts,
+                    keys,
+                    request_id: &id,
+                    user,
+                    result_ttl_s: TTL_S,
+                };
+                return Ok(match strategy.draw(ctx).await? {
+                    LotteryStep::Won { .. } => Called::Done,
+                    _ => Called::Empty,
+                });
+            }
+            Self::Lottery { strategy, .. } => {
+                strategy
+                    .invocation(scripts, keys, &id, user, TTL_S)
+                    .invoke_async(conn)
+                    .await?
+            }
+        };
+        // Every draw script answers {status, ...}; anything but a draw ends the pass.
+        let drew = matches!(&reply, redis::Value::Array(items)
+            if matches!(items.first(), Some(redis::Value::BulkString(s)) if s.as_slice() == b"ok"));
+        Ok(if drew { Called::Done } else { Called::Empty })
+    }
+}
+
+/// One pass of [`redis_draws`]: `concurrency` tasks sharing one multiplexed
+/// connection call `step` for `duration` or until the pool runs out.
+#[derive(Clone, Debug)]
 pub(super) struct Pass {
-    pub count: u32,
+    pub step: Step,
     pub concurrency: usize,
     pub duration: Duration,
     pub caller: Caller,
 }
 
-/// Calls the draw step of the pool behind `keys` as `pass` says.
+/// Calls a draw step as `pass` says.
 ///
 /// The loop runs on a runtime of its own with a thread per core and a
 /// connection of its own, so the client's work (building calls, parsing
 /// replies) is spread as a worker fleet spreads it, and the rate is Redis's
 /// ceiling rather than that of one client thread.
-pub(super) async fn redis_draws(
-    redis_url: &str,
-    keys: &PoolKeys,
-    pass: Pass,
-) -> anyhow::Result<Rate> {
-    let (url, keys) = (redis_url.to_owned(), keys.clone());
+pub(super) async fn redis_draws(redis_url: &str, pass: Pass) -> anyhow::Result<Rate> {
+    let url = redis_url.to_owned();
     tokio::task::spawn_blocking(move || {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?;
         runtime.block_on(async move {
             let redis = crate::redis_conn::connect(&url).await?;
-            draw_loop(&redis, &keys, pass).await
+            draw_loop(&redis, pass).await
         })
     })
     .await?
 }
 
-async fn draw_loop(redis: &RedisConn, keys: &PoolKeys, pass: Pass) -> anyhow::Result<Rate> {
+async fn draw_loop(redis: &RedisConn, pass: Pass) -> anyhow::Result<Rate> {
     let Pass {
-        count,
+        step,
         concurrency,
         duration,
         caller,
     } = pass;
+    let step = Arc::new(step);
     let scripts = Arc::new(Scripts::new());
     let bare = Arc::new(redis::Script::new(
         "return redis.call('HGET', KEYS[1], 'kind')",
     ));
-    let day = crate::scripts::utc_day();
+    let day: Arc<str> = crate::scripts::utc_day().into();
     let stop = Arc::new(AtomicBool::new(false));
+    let calls = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..concurrency {
-        let (mut conn, scripts, bare, keys, day, stop, done) = (
+        let (mut conn, step, scripts, bare, day, stop, calls, done) = (
             redis.clone(),
+            step.clone(),
             scripts.clone(),
             bare.clone(),
-            keys.clone(),
             day.clone(),
             stop.clone(),
+            calls.clone(),
             done.clone(),
         );
         tasks.push(tokio::spawn(async move {
             let mut lat = Latencies::default();
             while !stop.load(Ordering::Relaxed) && started.elapsed() < duration {
-                let id = ulid::Ulid::new().to_string();
+                let n = calls.fetch_add(1, Ordering::Relaxed);
                 let t = Instant::now();
-                if caller == Caller::Wrapper {
-                    match lucky_gift::draw(
-                        &mut conn,
-                        &scripts,
-                        &keys,
-                        lucky_gift::Storage::List,
-                        &id,
-                        count,
-                        120,
-                    )
+                match step
+                    .call(&mut conn, &scripts, &bare, caller, &day, n)
                     .await?
-                    {
-                        DrawStep::Drawn(_) => {}
-                        _ => {
-                            stop.store(true, Ordering::Relaxed);
-                            break;
-                        }
-                    }
-                } else {
-                    // The same keys and arguments as the worker's call; the
-                    // reply is not parsed.
-                    let script = match caller {
-                        Caller::Raw => &scripts.draw_lucky_gift,
-                        _ => &*bare,
-                    };
-                    let reply: redis::Value = lucky_gift::draw_call(
-                        script,
-                        &keys,
-                        lucky_gift::Storage::List,
-                        &day,
-                        &id,
-                        count,
-                        120,
-                    )
-                    .invoke_async(&mut conn)
-                    .await?;
-                    // A short pool answers {"short", ...}: stop there.
-                    if matches!(&reply, redis::Value::Array(items) if matches!(items.first(), Some(redis::Value::BulkString(s)) if s.as_slice() == b"short")) {
+                {
+                    Called::Done => {}
+                    Called::Empty => {
                         stop.store(true, Ordering::Relaxed);
                         break;
                     }

@@ -244,6 +244,20 @@ pub(super) async fn drive(
     }
 }
 
+/// Grabs of `packets`, `shares` users each. The `n`th grab of the run,
+/// whatever its phase, takes a share of packet `n / shares` for user
+/// `n % shares`, so consecutive grabs crowd one packet, as in a red-packet
+/// rain, and no user grabs a packet twice.
+pub(super) fn red_packet_grabs(packets: Vec<String>, shares: u64) -> MakeRequest {
+    // Phases number their draws from 0 each; grabs are numbered across them.
+    let grabbed = AtomicU64::new(0);
+    Arc::new(move |_| {
+        let n = grabbed.fetch_add(1, Ordering::Relaxed);
+        let packet = &packets[((n / shares) as usize) % packets.len()];
+        request_body(packet, (1 + n % shares) as i64, 1)
+    })
+}
+
 /// A lucky-gift draw request maker over `users` simulated users.
 pub(super) fn lucky_gift_requests(pool: String, users: u64, count: u32) -> MakeRequest {
     Arc::new(move |i| draw_body(&pool, i, users, count))

@@ -168,28 +168,75 @@ pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
     svc.load(&ceiling_pool).await?;
     let keys = PoolKeys::new(&config.redis_prefix, &ceiling_pool.id);
     rep.memory.list_bytes_per_prize = list_bytes_per_prize(redis, &keys).await?;
-    use ceilings::{Caller, Pass};
-    let pass = |caller| Pass {
-        count: args.count,
+    use ceilings::{Caller, Pass, Step};
+    let pass = |step, caller| Pass {
+        step,
         concurrency: 64,
-        duration: Duration::from_secs(3),
+        duration: Duration::from_secs(CEILING_PASS_S),
         caller,
     };
+    let trivial = Step::LuckyGift {
+        keys,
+        storage: Storage::List,
+        count: args.count,
+    };
     rep.ceilings.redis_trivial =
-        ceilings::redis_draws(&config.redis_url, &keys, pass(Caller::Trivial)).await?;
+        ceilings::redis_draws(&config.redis_url, pass(trivial, Caller::Trivial)).await?;
     // Each drawing pass gets a fresh pool big enough to last it; the two
     // callers alternate and each keeps its best pass, so neither pays for
     // the state the other left behind.
+    let mut lottery = None;
     for caller in [Caller::Raw, Caller::Wrapper, Caller::Raw, Caller::Wrapper] {
-        let pool = pool_config(
-            &unique("bench-ceiling"),
-            Storage::List,
-            &borrow(&spec_combos(20)),
-            1.0,
-        );
-        svc.load(&pool).await?;
-        let keys = PoolKeys::new(&config.redis_prefix, &pool.id);
-        let rate = ceilings::redis_draws(&config.redis_url, &keys, pass(caller)).await?;
+        let step = match args.kind {
+            BenchKind::LuckyGift => {
+                let pool = pool_config(
+                    &unique("bench-ceiling"),
+                    storage,
+                    &borrow(&spec_combos(20)),
+                    1.0,
+                );
+                svc.load(&pool).await?;
+                Step::LuckyGift {
+                    keys: PoolKeys::new(&config.redis_prefix, &pool.id),
+                    storage,
+                    count: args.count,
+                }
+            }
+            BenchKind::RedPacket => {
+                let shares = packet_shares(args.users);
+                let grabs = 40_000 * CEILING_PASS_S;
+                let packets = svc
+                    .red_packets(&unique("bench-ceiling"), shares, grabs.div_ceil(shares))
+                    .await?;
+                Step::RedPacket {
+                    packets: Arc::new(
+                        packets
+                            .iter()
+                            .map(|p| PoolKeys::new(&config.redis_prefix, p))
+                            .collect(),
+                    ),
+                    shares,
+                }
+            }
+            // A lottery never runs out (its consolation prize is unlimited):
+            // one activity serves every pass.
+            BenchKind::Lottery => match &lottery {
+                Some(step) => Step::clone(step),
+                None => {
+                    let id = unique("bench-ceiling");
+                    svc.lottery(&id, args.users).await?;
+                    let step = Step::Lottery {
+                        keys: PoolKeys::new(&config.redis_prefix, &id),
+                        strategy: crate::kinds::lottery::strategy("wheel")
+                            .context("the wheel strategy is registered")?,
+                        users: args.users,
+                    };
+                    lottery = Some(step.clone());
+                    step
+                }
+            },
+        };
+        let rate = ceilings::redis_draws(&config.redis_url, pass(step, caller)).await?;
         let best = match caller {
             Caller::Raw => &mut rep.ceilings.redis_raw,
             _ => &mut rep.ceilings.redis_draw,
@@ -259,6 +306,84 @@ impl Services<'_> {
         .await?;
         Ok(())
     }
+
+    /// Creates `count` red packets `<id>-<n>` of `shares` shares each, all
+    /// funded by one top-up, and returns their ids.
+    async fn red_packets(&self, id: &str, shares: u64, count: u64) -> anyhow::Result<Vec<String>> {
+        let packets: Vec<String> = (0..count).map(|n| format!("{id}-{n}")).collect();
+        // Shares of 1 to about 200 coins, like small packets in a chat group.
+        let total = shares as i64 * 100;
+        let sender = 990_000_001;
+        let topup = SettleRequest::new(
+            format!("topup:{id}"),
+            sender,
+            "coin",
+            total * count as i64,
+            "topup",
+            serde_json::json!({ "pool": id }),
+        );
+        crate::settle::apply(&self.db, std::slice::from_ref(&topup)).await?;
+        let mut conn = self.redis.clone();
+        for packet in &packets {
+            let create = RedPacketCreate {
+                packet_id: packet.clone(),
+                sender,
+                total,
+                count: shares as i64,
+                min: 1,
+                expires_in_s: 3600,
+                asset: "coin".into(),
+            };
+            red_packet::create(
+                &self.db,
+                &mut conn,
+                &self.scripts,
+                &self.config.redis_prefix,
+                &create,
+            )
+            .await?;
+        }
+        Ok(packets)
+    }
+
+    /// Loads a running wheel activity `id` and grants each of `users` users a
+    /// million chances.
+    async fn lottery(&self, id: &str, users: u64) -> anyhow::Result<()> {
+        let text = format!(
+            "[[activities]]\nid = \"{id}\"\nstrategy = \"wheel\"\nstarts_at = \"{}\"\nends_at = \"{}\"\n\
+             prizes = [ {{ id = \"ipad\", weight = 1, stock = 100 }}, {{ id = \"coupon-5\", weight = 100, stock = 100000 }} ]\n\
+             consolation = {{ id = \"points-10\", weight = 500 }}\n",
+            (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339(),
+            (chrono::Utc::now() + chrono::Duration::days(1)).to_rfc3339(),
+        );
+        let activities = crate::kinds::lottery::parse_file(&text)?;
+        let mut conn = self.redis.clone();
+        let prefix = &self.config.redis_prefix;
+        crate::kinds::lottery::load(&self.db, &mut conn, &self.scripts, prefix, &activities)
+            .await?;
+        let keys = PoolKeys::new(prefix, id);
+        for user in 1..=users {
+            crate::kinds::lottery::grant(
+                &mut conn,
+                &self.scripts,
+                &keys,
+                &format!("bench-{user}"),
+                user as i64,
+                1_000_000,
+            )
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+/// Seconds of each Redis ceiling pass.
+const CEILING_PASS_S: u64 = 3;
+
+/// Shares of each red packet a run grabs: one per simulated user, within
+/// the largest packet allowed.
+fn packet_shares(users: u64) -> u64 {
+    users.clamp(1, u64::from(red_packet::split::MAX_SHARES))
 }
 
 async fn list_bytes_per_prize(
@@ -508,12 +633,16 @@ async fn fleet_run(
         BenchKind::RedPacket => {
             // Enough shares for the warm-up and the full-speed phase at up to
             // 40k grabs/s; the half-rate phase needs a quarter of that again.
+            let shares = packet_shares(args.users);
             let grabs = 40_000 * (1 + args.duration * 3 / 2);
-            let (make, packets) = red_packet_setup(svc, &id, args.users, grabs).await?;
-            pools = packets;
-            make
+            pools = svc.red_packets(&id, shares, grabs.div_ceil(shares)).await?;
+            fleet::red_packet_grabs(pools.clone(), shares)
         }
-        BenchKind::Lottery => lottery_setup(svc, &id, args.users).await?,
+        BenchKind::Lottery => {
+            svc.lottery(&id, args.users).await?;
+            let (id, users) = (id.clone(), args.users);
+            Arc::new(move |i| fleet::draw_body(&id, i, users, 1))
+        }
     };
     let fleet = fleet::Fleet::start(config, workers).await?;
     let clients = vec![
@@ -600,103 +729,4 @@ async fn fleet_run(
         amqp_at_half,
         processes,
     })
-}
-
-/// Red packets for `grabs` grabs, each split into one share per simulated
-/// user (at most [`red_packet::split::MAX_SHARES`]), funded by one top-up.
-/// The `n`th grab of the run, whatever its phase, takes a share of packet
-/// `n / shares` for user `n % shares`, so consecutive grabs crowd one packet,
-/// as in a red-packet rain, and no user grabs a packet twice. Returns the
-/// request maker and the packets' ids.
-async fn red_packet_setup(
-    svc: &Services<'_>,
-    id: &str,
-    users: u64,
-    grabs: u64,
-) -> anyhow::Result<(fleet::MakeRequest, Vec<String>)> {
-    let Services {
-        config,
-        db,
-        redis,
-        scripts,
-    } = svc;
-    let shares = users.clamp(1, u64::from(red_packet::split::MAX_SHARES));
-    let packets: Vec<String> = (0..grabs.div_ceil(shares))
-        .map(|j| format!("{id}-{j}"))
-        .collect();
-    // Shares of 1 to about 200 coins, like small packets in a chat group.
-    let total = shares as i64 * 100;
-    let sender = 990_000_001;
-    let topup = SettleRequest::new(
-        format!("topup:{id}"),
-        sender,
-        "coin",
-        total * packets.len() as i64,
-        "topup",
-        serde_json::json!({ "pool": id }),
-    );
-    crate::settle::apply(db, std::slice::from_ref(&topup)).await?;
-    let mut conn = redis.clone();
-    for packet in &packets {
-        let create = RedPacketCreate {
-            packet_id: packet.clone(),
-            sender,
-            total,
-            count: shares as i64,
-            min: 1,
-            expires_in_s: 3600,
-            asset: "coin".into(),
-        };
-        red_packet::create(db, &mut conn, scripts, &config.redis_prefix, &create).await?;
-    }
-    println!(
-        "  {} red packets of {shares} shares ({total} coins each)",
-        packets.len()
-    );
-    let ids = packets.clone();
-    // Phases number their draws from 0 each; grabs are numbered across them.
-    let grabbed = std::sync::atomic::AtomicU64::new(0);
-    let make: fleet::MakeRequest = Arc::new(move |_| {
-        let n = grabbed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let packet = &ids[((n / shares) as usize) % ids.len()];
-        fleet::request_body(packet, (1 + n % shares) as i64, 1)
-    });
-    Ok((make, packets))
-}
-
-async fn lottery_setup(
-    svc: &Services<'_>,
-    id: &str,
-    users: u64,
-) -> anyhow::Result<fleet::MakeRequest> {
-    let Services {
-        config,
-        db,
-        redis,
-        scripts,
-    } = svc;
-    let text = format!(
-        "[[activities]]\nid = \"{id}\"\nstrategy = \"wheel\"\nstarts_at = \"{}\"\nends_at = \"{}\"\n\
-         prizes = [ {{ id = \"ipad\", weight = 1, stock = 100 }}, {{ id = \"coupon-5\", weight = 100, stock = 100000 }} ]\n\
-         consolation = {{ id = \"points-10\", weight = 500 }}\n",
-        (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339(),
-        (chrono::Utc::now() + chrono::Duration::days(1)).to_rfc3339(),
-    );
-    let activities = crate::kinds::lottery::parse_file(&text)?;
-    let mut conn = redis.clone();
-    crate::kinds::lottery::load(db, &mut conn, scripts, &config.redis_prefix, &activities).await?;
-    let keys = PoolKeys::new(&config.redis_prefix, id);
-    for user in 1..=users {
-        crate::kinds::lottery::grant(
-            &mut conn,
-            scripts,
-            &keys,
-            &format!("bench-{user}"),
-            user as i64,
-            1_000_000,
-        )
-        .await?;
-    }
-    let id = id.to_owned();
-    Ok(Arc::new(move |i| fleet::draw_body(&id, i, users, 1)))
 }

@@ -80,11 +80,36 @@ pub trait Strategy: Send + Sync + std::fmt::Debug {
     fn label(&self) -> &'static str;
     /// Refuses activities this strategy cannot run.
     fn validate(&self, activity: &ActivityConfig) -> Result<(), String>;
-    /// One draw: window, chance, pick and stock in one step.
+    /// The script call of one draw: window, chance, pick and stock in one
+    /// step. The script answers `{status, "<prize>|<chances left>"}` (see
+    /// [`LotteryStep::from_reply`]).
+    fn invocation<'a>(
+        &self,
+        scripts: &'a Scripts,
+        keys: &PoolKeys,
+        request_id: &str,
+        user: i64,
+        result_ttl_s: u64,
+    ) -> redis::ScriptInvocation<'a>;
+    /// One draw.
     fn draw<'a>(
         &'a self,
         ctx: DrawContext<'a>,
-    ) -> BoxFuture<'a, Result<LotteryStep, redis::RedisError>>;
+    ) -> BoxFuture<'a, Result<LotteryStep, redis::RedisError>> {
+        Box::pin(async move {
+            let (status, text): (String, String) = self
+                .invocation(
+                    ctx.scripts,
+                    ctx.keys,
+                    ctx.request_id,
+                    ctx.user,
+                    ctx.result_ttl_s,
+                )
+                .invoke_async(ctx.conn)
+                .await?;
+            Ok(LotteryStep::from_reply(&status, &text))
+        })
+    }
 }
 
 static WHEEL: wheel::Wheel = wheel::Wheel;

@@ -1,10 +1,10 @@
 //! The `wheel` strategy: weighted odds over prizes with stock left, plus an
 //! unlimited consolation prize, so every draw wins something.
 
-use futures_util::future::BoxFuture;
 use rand::Rng;
 
-use super::{ActivityConfig, DrawContext, LotteryStep, Strategy};
+use super::{ActivityConfig, Strategy};
+use crate::scripts::{PoolKeys, Scripts};
 
 /// The wheel strategy.
 #[derive(Debug)]
@@ -22,31 +22,29 @@ impl Strategy for Wheel {
         Ok(())
     }
 
-    fn draw<'a>(
-        &'a self,
-        ctx: DrawContext<'a>,
-    ) -> BoxFuture<'a, Result<LotteryStep, redis::RedisError>> {
-        Box::pin(async move {
-            let day = crate::scripts::utc_day();
-            let spin: u32 = rand::rng().random_range(0..(1u32 << 31));
-            let (status, text): (String, String) = ctx
-                .scripts
-                .draw_wheel
-                .key(ctx.keys.meta())
-                .key(ctx.keys.chances())
-                .key(ctx.keys.stock())
-                .key(ctx.keys.awarded())
-                .key(ctx.keys.result(ctx.request_id))
-                .key(ctx.keys.pv(&day))
-                .key(ctx.keys.uv(&day))
-                .arg(ctx.user)
-                .arg(crate::scripts::now_ms())
-                .arg(spin)
-                .arg(ctx.result_ttl_s)
-                .arg(super::STATS_TTL_S)
-                .invoke_async(ctx.conn)
-                .await?;
-            Ok(LotteryStep::from_reply(&status, &text))
-        })
+    fn invocation<'a>(
+        &self,
+        scripts: &'a Scripts,
+        keys: &PoolKeys,
+        request_id: &str,
+        user: i64,
+        result_ttl_s: u64,
+    ) -> redis::ScriptInvocation<'a> {
+        let day = crate::scripts::utc_day();
+        let spin: u32 = rand::rng().random_range(0..(1u32 << 31));
+        let mut call = scripts.draw_wheel.prepare_invoke();
+        call.key(keys.meta())
+            .key(keys.chances())
+            .key(keys.stock())
+            .key(keys.awarded())
+            .key(keys.result(request_id))
+            .key(keys.pv(&day))
+            .key(keys.uv(&day))
+            .arg(user)
+            .arg(crate::scripts::now_ms())
+            .arg(spin)
+            .arg(result_ttl_s)
+            .arg(super::STATS_TTL_S);
+        call
     }
 }

@@ -266,6 +266,27 @@ fn parse_share(text: &str) -> Option<(u32, i64)> {
     Some((share.parse().ok()?, amount.parse().ok()?))
 }
 
+/// The grab script's call with its keys and arguments. `script` is
+/// `grab_red_packet.lua`, or any script that should see the same call (the
+/// bench's round-trip floor).
+pub fn grab_call<'a>(
+    script: &'a redis::Script,
+    keys: &PoolKeys,
+    request_id: &str,
+    user: i64,
+    result_ttl_s: u64,
+) -> redis::ScriptInvocation<'a> {
+    let mut call = script.prepare_invoke();
+    call.key(keys.meta())
+        .key(keys.shares())
+        .key(keys.grabbed())
+        .key(keys.result(request_id))
+        .arg(user)
+        .arg(crate::scripts::now_ms())
+        .arg(result_ttl_s);
+    call
+}
+
 /// Grabs one share for `user` in one Lua step.
 pub async fn grab<C: ConnectionLike + Send>(
     conn: &mut C,
@@ -275,17 +296,15 @@ pub async fn grab<C: ConnectionLike + Send>(
     user: i64,
     result_ttl_s: u64,
 ) -> Result<Grab, redis::RedisError> {
-    let (status, text, asset): (String, String, String) = scripts
-        .grab_red_packet
-        .key(keys.meta())
-        .key(keys.shares())
-        .key(keys.grabbed())
-        .key(keys.result(request_id))
-        .arg(user)
-        .arg(crate::scripts::now_ms())
-        .arg(result_ttl_s)
-        .invoke_async(conn)
-        .await?;
+    let (status, text, asset): (String, String, String) = grab_call(
+        &scripts.grab_red_packet,
+        keys,
+        request_id,
+        user,
+        result_ttl_s,
+    )
+    .invoke_async(conn)
+    .await?;
     let share = || {
         parse_share(&text).ok_or_else(|| {
             redis::RedisError::from((redis::ErrorKind::Parse, "malformed share", text.clone()))
