@@ -1,8 +1,9 @@
 //! `prizepool bench`: the fleet's throughput, latency and cost, measured
 //! against the machine's own ceilings in the same run.
 //!
-//! Ceilings: the draw script in a tight multiplexed Redis loop (and a
-//! trivial script with the same keys, to price the script itself), and a
+//! Ceilings: the draw script of the run's kind and storage in a tight
+//! multiplexed Redis loop (and a trivial script on the same pool, to price
+//! the script itself), and a
 //! raw RabbitMQ round trip (publish with windowed confirms → consume → ack)
 //! through a quorum queue. Then, for each draw-worker count, the fleet runs
 //! as separate processes: a closed loop at full speed, then an open loop at
