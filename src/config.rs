@@ -61,6 +61,9 @@ pub struct Config {
     /// `DRAW_EVENTS`: publish `draw.completed` for every draw (`true`); turn
     /// off when nobody consumes them, to save one publish per draw.
     pub draw_events: bool,
+    /// `SCHED_BATCH`: run the draw worker under Linux's `SCHED_BATCH` policy
+    /// (see [`crate::ops::batch_scheduling`]); off by default.
+    pub sched_batch: bool,
     /// `METRICS_ADDR`: where a worker serves `/metrics`, `/healthz` and
     /// `/readyz` (default [`DEFAULT_METRICS_ADDR`]; set it empty to turn the
     /// endpoint off).
@@ -100,6 +103,7 @@ impl Config {
             transient_retry: ms("TRANSIENT_RETRY_MS", 30_000)?,
             shutdown_grace: ms("SHUTDOWN_GRACE_MS", 10_000)?,
             draw_events: parse(&lookup, "DRAW_EVENTS", true)?,
+            sched_batch: parse(&lookup, "SCHED_BATCH", false)?,
             metrics_addr: match lookup("METRICS_ADDR") {
                 None => Some(DEFAULT_METRICS_ADDR.to_owned()),
                 Some(v) if v.trim().is_empty() => None,

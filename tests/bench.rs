@@ -13,7 +13,11 @@ use serde_json::Value;
 
 /// Runs `prizepool bench --quick --workers 1 --duration 1` with `extra`
 /// arguments and returns the JSON report and the folder it was written to.
-async fn bench(env: &TestEnv, extra: &[&str]) -> (Value, std::path::PathBuf) {
+async fn bench(
+    env: &TestEnv,
+    extra: &[&str],
+    vars: &[(&str, &str)],
+) -> (Value, std::path::PathBuf) {
     let out = std::env::temp_dir().join(format!("pp-bench-{}", ulid::Ulid::new()));
     let mut args = vec![
         "bench",
@@ -32,6 +36,7 @@ async fn bench(env: &TestEnv, extra: &[&str]) -> (Value, std::path::PathBuf) {
         .args(&args)
         .envs(env.env())
         .env("RUST_LOG", "warn")
+        .envs(vars.iter().copied())
         .output()
         .await
         .unwrap();
@@ -96,9 +101,10 @@ fn check_run(report: &Value, latest: &std::path::Path) {
 #[tokio::test]
 async fn bench_of_a_sparse_lucky_gift_pool_reports_every_measure() {
     let env = TestEnv::new(&[]).await;
-    let (report, latest) = bench(&env, &["--storage", "sparse", "--users", "300"]).await;
+    let (report, latest) = bench(&env, &["--storage", "sparse", "--users", "300"], &[]).await;
     check_run(&report, &latest);
     assert_eq!(report["kind"], "LuckyGift");
+    assert_eq!(report["sched_batch"], false);
     let run = &report["runs"][0];
     // Ten prizes a draw.
     assert_eq!(
@@ -118,9 +124,17 @@ async fn bench_of_a_sparse_lucky_gift_pool_reports_every_measure() {
 async fn bench_of_red_packets_grabs_each_share_once_and_settles_every_grab() {
     let env = TestEnv::new(&[]).await;
     // 5,000 users: one packet holds 5,000 shares, so few packets are made.
-    let (report, latest) = bench(&env, &["--kind", "red-packet", "--users", "5000"]).await;
+    // The fleet inherits the environment: its draw worker runs under SCHED_BATCH.
+    let (report, latest) = bench(
+        &env,
+        &["--kind", "red-packet", "--users", "5000"],
+        &[("SCHED_BATCH", "true")],
+    )
+    .await;
     check_run(&report, &latest);
     assert_eq!(report["kind"], "RedPacket");
+    assert_eq!(report["sched_batch"], true);
+    assert_eq!(report["draw_events"], true);
     let run = &report["runs"][0];
     // One share a grab; `rejected == 0` above means no user grabbed a packet twice.
     assert_eq!(

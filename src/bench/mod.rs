@@ -147,7 +147,7 @@ pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
         scripts: Scripts::new(),
     };
     let Services { redis, .. } = &svc;
-    let mut rep = report::Report::new(&args, storage);
+    let mut rep = report::Report::new(&args, storage, config);
     // The topology must exist before the first publish.
     RpcClient::connect(config).await?.close().await;
     // Flatness and the stall probe first, on a keyspace the ceiling passes

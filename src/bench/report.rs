@@ -6,7 +6,7 @@ use std::{fmt::Write as _, path::PathBuf};
 use serde::Serialize;
 
 use super::{ceilings::Rate, fleet::Load, stats::Percentiles, BenchArgs, BenchKind};
-use crate::kinds::lucky_gift::Storage;
+use crate::{config::Config, kinds::lucky_gift::Storage};
 
 /// A plot panel: title, left offset, and the value plotted.
 type Panel = (&'static str, f64, fn(&Run) -> f64);
@@ -81,6 +81,10 @@ pub(super) struct Report {
     pub kind: BenchKind,
     pub storage: Storage,
     pub count: u32,
+    /// The worker settings that change the figures (`DRAW_EVENTS`,
+    /// `SCHED_BATCH`), as the fleet's processes read them.
+    pub draw_events: bool,
+    pub sched_batch: bool,
     pub cores: usize,
     pub ceilings: Ceilings,
     pub memory: Memory,
@@ -90,13 +94,15 @@ pub(super) struct Report {
 }
 
 impl Report {
-    pub(super) fn new(args: &BenchArgs, storage: Storage) -> Self {
+    pub(super) fn new(args: &BenchArgs, storage: Storage, config: &Config) -> Self {
         Self {
             started_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             command: std::env::args().collect::<Vec<_>>().join(" "),
             kind: args.kind,
             storage,
             count: args.count,
+            draw_events: config.draw_events,
+            sched_batch: config.sched_batch,
             cores: std::thread::available_parallelism().map_or(1, usize::from),
             ceilings: Ceilings::default(),
             memory: Memory::default(),
@@ -123,8 +129,9 @@ impl Report {
         );
         let _ = writeln!(
             md,
-            "`{}` — kind {:?}, storage {:?}, {} prizes per lucky-gift draw\n",
-            self.command, self.kind, self.storage, self.count
+            "`{}` — kind {:?}, storage {:?}, {} prizes per lucky-gift draw; \
+             DRAW_EVENTS={}, SCHED_BATCH={}\n",
+            self.command, self.kind, self.storage, self.count, self.draw_events, self.sched_batch
         );
         let _ = writeln!(md, "### Ceilings (same run)\n");
         let _ = writeln!(

@@ -14,6 +14,13 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() -> anyhow::Result<()> {
     telemetry::init("draw-worker", "info");
     let config = Config::from_env().context("reading configuration")?;
+    // On the runtime's only thread, before any other thread starts.
+    if config.sched_batch {
+        match prizepool::ops::batch_scheduling() {
+            Ok(()) => tracing::info!("running under SCHED_BATCH"),
+            Err(error) => tracing::warn!(%error, "SCHED_BATCH not applied"),
+        }
+    }
     let shutdown = shutdown::signal();
     let health = Health::default();
     prizepool::start_ops(&config, &health, &shutdown).await;
