@@ -46,6 +46,19 @@ async fn bench(
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
+    // The run removed its Redis keys: nothing is left under the test's prefix.
+    let mut conn = env.redis.clone();
+    let left: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}:*", env.config.redis_prefix))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        left.is_empty(),
+        "{} keys left, e.g. {:?}",
+        left.len(),
+        left.first()
+    );
     let latest = out.join("latest");
     let report: Value =
         serde_json::from_slice(&std::fs::read(latest.join("report.json")).unwrap()).unwrap();

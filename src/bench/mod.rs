@@ -129,12 +129,65 @@ fn borrow(combos: &[(String, Vec<(u64, u64)>)]) -> Vec<(&str, &[(u64, u64)])> {
         .collect()
 }
 
+/// This run's id. Every pool, packet and activity the run creates is named
+/// `<what>-<run>-<n>`, so its Redis keys can be found and removed at the end.
+fn run_id() -> &'static str {
+    static RUN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    RUN.get_or_init(|| ulid::Ulid::new().to_string().to_lowercase())
+}
+
 fn unique(prefix: &str) -> String {
-    format!("{prefix}-{}", ulid::Ulid::new().to_string().to_lowercase())
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{prefix}-{}-{n}", run_id())
+}
+
+/// Removes every Redis key of the pools this run created: their prizes,
+/// result keys and counters (millions of keys and hundreds of megabytes
+/// after a full run, which would otherwise slow the next run down). The
+/// ledger entries stay in Postgres, like any other.
+async fn remove_run_keys(config: &Config) -> anyhow::Result<u64> {
+    let client = redis::Client::open(config.redis_url.as_str())?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let pattern = format!("{}:{{*-{}-*", config.redis_prefix, run_id());
+    let (mut cursor, mut removed) = (0u64, 0u64);
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(10_000)
+            .query_async(&mut conn)
+            .await?;
+        if !keys.is_empty() {
+            removed += redis::cmd("UNLINK")
+                .arg(&keys)
+                .query_async::<u64>(&mut conn)
+                .await?;
+        }
+        if next == 0 {
+            return Ok(removed);
+        }
+        cursor = next;
+    }
 }
 
 /// Runs the benchmark and writes its reports.
 pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
+    let result = measure(config, args).await;
+    // A cluster has no single keyspace to scan: its keys stay.
+    if config.redis_url.contains(',') {
+        return result;
+    }
+    match remove_run_keys(config).await {
+        Ok(n) => println!("removed the run's {n} Redis keys"),
+        Err(error) => eprintln!("could not remove the run's Redis keys: {error:#}"),
+    }
+    result
+}
+
+async fn measure(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
     let storage = match args.storage.as_str() {
         "list" => Storage::List,
         "sparse" => Storage::Sparse,
