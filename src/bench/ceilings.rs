@@ -67,8 +67,7 @@ pub(super) enum Step {
         storage: lucky_gift::Storage,
         count: u32,
     },
-    /// One share a grab; the `n`th grab of the pass goes to packet
-    /// `n / shares` for user `n % shares`, so no user grabs a packet twice.
+    /// One share a grab, spread over `packets` as [`super::fleet::grab_of`] says.
     RedPacket {
         packets: Arc<Vec<PoolKeys>>,
         shares: u64,
@@ -81,27 +80,83 @@ pub(super) enum Step {
     },
 }
 
-/// What one call of a pass did.
-enum Called {
-    Done,
-    /// The pool ran out: the pass ends here.
-    Empty,
-}
+/// How long the passes keep their result keys.
+const TTL_S: u64 = 120;
 
 impl Step {
-    /// The keys and user of the `n`th call of a pass.
+    /// The keys and user of the `n`th call of a pass (lucky-gift draws name
+    /// no user).
     fn target(&self, n: u64) -> (&PoolKeys, i64) {
         match self {
-            Self::LuckyGift { keys, .. } => (keys, 1 + (n % 10_000) as i64),
-            Self::RedPacket { packets, shares } => (
-                &packets[((n / shares) as usize) % packets.len()],
-                1 + (n % shares) as i64,
-            ),
+            Self::LuckyGift { keys, .. } => (keys, 0),
+            Self::RedPacket { packets, shares } => {
+                let (packet, user) = super::fleet::grab_of(n, *shares, packets.len());
+                (&packets[packet], user)
+            }
             Self::Lottery { keys, users, .. } => (keys, 1 + (n % users) as i64),
         }
     }
 
-    /// Makes the `n`th call of a pass as `caller` says.
+    /// The draw script's call, exactly as the worker's path makes it.
+    fn invocation<'a>(
+        &self,
+        scripts: &'a Scripts,
+        keys: &PoolKeys,
+        day: &str,
+        id: &str,
+        user: i64,
+    ) -> redis::ScriptInvocation<'a> {
+        match self {
+            Self::LuckyGift { storage, count, .. } => lucky_gift::draw_call(
+                lucky_gift::draw_script(scripts, *storage),
+                keys,
+                *storage,
+                day,
+                id,
+                *count,
+                TTL_S,
+            ),
+            Self::RedPacket { .. } => {
+                red_packet::grab_call(&scripts.grab_red_packet, keys, id, user, TTL_S)
+            }
+            Self::Lottery { strategy, .. } => strategy.invocation(scripts, keys, id, user, TTL_S),
+        }
+    }
+
+    /// The worker's own path: whether it drew.
+    async fn wrapped(
+        &self,
+        conn: &mut RedisConn,
+        scripts: &Scripts,
+        keys: &PoolKeys,
+        id: &str,
+        user: i64,
+    ) -> anyhow::Result<bool> {
+        Ok(match self {
+            Self::LuckyGift { storage, count, .. } => matches!(
+                lucky_gift::draw(conn, scripts, keys, *storage, id, *count, TTL_S).await?,
+                DrawStep::Drawn(_)
+            ),
+            Self::RedPacket { .. } => matches!(
+                red_packet::grab(conn, scripts, keys, id, user, TTL_S).await?,
+                red_packet::Grab::Got { .. }
+            ),
+            Self::Lottery { strategy, .. } => {
+                let ctx = DrawContext {
+                    conn,
+                    scripts,
+                    keys,
+                    request_id: id,
+                    user,
+                    result_ttl_s: TTL_S,
+                };
+                matches!(strategy.draw(ctx).await?, LotteryStep::Won { .. })
+            }
+        })
+    }
+
+    /// Makes the `n`th call of a pass as `caller` says; `false` once the
+    /// pool has run out and the pass should end.
     async fn call(
         &self,
         conn: &mut RedisConn,
@@ -110,77 +165,24 @@ impl Step {
         caller: Caller,
         day: &str,
         n: u64,
-    ) -> anyhow::Result<Called> {
-        const TTL_S: u64 = 120;
+    ) -> anyhow::Result<bool> {
         let id = ulid::Ulid::new().to_string();
         let (keys, user) = self.target(n);
-        if caller == Caller::Trivial {
-            let _: redis::Value = bare.key(keys.meta()).invoke_async(conn).await?;
-            return Ok(Called::Done);
-        }
-        let raw = caller == Caller::Raw;
-        let reply: redis::Value = match self {
-            Self::LuckyGift { storage, count, .. } if !raw => {
-                return Ok(
-                    match lucky_gift::draw(conn, scripts, keys, *storage, &id, *count, TTL_S)
-                        .await?
-                    {
-                        DrawStep::Drawn(_) => Called::Done,
-                        _ => Called::Empty,
-                    },
-                );
+        let reply: redis::Value = match caller {
+            Caller::Wrapper => return self.wrapped(conn, scripts, keys, &id, user).await,
+            Caller::Trivial => {
+                let _: redis::Value = bare.key(keys.meta()).invoke_async(conn).await?;
+                return Ok(true);
             }
-            Self::LuckyGift { storage, count, .. } => {
-                lucky_gift::draw_call(
-                    lucky_gift::draw_script(scripts, *storage),
-                    keys,
-                    *storage,
-                    day,
-                    &id,
-                    *count,
-                    TTL_S,
-                )
-                .invoke_async(conn)
-                .await?
-            }
-            Self::RedPacket { .. } if !raw => {
-                return Ok(
-                    match red_packet::grab(conn, scripts, keys, &id, user, TTL_S).await? {
-                        red_packet::Grab::Got { .. } => Called::Done,
-                        _ => Called::Empty,
-                    },
-                );
-            }
-            Self::RedPacket { .. } => {
-                red_packet::grab_call(&scripts.grab_red_packet, keys, &id, user, TTL_S)
-                    .invoke_async(conn)
-                    .await?
-            }
-            Self::Lottery { strategy, .. } if !raw => {
-                let ctx = DrawContext {
-                    conn,
-                    scripts,
-                    keys,
-                    request_id: &id,
-                    user,
-                    result_ttl_s: TTL_S,
-                };
-                return Ok(match strategy.draw(ctx).await? {
-                    LotteryStep::Won { .. } => Called::Done,
-                    _ => Called::Empty,
-                });
-            }
-            Self::Lottery { strategy, .. } => {
-                strategy
-                    .invocation(scripts, keys, &id, user, TTL_S)
+            Caller::Raw => {
+                self.invocation(scripts, keys, day, &id, user)
                     .invoke_async(conn)
                     .await?
             }
         };
         // Every draw script answers {status, ...}; anything but a draw ends the pass.
-        let drew = matches!(&reply, redis::Value::Array(items)
-            if matches!(items.first(), Some(redis::Value::BulkString(s)) if s.as_slice() == b"ok"));
-        Ok(if drew { Called::Done } else { Called::Empty })
+        Ok(matches!(&reply, redis::Value::Array(items)
+            if matches!(items.first(), Some(redis::Value::BulkString(s)) if s.as_slice() == b"ok")))
     }
 }
 
@@ -248,15 +250,12 @@ async fn draw_loop(redis: &RedisConn, pass: Pass) -> anyhow::Result<Rate> {
             while !stop.load(Ordering::Relaxed) && started.elapsed() < duration {
                 let n = calls.fetch_add(1, Ordering::Relaxed);
                 let t = Instant::now();
-                match step
+                if !step
                     .call(&mut conn, &scripts, &bare, caller, &day, n)
                     .await?
                 {
-                    Called::Done => {}
-                    Called::Empty => {
-                        stop.store(true, Ordering::Relaxed);
-                        break;
-                    }
+                    stop.store(true, Ordering::Relaxed);
+                    break;
                 }
                 lat.record(t.elapsed());
                 done.fetch_add(1, Ordering::Relaxed);

@@ -244,17 +244,23 @@ pub(super) async fn drive(
     }
 }
 
-/// Grabs of `packets`, `shares` users each. The `n`th grab of the run,
-/// whatever its phase, takes a share of packet `n / shares` for user
-/// `n % shares`, so consecutive grabs crowd one packet, as in a red-packet
-/// rain, and no user grabs a packet twice.
+/// The packet (index among `packets`) and the user of the `n`th grab from
+/// packets of `shares` shares: packet `n / shares` for user `n % shares`,
+/// so consecutive grabs crowd one packet, as in a red-packet rain, and no
+/// user grabs a packet twice.
+pub(super) fn grab_of(n: u64, shares: u64, packets: usize) -> (usize, i64) {
+    (((n / shares) as usize) % packets, 1 + (n % shares) as i64)
+}
+
+/// Grabs of `packets`, `shares` users each, numbered across the run's
+/// phases (see [`grab_of`]).
 pub(super) fn red_packet_grabs(packets: Vec<String>, shares: u64) -> MakeRequest {
     // Phases number their draws from 0 each; grabs are numbered across them.
     let grabbed = AtomicU64::new(0);
     Arc::new(move |_| {
         let n = grabbed.fetch_add(1, Ordering::Relaxed);
-        let packet = &packets[((n / shares) as usize) % packets.len()];
-        request_body(packet, (1 + n % shares) as i64, 1)
+        let (packet, user) = grab_of(n, shares, packets.len());
+        request_body(&packets[packet], user, 1)
     })
 }
 

@@ -30,6 +30,7 @@ use crate::{
         red_packet,
     },
     messages::{RedPacketCreate, SettleRequest},
+    redis_conn::RedisConn,
     scripts::{PoolKeys, Scripts},
 };
 
@@ -146,10 +147,17 @@ fn unique(prefix: &str) -> String {
 /// result keys and counters (millions of keys and hundreds of megabytes
 /// after a full run, which would otherwise slow the next run down). The
 /// ledger entries stay in Postgres, like any other.
-async fn remove_run_keys(config: &Config) -> anyhow::Result<u64> {
-    let client = redis::Client::open(config.redis_url.as_str())?;
-    let mut conn = client.get_multiplexed_async_connection().await?;
-    let pattern = format!("{}:{{*-{}-*", config.redis_prefix, run_id());
+/// The pattern every Redis key of this run matches.
+fn run_keys(config: &Config) -> String {
+    format!("{}:{{*-{}-*", config.redis_prefix, run_id())
+}
+
+/// `None` on a Redis Cluster, which has no single keyspace to scan.
+async fn remove_run_keys(config: &Config) -> anyhow::Result<Option<u64>> {
+    let RedisConn::Single(mut conn) = crate::redis_conn::connect(&config.redis_url).await? else {
+        return Ok(None);
+    };
+    let pattern = run_keys(config);
     let (mut cursor, mut removed) = (0u64, 0u64);
     loop {
         let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
@@ -167,7 +175,7 @@ async fn remove_run_keys(config: &Config) -> anyhow::Result<u64> {
                 .await?;
         }
         if next == 0 {
-            return Ok(removed);
+            return Ok(Some(removed));
         }
         cursor = next;
     }
@@ -176,12 +184,12 @@ async fn remove_run_keys(config: &Config) -> anyhow::Result<u64> {
 /// Runs the benchmark and writes its reports.
 pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
     let result = measure(config, args).await;
-    // A cluster has no single keyspace to scan: its keys stay.
-    if config.redis_url.contains(',') {
-        return result;
-    }
     match remove_run_keys(config).await {
-        Ok(n) => println!("removed the run's {n} Redis keys"),
+        Ok(Some(n)) => println!("removed the run's {n} Redis keys"),
+        Ok(None) => println!(
+            "on a Redis Cluster the run's keys stay: delete the keys matching {} on each node",
+            run_keys(config)
+        ),
         Err(error) => eprintln!("could not remove the run's Redis keys: {error:#}"),
     }
     result
