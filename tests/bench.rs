@@ -10,6 +10,7 @@ mod common;
 
 use common::TestEnv;
 use serde_json::Value;
+use std::time::{Duration, Instant};
 
 /// Runs `prizepool bench --quick --workers 1 --duration 1` with `extra`
 /// arguments and returns the JSON report and the folder it was written to.
@@ -46,7 +47,15 @@ async fn bench(
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    // The run removed its Redis keys: nothing is left under the test's prefix.
+    assert_no_keys_left(env).await;
+    let latest = out.join("latest");
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(latest.join("report.json")).unwrap()).unwrap();
+    (report, latest)
+}
+
+/// The run removed its Redis keys: nothing is left under the test's prefix.
+async fn assert_no_keys_left(env: &TestEnv) {
     let mut conn = env.redis.clone();
     let left: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{}:*", env.config.redis_prefix))
@@ -59,10 +68,6 @@ async fn bench(
         left.len(),
         left.first()
     );
-    let latest = out.join("latest");
-    let report: Value =
-        serde_json::from_slice(&std::fs::read(latest.join("report.json")).unwrap()).unwrap();
-    (report, latest)
 }
 
 /// The checks every kind's run must pass.
@@ -174,4 +179,99 @@ async fn bench_of_red_packets_grabs_each_share_once_and_settles_every_grab() {
     let credited: i64 = packets.iter().map(|p| p.1).sum();
     let max_ok = run["max"]["ok"].as_i64().unwrap();
     assert!(credited >= max_ok, "{credited} credits, {max_ok} grabs");
+}
+
+const QUEUES: [&str; 3] = [
+    prizepool::amqp::DRAW.queue,
+    prizepool::amqp::REFILL.queue,
+    prizepool::amqp::SETTLE.queue,
+];
+
+/// Starts a long `prizepool bench` and returns once its whole fleet consumes.
+async fn bench_with_its_fleet_running(env: &TestEnv) -> tokio::process::Child {
+    // The queues exist before the bench declares them, for the polls below.
+    env.client().await.close().await;
+    let out = std::env::temp_dir().join(format!("pp-bench-{}", ulid::Ulid::new()));
+    let mut bench = tokio::process::Command::new(env!("CARGO_BIN_EXE_prizepool"))
+        .kill_on_drop(true)
+        .args(["bench", "--quick", "--workers", "1", "--duration", "60"])
+        .arg("--out")
+        .arg(&out)
+        .envs(env.env())
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let mut consuming = 0;
+        for queue in QUEUES {
+            consuming += usize::from(env.consumers(queue).await > 0);
+        }
+        if consuming == QUEUES.len() {
+            return bench;
+        }
+        assert!(
+            bench.try_wait().unwrap().is_none(),
+            "the bench ended before its fleet started"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "the fleet never started consuming"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until no worker consumes any work queue of the test's vhost.
+async fn assert_fleet_gone(env: &TestEnv) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut left = Vec::new();
+        for queue in QUEUES {
+            let n = env.consumers(queue).await;
+            if n > 0 {
+                left.push((queue, n));
+            }
+        }
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "workers still consuming after the bench stopped: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// However the bench dies, its fleet goes with it: a worker left behind
+/// would keep consuming the draw queue and skew the next run. Here it is
+/// killed outright (SIGKILL, no chance to clean up) once its fleet consumes.
+#[tokio::test]
+async fn a_killed_bench_leaves_no_worker_behind() {
+    let env = TestEnv::new(&[]).await;
+    let mut bench = bench_with_its_fleet_running(&env).await;
+    bench.kill().await.unwrap();
+    assert_fleet_gone(&env).await;
+}
+
+/// Ctrl-C stops the run: the fleet stops, the run's Redis keys are removed,
+/// and the bench says it was interrupted and fails.
+#[tokio::test]
+async fn an_interrupted_bench_stops_its_fleet_and_removes_its_keys() {
+    let env = TestEnv::new(&[]).await;
+    let bench = bench_with_its_fleet_running(&env).await;
+    let pid = i32::try_from(bench.id().unwrap()).unwrap();
+    // SAFETY: a plain system call on the pid of a child not yet reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let output = tokio::time::timeout(Duration::from_secs(60), bench.wait_with_output())
+        .await
+        .expect("the bench stops within a minute of Ctrl-C")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(!output.status.success(), "{stdout}");
+    assert!(stdout.contains("removed the run's"), "{stdout}");
+    assert_fleet_gone(&env).await;
+    assert_no_keys_left(&env).await;
 }

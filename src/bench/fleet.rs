@@ -47,7 +47,9 @@ impl Fleet {
         let mut names = vec!["refill-worker".to_owned(), "settle-worker".to_owned()];
         names.extend((0..draw_workers).map(|_| "draw-worker".to_owned()));
         for name in names {
-            let child = Command::new(binary(&name)?)
+            let mut command = Command::new(binary(&name)?);
+            stop_with_parent(&mut command);
+            let child = command
                 .env("RUST_LOG", "warn")
                 .env("METRICS_ADDR", "")
                 .env("AMQP_URL", &config.amqp_url)
@@ -101,27 +103,68 @@ impl Fleet {
             .collect()
     }
 
-    /// Sends SIGTERM to every process and waits for them.
+    /// Stops every process: SIGTERM (they finish their in-flight work), and
+    /// SIGKILL for any still running after the grace period.
     pub(super) fn stop(mut self) {
+        self.terminate();
+    }
+
+    fn terminate(&mut self) {
         for (_, c) in &self.children {
-            let _ = Command::new("kill")
-                .args(["-TERM", &c.id().to_string()])
-                .status();
+            if let Ok(pid) = i32::try_from(c.id()) {
+                // SAFETY: a plain system call on the pid of a child not yet
+                // reaped, so it cannot name another process.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
         }
+        let deadline = Instant::now() + STOP_GRACE;
         for (_, c) in &mut self.children {
+            while matches!(c.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
             let _ = c.wait();
         }
         self.children.clear();
     }
 }
 
+/// How long a stopped worker may take to drain before it is killed (more
+/// than a worker's own shutdown grace).
+const STOP_GRACE: Duration = Duration::from_secs(20);
+
 impl Drop for Fleet {
     fn drop(&mut self) {
-        for (_, c) in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
+        self.terminate();
+    }
+}
+
+/// Has the kernel send the child SIGTERM when the bench dies, whatever kills
+/// it: a fleet left behind would keep consuming the draw queue and skew the
+/// next run. (The signal follows the thread that spawned the child; the bench
+/// runs on one runtime thread, which lives as long as the process.)
+fn stop_with_parent(command: &mut Command) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        let parent = std::process::id();
+        // SAFETY: the hook runs in the child between fork and exec, and calls
+        // only `prctl` and `getppid`, which are async-signal-safe.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The bench died before the request took hold.
+                if libc::getppid() as u32 != parent {
+                    return Err(std::io::Error::other("the bench is gone"));
+                }
+                Ok(())
+            });
         }
     }
+    #[cfg(not(target_os = "linux"))]
+    let _ = command;
 }
 
 /// What a load phase measured.

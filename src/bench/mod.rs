@@ -183,7 +183,13 @@ async fn remove_run_keys(config: &Config) -> anyhow::Result<Option<u64>> {
 
 /// Runs the benchmark and writes its reports.
 pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
-    let result = measure(config, args).await;
+    // Ctrl-C or SIGTERM stops the fleet (dropped with `measure`) and still
+    // removes what the run created.
+    let interrupted = crate::shutdown::signal();
+    let result = tokio::select! {
+        result = measure(config, args) => result,
+        _ = interrupted.cancelled() => Err(anyhow::anyhow!("interrupted; no report written")),
+    };
     match remove_run_keys(config).await {
         Ok(Some(n)) => println!("removed the run's {n} Redis keys"),
         Ok(None) => println!(

@@ -217,6 +217,15 @@ impl TestEnv {
 
     /// Messages waiting in `queue` (ready, not unacked).
     pub async fn queue_depth(&self, queue: &str) -> u32 {
+        self.queue(queue).await.message_count()
+    }
+
+    /// Consumers attached to `queue`.
+    pub async fn consumers(&self, queue: &str) -> u32 {
+        self.queue(queue).await.consumer_count()
+    }
+
+    async fn queue(&self, queue: &str) -> lapin::Queue {
         let conn = prizepool::amqp::connect(&self.config.amqp_url, "test")
             .await
             .unwrap();
@@ -233,7 +242,7 @@ impl TestEnv {
             .await
             .unwrap();
         let _ = conn.close(200, "bye".into()).await;
-        q.message_count()
+        q
     }
 
     /// Waits until the ledger holds `expected` in total for `pool`.
