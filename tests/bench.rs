@@ -12,31 +12,33 @@ use common::TestEnv;
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
-/// Runs `prizepool bench --quick --workers 1 --duration 1` with `extra`
-/// arguments and returns the JSON report and the folder it was written to.
+/// `prizepool bench --quick --workers 1 --duration <duration>` in the
+/// test's vhost, prefix and database, writing to a fresh folder (returned).
+fn bench_command(env: &TestEnv, duration: &str) -> (tokio::process::Command, std::path::PathBuf) {
+    let out = std::env::temp_dir().join(format!("pp-bench-{}", ulid::Ulid::new()));
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_prizepool"));
+    command
+        .kill_on_drop(true)
+        .args(["bench", "--quick", "--workers", "1", "--duration", duration])
+        .arg("--out")
+        .arg(&out)
+        .envs(env.env())
+        .env("RUST_LOG", "warn");
+    (command, out)
+}
+
+/// Runs `prizepool bench --quick --workers 1 --duration 1 --in-flight 64`
+/// with `extra` arguments and returns the JSON report and the folder it was
+/// written to.
 async fn bench(
     env: &TestEnv,
     extra: &[&str],
     vars: &[(&str, &str)],
 ) -> (Value, std::path::PathBuf) {
-    let out = std::env::temp_dir().join(format!("pp-bench-{}", ulid::Ulid::new()));
-    let mut args = vec![
-        "bench",
-        "--quick",
-        "--workers",
-        "1",
-        "--duration",
-        "1",
-        "--in-flight",
-        "64",
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_prizepool"))
-        .args(&args)
-        .envs(env.env())
-        .env("RUST_LOG", "warn")
+    let (mut command, out) = bench_command(env, "1");
+    let output = command
+        .args(["--in-flight", "64"])
+        .args(extra)
         .envs(vars.iter().copied())
         .output()
         .await
@@ -191,14 +193,8 @@ const QUEUES: [&str; 3] = [
 async fn bench_with_its_fleet_running(env: &TestEnv) -> tokio::process::Child {
     // The queues exist before the bench declares them, for the polls below.
     env.client().await.close().await;
-    let out = std::env::temp_dir().join(format!("pp-bench-{}", ulid::Ulid::new()));
-    let mut bench = tokio::process::Command::new(env!("CARGO_BIN_EXE_prizepool"))
-        .kill_on_drop(true)
-        .args(["bench", "--quick", "--workers", "1", "--duration", "60"])
-        .arg("--out")
-        .arg(&out)
-        .envs(env.env())
-        .env("RUST_LOG", "warn")
+    let (mut command, _) = bench_command(env, "60");
+    let mut bench = command
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
