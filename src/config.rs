@@ -58,9 +58,8 @@ pub struct Config {
     pub transient_retry: Duration,
     /// `SHUTDOWN_GRACE_MS`: how long in-flight work may take after SIGTERM.
     pub shutdown_grace: Duration,
-    /// `DRAW_EVENTS`: publish `draw.completed` for every draw (`true`); turn
-    /// off when nobody consumes them, to save one publish per draw.
-    pub draw_events: bool,
+    /// `DRAW_EVENTS`: how `draw.completed` events leave (see [`DrawEvents`]).
+    pub draw_events: DrawEvents,
     /// `SCHED_BATCH`: run the draw worker under Linux's `SCHED_BATCH` policy
     /// (see [`crate::ops::batch_scheduling`]); off by default.
     pub sched_batch: bool,
@@ -102,13 +101,51 @@ impl Config {
             result_ttl: Duration::from_secs(parse(&lookup, "RESULT_TTL_S", 90_000)?),
             transient_retry: ms("TRANSIENT_RETRY_MS", 30_000)?,
             shutdown_grace: ms("SHUTDOWN_GRACE_MS", 10_000)?,
-            draw_events: parse(&lookup, "DRAW_EVENTS", true)?,
+            draw_events: parse(&lookup, "DRAW_EVENTS", DrawEvents::Grouped)?,
             sched_batch: parse(&lookup, "SCHED_BATCH", false)?,
             metrics_addr: match lookup("METRICS_ADDR") {
                 None => Some(DEFAULT_METRICS_ADDR.to_owned()),
                 Some(v) if v.trim().is_empty() => None,
                 Some(v) => Some(v),
             },
+        })
+    }
+}
+
+/// How a draw worker publishes its `draw.completed` events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DrawEvents {
+    /// `grouped` (the default): the events of concurrent draws share one
+    /// `draw.completed.batch` message; a lone event goes out as a plain
+    /// `draw.completed`.
+    Grouped,
+    /// `each` (or `true`): one `draw.completed` message per draw, for
+    /// consumers that cannot read batches. Costs the broker a publish per draw.
+    Each,
+    /// `off` (or `false`): no `draw.completed` events.
+    Off,
+}
+
+impl FromStr for DrawEvents {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "grouped" => Ok(Self::Grouped),
+            "each" | "true" => Ok(Self::Each),
+            "off" | "false" => Ok(Self::Off),
+            _ => Err("expected grouped, each or off".into()),
+        }
+    }
+}
+
+impl std::fmt::Display for DrawEvents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Grouped => "grouped",
+            Self::Each => "each",
+            Self::Off => "off",
         })
     }
 }
@@ -144,6 +181,27 @@ mod tests {
         assert_eq!(cfg.metrics_addr.as_deref(), Some(DEFAULT_METRICS_ADDR));
         let off = Config::from_lookup(|n| (n == "METRICS_ADDR").then(String::new)).unwrap();
         assert!(off.metrics_addr.is_none());
+    }
+
+    #[test]
+    fn draw_events_default_to_grouped_and_keep_the_old_boolean_spellings() {
+        let events = |v: &str| {
+            Config::from_lookup(|n| (n == "DRAW_EVENTS").then(|| v.to_owned()))
+                .map(|c| c.draw_events)
+        };
+        assert_eq!(
+            Config::from_lookup(|_| None).unwrap().draw_events,
+            DrawEvents::Grouped
+        );
+        assert_eq!(events("each").unwrap(), DrawEvents::Each);
+        assert_eq!(events("true").unwrap(), DrawEvents::Each);
+        assert_eq!(events("Off").unwrap(), DrawEvents::Off);
+        assert_eq!(events("false").unwrap(), DrawEvents::Off);
+        let err = events("sometimes").unwrap_err().to_string();
+        assert!(
+            err.contains("DRAW_EVENTS") && err.contains("grouped"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -154,7 +154,7 @@ async fn bench_of_red_packets_grabs_each_share_once_and_settles_every_grab() {
     check_run(&report, &latest);
     assert_eq!(report["kind"], "RedPacket");
     assert_eq!(report["sched_batch"], true);
-    assert_eq!(report["draw_events"], true);
+    assert_eq!(report["draw_events"], "grouped");
     let run = &report["runs"][0];
     // One share a grab; `rejected == 0` above means no user grabbed a packet twice.
     assert_eq!(

@@ -629,7 +629,7 @@ async fn concurrent_ledger_entries_travel_in_few_messages_and_none_is_lost() {
     let publisher = amqp::Publisher::new(conn.create_channel().await.unwrap())
         .await
         .unwrap();
-    let (ledger, task) = amqp::ledger::LedgerPublisher::start(publisher);
+    let (ledger, task) = amqp::grouped::Grouper::start(publisher, amqp::grouped::LEDGER);
     let entries: Vec<SettleRequest> = (0..500)
         .map(|i| topup(format!("group:{i}"), 5, 1 + i, "grouped"))
         .collect();
@@ -653,5 +653,155 @@ async fn concurrent_ledger_entries_travel_in_few_messages_and_none_is_lost() {
     env.start_settle_worker().await;
     let expected: i64 = (0..500).map(|i| 1 + i).sum();
     assert_eq!(env.wait_ledger("grouped", expected).await, expected);
+    env.stop_workers().await;
+}
+
+/// A queue bound to `draw.completed` on the events exchange, as a
+/// downstream consumer would bind one.
+async fn listen_for_draw_events(env: &TestEnv) -> (lapin::Connection, lapin::Consumer) {
+    let conn = amqp::connect(&env.config.amqp_url, "events").await.unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    amqp::declare_topology(&ch, env.config.delivery_limit)
+        .await
+        .unwrap();
+    let queue = ch
+        .queue_declare(
+            "".into(),
+            lapin::options::QueueDeclareOptions {
+                exclusive: true,
+                ..Default::default()
+            },
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    ch.queue_bind(
+        queue.name().clone(),
+        amqp::EVENTS.into(),
+        "draw.completed".into(),
+        Default::default(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    let consumer = ch
+        .basic_consume(
+            queue.name().clone(),
+            "events".into(),
+            lapin::options::BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    (conn, consumer)
+}
+
+/// Receives event messages until they hold `expected` events; returns the
+/// messages' types and the events (the members of a batch, in order).
+async fn receive_draw_events(
+    consumer: &mut lapin::Consumer,
+    expected: usize,
+) -> (Vec<String>, Vec<Value>) {
+    use futures_util::StreamExt;
+    let (mut types, mut events) = (Vec::new(), Vec::new());
+    while events.len() < expected {
+        let delivery = tokio::time::timeout(T, consumer.next())
+            .await
+            .unwrap_or_else(|_| panic!("{} of {expected} events arrived", events.len()))
+            .unwrap()
+            .unwrap();
+        let message: Value = serde_json::from_slice(&delivery.data).unwrap();
+        let kind = message["type"].as_str().unwrap().to_owned();
+        match kind.as_str() {
+            "draw.completed" => events.push(message),
+            "draw.completed.batch" => events.extend(message["events"].as_array().unwrap().clone()),
+            other => panic!("unexpected event type {other}"),
+        }
+        types.push(kind);
+    }
+    (types, events)
+}
+
+/// Fires `n` draws at once and returns their replies.
+async fn concurrent_draws(env: &TestEnv, pool: &str, n: i64) -> Vec<Value> {
+    let client = env.client().await;
+    let requests: Vec<Value> = (0..n).map(|i| draw(pool, i, 3)).collect();
+    let replies =
+        futures_util::future::join_all(requests.iter().map(|r| client.call("draw", r, T))).await;
+    replies.into_iter().map(Result::unwrap).collect()
+}
+
+/// Every reply has exactly one event, equal to it but for its type.
+fn assert_one_event_per_reply(replies: &[Value], events: &[Value]) {
+    let mut by_id: std::collections::HashMap<String, Value> = events
+        .iter()
+        .map(|e| (e["request_id"].as_str().unwrap().to_owned(), e.clone()))
+        .collect();
+    assert_eq!(by_id.len(), events.len(), "an event came twice");
+    for reply in replies {
+        assert_eq!(reply["status"], "ok", "{reply}");
+        let id = reply["request_id"].as_str().unwrap();
+        let mut event = by_id
+            .remove(id)
+            .unwrap_or_else(|| panic!("no event for {id}"));
+        assert_eq!(event["type"], "draw.completed");
+        event["type"] = reply["type"].clone();
+        assert_eq!(&event, reply);
+    }
+    assert!(by_id.is_empty(), "events of no draw: {by_id:?}");
+}
+
+#[tokio::test]
+async fn concurrent_draws_tell_each_event_once_in_grouped_messages() {
+    let mut env = TestEnv::new(&[]).await;
+    env.load(&pool_toml("ev", "refill_at = 0.5\nmax_count = 100", GIFT))
+        .await;
+    let (_conn, mut consumer) = listen_for_draw_events(&env).await;
+    env.start_fleet().await;
+    let replies = concurrent_draws(&env, "ev", 300).await;
+    let (types, events) = receive_draw_events(&mut consumer, replies.len()).await;
+    assert_one_event_per_reply(&replies, &events);
+    assert!(
+        types.len() < replies.len() && types.iter().any(|t| t == "draw.completed.batch"),
+        "300 concurrent draws took {} event messages",
+        types.len()
+    );
+    // Under light load a group holds one event, which goes out plain.
+    let client = env.client().await;
+    let lone = client.call("draw", &draw("ev", 1, 2), T).await.unwrap();
+    let (types, events) = receive_draw_events(&mut consumer, 1).await;
+    assert_eq!(types, ["draw.completed"]);
+    assert_one_event_per_reply(&[lone], &events);
+    env.stop_workers().await;
+}
+
+#[tokio::test]
+async fn draw_events_each_sends_one_message_per_draw_and_off_sends_none() {
+    let mut env = TestEnv::new(&[("DRAW_EVENTS", "each")]).await;
+    env.load(&pool_toml("ev", "refill_at = 0.5\nmax_count = 100", GIFT))
+        .await;
+    let (_conn, mut consumer) = listen_for_draw_events(&env).await;
+    env.start_fleet().await;
+    let replies = concurrent_draws(&env, "ev", 100).await;
+    let (types, events) = receive_draw_events(&mut consumer, replies.len()).await;
+    assert_one_event_per_reply(&replies, &events);
+    assert!(types.iter().all(|t| t == "draw.completed"), "{types:?}");
+    env.stop_workers().await;
+
+    env.config.draw_events = prizepool::config::DrawEvents::Off;
+    env.start_fleet().await;
+    let replies = concurrent_draws(&env, "ev", 50).await;
+    assert!(replies.iter().all(|r| r["status"] == "ok"));
+    // The replies came after the draws' confirms, so an event would be here.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let stray = tokio::time::timeout(
+        Duration::from_millis(300),
+        futures_util::StreamExt::next(&mut consumer),
+    )
+    .await;
+    assert!(stray.is_err(), "an event with DRAW_EVENTS=off: {stray:?}");
     env.stop_workers().await;
 }

@@ -27,7 +27,7 @@ use tracing::{info_span, Instrument};
 
 use super::{
     acks::{Acks, Settle},
-    ledger::LedgerPublisher,
+    grouped::{self, Grouper},
     publish::{with_header, Outgoing, Publisher},
     Route, DLX, ERROR_CODE_HEADER, ERROR_HEADER,
 };
@@ -46,8 +46,11 @@ pub struct Outcome {
     pub reply: Option<Vec<u8>>,
     pub effects: Vec<Outgoing>,
     /// Ledger entries, published grouped with other deliveries' entries
-    /// (see [`super::ledger`]) and confirmed before the ack like the effects.
+    /// (see [`super::grouped`]) and confirmed before the ack like the effects.
     pub ledger: Vec<crate::messages::SettleRequest>,
+    /// Serialised `draw.completed` events, published grouped with other
+    /// deliveries' events and confirmed before the ack.
+    pub events: Vec<Vec<u8>>,
 }
 
 /// Why a request could not be handled.
@@ -163,7 +166,9 @@ async fn session<H: Handler>(
 
     let tracker = TaskTracker::new();
     let (acks, acker) = Acks::start(channel.clone());
-    let (ledger, ledger_task) = LedgerPublisher::start(publisher.clone());
+    let (ledger, ledger_task) = Grouper::start(publisher.clone(), grouped::LEDGER);
+    let (events, events_task) = Grouper::start(publisher.clone(), grouped::DRAW_COMPLETED);
+    let groupers = Groupers { ledger, events };
     let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
     let result = loop {
         let next = tokio::select! {
@@ -180,10 +185,10 @@ async fn session<H: Handler>(
                 let publisher = publisher.clone();
                 let config = config.clone();
                 let acks = acks.clone();
-                let ledger = ledger.clone();
+                let groupers = groupers.clone();
                 tracker.spawn(async move {
                     let tag = delivery.delivery_tag;
-                    let how = process(&config, &*handler, &publisher, &ledger, delivery).await;
+                    let how = process(&config, &*handler, &publisher, &groupers, delivery).await;
                     acks.finish(tag, how);
                     drop(permit);
                 });
@@ -207,10 +212,14 @@ async fn session<H: Handler>(
             "in-flight deliveries did not finish within the grace period; they will be redelivered"
         );
     }
-    // The acker and the ledger publisher end once every handle is gone and
-    // what they hold is out.
-    drop(ledger);
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), ledger_task).await;
+    // The acker and the groupers end once every handle is gone and what
+    // they hold is out.
+    drop(groupers);
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        futures_util::future::join(ledger_task, events_task),
+    )
+    .await;
     drop(acks);
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), acker).await;
     // A synchronous round trip on the consuming channel: the broker handles a
@@ -225,12 +234,19 @@ async fn session<H: Handler>(
     result
 }
 
+/// The grouping publishers a worker's deliveries share.
+#[derive(Clone, Debug)]
+struct Groupers {
+    ledger: Grouper,
+    events: Grouper,
+}
+
 /// Handles one delivery end to end and says how to settle it; never panics.
 async fn process<H: Handler>(
     config: &Config,
     handler: &H,
     publisher: &Publisher,
-    ledger: &LedgerPublisher,
+    groupers: &Groupers,
     delivery: Delivery,
 ) -> Settle {
     let started = Instant::now();
@@ -249,7 +265,7 @@ async fn process<H: Handler>(
             Ok(value) => handle_with_retry(config, handler, publisher, value).await,
         };
         let (label, how) = match outcome {
-            Ok(outcome) => finish(publisher, ledger, &delivery, outcome).await,
+            Ok(outcome) => finish(publisher, groupers, &delivery, outcome).await,
             Err(HandleError::Invalid(invalid)) => {
                 dead_letter(publisher, &delivery, route, &invalid).await
             }
@@ -307,7 +323,7 @@ async fn handle_with_retry<H: Handler>(
 /// they are confirmed.
 async fn finish(
     publisher: &Publisher,
-    ledger: &LedgerPublisher,
+    groupers: &Groupers,
     delivery: &Delivery,
     outcome: Outcome,
 ) -> (&'static str, Settle) {
@@ -322,11 +338,16 @@ async fn finish(
         ));
     }
     messages.extend(outcome.effects);
-    let (published, settled) = tokio::join!(
+    let (published, settled, told) = tokio::join!(
         publisher.publish_all(messages),
-        ledger.settle(&outcome.ledger)
+        groupers.ledger.settle(&outcome.ledger),
+        groupers.events.publish(outcome.events),
     );
-    match published.map_err(anyhow::Error::from).and(settled) {
+    match published
+        .map_err(anyhow::Error::from)
+        .and(settled)
+        .and(told)
+    {
         Ok(()) => ("acked", Settle::Ack),
         Err(error) => {
             // Nothing is acked: the request is redelivered and, being

@@ -1,6 +1,6 @@
 //! RabbitMQ plumbing: connection, the topology of SPEC §2, publishing with
-//! confirms, the shared consume loop (with coalesced acks and grouped ledger
-//! entries) and dead-letter tools.
+//! confirms, the shared consume loop (with coalesced acks, grouped ledger
+//! entries and grouped events) and dead-letter tools.
 //!
 //! Topology, declared idempotently by every worker at start:
 //!
@@ -14,7 +14,7 @@
 pub mod acks;
 mod consumer;
 pub mod dlq;
-pub mod ledger;
+pub mod grouped;
 mod publish;
 pub mod rpc;
 

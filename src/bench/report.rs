@@ -83,7 +83,7 @@ pub(super) struct Report {
     pub count: u32,
     /// The worker settings that change the figures (`DRAW_EVENTS`,
     /// `SCHED_BATCH`), as the fleet's processes read them.
-    pub draw_events: bool,
+    pub draw_events: crate::config::DrawEvents,
     pub sched_batch: bool,
     pub cores: usize,
     pub ceilings: Ceilings,

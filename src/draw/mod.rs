@@ -13,8 +13,8 @@ use serde_json::{json, Value};
 use tokio::sync::RwLock;
 
 use crate::{
-    amqp::{self, HandleError, Handler, Outcome, Outgoing, Publisher},
-    config::Config,
+    amqp::{self, grouped::DRAW_COMPLETED, HandleError, Handler, Outcome, Outgoing, Publisher},
+    config::{Config, DrawEvents},
     kinds::{
         lottery::{self, LotteryStep},
         lucky_gift::{self, CodeTable, DrawStep, Drawn, Storage},
@@ -99,8 +99,8 @@ impl DrawWorker {
     }
 
     /// The outcome of a successful draw of any kind: the reply, the messages
-    /// it causes, and, when `DRAW_EVENTS` is on, the `draw.completed` event.
-    /// The result is serialised once; the event is the reply retyped.
+    /// it causes, and the `draw.completed` event as `DRAW_EVENTS` says. The
+    /// result is serialised once; the event is the reply retyped.
     fn completed(
         &self,
         result: &DrawResult,
@@ -108,16 +108,20 @@ impl DrawWorker {
         ledger: Option<SettleRequest>,
     ) -> Outcome {
         let fields = serde_json::to_vec(result).unwrap_or_default();
-        if self.config.draw_events {
-            effects.push(Outgoing::event_raw(
-                "draw.completed",
-                retype("draw.completed", &fields),
-            ));
+        let event = || retype(DRAW_COMPLETED.routing_key, &fields);
+        let mut events = Vec::new();
+        match self.config.draw_events {
+            DrawEvents::Grouped => events.push(event()),
+            DrawEvents::Each => {
+                effects.push(Outgoing::event_raw(DRAW_COMPLETED.routing_key, event()))
+            }
+            DrawEvents::Off => {}
         }
         Outcome {
             reply: Some(retype("draw_result", &fields)),
             effects,
             ledger: ledger.into_iter().collect(),
+            events,
         }
     }
 

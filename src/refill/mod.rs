@@ -248,6 +248,7 @@ impl RefillWorker {
             ),
             effects,
             ledger,
+            events: Vec::new(),
         })
     }
 }
