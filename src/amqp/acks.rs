@@ -143,8 +143,14 @@ impl Acks {
                 for (tag, how) in batch.drain(..) {
                     window.finish(tag, how);
                 }
-                for frame in window.flush() {
-                    if let Err(error) = send(&channel, frame).await {
+                // All of a round's frames are queued at once, in order (a
+                // frame takes its place on the channel on its first poll),
+                // so the connection writes them together.
+                let frames = window.flush();
+                let sent =
+                    futures_util::future::join_all(frames.iter().map(|&f| send(&channel, f))).await;
+                for (frame, result) in frames.iter().zip(sent) {
+                    if let Err(error) = result {
                         // The channel is gone: the broker redelivers whatever
                         // it had not seen settled.
                         tracing::warn!(%error, ?frame, "settling a delivery failed");
