@@ -243,6 +243,10 @@ async fn measure(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
     svc.load(&ceiling_pool).await?;
     let keys = PoolKeys::new(&config.redis_prefix, &ceiling_pool.id);
     rep.memory.list_bytes_per_prize = list_bytes_per_prize(redis, &keys).await?;
+    (
+        rep.memory.sparse_bytes_per_nonzero,
+        rep.memory.sparse_bytes_for_zeros,
+    ) = sparse_memory(&svc).await?;
     use ceilings::{Caller, Pass, Step};
     let pass = |step, caller| Pass {
         step,
@@ -338,10 +342,6 @@ async fn measure(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
         "  rabbitmq: {:.0} msg/s, p99 {:.2} ms",
         rep.ceilings.amqp.per_s, rep.ceilings.amqp.latency.p99_ms
     );
-
-    if let Storage::Sparse = storage {
-        rep.memory.sparse_bytes_per_nonzero = Some(sparse_bytes_per_nonzero(&svc).await?);
-    }
 
     for &n in &args.workers {
         println!("fleet with {n} draw workers");
@@ -479,36 +479,45 @@ async fn list_bytes_per_prize(
     Ok(bytes as f64 / len.max(1) as f64)
 }
 
-async fn sparse_bytes_per_nonzero(svc: &Services<'_>) -> anyhow::Result<f64> {
-    let Services { config, redis, .. } = svc;
-    let pool = pool_config(
+/// Sparse storage: bytes per non-zero prize of a pool stocked like the
+/// SPEC's combos, and bytes of a pool stocked with zeros alone.
+async fn sparse_memory(svc: &Services<'_>) -> anyhow::Result<(f64, u64)> {
+    let prizes = pool_config(
         &unique("bench-sparse"),
         Storage::Sparse,
         &borrow(&spec_combos(10)),
         1.0,
     );
-    svc.load(&pool).await?;
-    let keys = PoolKeys::new(&config.redis_prefix, &pool.id);
-    let nonzero: u64 = pool
+    let nonzero: u64 = prizes
         .combos
         .iter()
         .flat_map(|c| &c.stock)
         .filter(|(m, _)| *m > 0)
         .map(|(_, n)| n)
         .sum();
-    let mut conn = redis.clone();
-    let mut bytes = 0u64;
-    for key in lucky_gift::sparse_keys(&keys) {
-        let b: Option<u64> = redis::cmd("MEMORY")
-            .arg("USAGE")
-            .arg(&key)
-            .arg("SAMPLES")
-            .arg(0)
-            .query_async(&mut conn)
-            .await?;
-        bytes += b.unwrap_or(0);
+    let zeros = pool_config(
+        &unique("bench-zeros"),
+        Storage::Sparse,
+        &[("c1", &[(0, report::Memory::SPARSE_ZEROS)])],
+        1.0,
+    );
+    let mut bytes = [0u64; 2];
+    for (pool, bytes) in [&prizes, &zeros].into_iter().zip(&mut bytes) {
+        svc.load(pool).await?;
+        let keys = PoolKeys::new(&svc.config.redis_prefix, &pool.id);
+        let mut conn = svc.redis.clone();
+        for key in lucky_gift::sparse_keys(&keys) {
+            let b: Option<u64> = redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(&key)
+                .arg("SAMPLES")
+                .arg(0)
+                .query_async(&mut conn)
+                .await?;
+            *bytes += b.unwrap_or(0);
+        }
     }
-    Ok(bytes as f64 / nonzero.max(1) as f64)
+    Ok((bytes[0] as f64 / nonzero.max(1) as f64, bytes[1]))
 }
 
 /// Draw-step cost with 1 thousand vs 10 million prizes stocked.

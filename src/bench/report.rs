@@ -24,7 +24,15 @@ pub(super) struct Ceilings {
 #[derive(Debug, Default, Serialize)]
 pub(super) struct Memory {
     pub list_bytes_per_prize: f64,
-    pub sparse_bytes_per_nonzero: Option<f64>,
+    pub sparse_bytes_per_nonzero: f64,
+    /// Bytes a sparse pool stocked with [`Memory::SPARSE_ZEROS`] zero prizes
+    /// and nothing else takes: what zeros cost.
+    pub sparse_bytes_for_zeros: u64,
+}
+
+impl Memory {
+    /// Zero prizes in the pool that measures what zeros cost.
+    pub(super) const SPARSE_ZEROS: u64 = 1_000_000;
 }
 
 #[derive(Debug, Serialize)]
@@ -270,12 +278,17 @@ impl Report {
             "| list storage, bytes per stocked prize | {:.2} | ≤ 2.5 |",
             self.memory.list_bytes_per_prize
         );
-        if let Some(b) = self.memory.sparse_bytes_per_nonzero {
-            let _ = writeln!(
-                md,
-                "| sparse storage, bytes per non-zero prize | {b:.1} | ≤ 64 |"
-            );
-        }
+        let _ = writeln!(
+            md,
+            "| sparse storage, bytes per non-zero prize | {:.1} | ≤ 64 |",
+            self.memory.sparse_bytes_per_nonzero
+        );
+        let _ = writeln!(
+            md,
+            "| sparse storage, bytes for {} zero prizes and nothing else | {} | no entry per zero |",
+            Memory::SPARSE_ZEROS,
+            self.memory.sparse_bytes_for_zeros
+        );
         md
     }
 
