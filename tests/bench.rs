@@ -102,6 +102,26 @@ fn check_run(report: &Value, latest: &std::path::Path) {
         assert!(names.contains(&name), "{names:?}");
     }
     assert!(run["cpu_per_draw_us"].as_f64().unwrap() > 0.0);
+    // The CPU budget names the fleet and the load generator, and adds up.
+    let budget = &run["cpu_budget"];
+    let shares = budget["per_draw_us"].as_array().unwrap();
+    let named: Vec<&str> = shares.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    for name in ["draw-worker", "settle-worker", "load generator"] {
+        assert!(named.contains(&name), "{named:?}");
+    }
+    let sum: f64 = shares.iter().map(|s| s["us"].as_f64().unwrap()).sum();
+    let total = budget["total_us"].as_f64().unwrap();
+    assert!(
+        total > 0.0 && (sum - total).abs() < 1e-6 * total,
+        "{budget}"
+    );
+    let cores = report["cores"].as_f64().unwrap();
+    let allow = budget["cores_allow_per_s"].as_f64().unwrap();
+    assert!(
+        (allow * total - cores * 1e6).abs() < 1e-6 * cores * 1e6,
+        "{budget}"
+    );
+    assert!(budget["cores_busy"].as_f64().unwrap() > 0.0, "{budget}");
     // The ceilings were measured in the same run.
     let c = &report["ceilings"];
     for ceiling in ["redis_draw", "redis_raw", "redis_trivial", "amqp"] {

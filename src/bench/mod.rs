@@ -751,7 +751,9 @@ async fn fleet_run(
     let own_before = stats::cpu_time(std::process::id()).unwrap_or_default();
     let duration = Duration::from_secs(args.duration);
     let rate = (args.rate > 0.0).then_some(args.rate);
+    let phase = std::time::Instant::now();
     let max = fleet::drive(&clients, make.clone(), duration, args.in_flight, rate).await;
+    let phase_s = phase.elapsed().as_secs_f64();
     let cpu_after = fleet.cpu();
     let services: Vec<report::ServiceCpu> = stats::service_cpu_since(&services_before)
         .into_iter()
@@ -803,9 +805,20 @@ async fn fleet_run(
         .iter()
         .find(|s| s.name == "rabbitmq")
         .map(|s| s.cpu_s * 1e6 / max.ok.max(1) as f64);
+    let cpu_budget = report::CpuBudget::new(
+        services
+            .iter()
+            .map(|s| (s.name.to_owned(), s.cpu_s))
+            .chain(processes.iter().map(|p| (p.name.clone(), p.cpu_s)))
+            .chain([("load generator".to_owned(), own.as_secs_f64())]),
+        max.ok,
+        phase_s,
+        std::thread::available_parallelism().map_or(1, usize::from),
+    );
     Ok(report::Run {
         services,
         broker_cpu_per_draw_us,
+        cpu_budget,
         draw_workers: workers,
         cpu_per_draw_us: worker_cpu * 1e6 / max.ok.max(1) as f64,
         load_generator_cpu_s: own.as_secs_f64(),

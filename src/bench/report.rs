@@ -74,6 +74,58 @@ pub(super) struct Run {
     /// RabbitMQ CPU per draw, where it runs on this machine (like the
     /// ceiling's per-message figure, it depends on the rate).
     pub broker_cpu_per_draw_us: Option<f64>,
+    pub cpu_budget: CpuBudget,
+}
+
+/// Where the machine's CPU went in the full-speed phase, per draw: with
+/// every part on one machine, the draws/s its cores allow at that cost is
+/// the most the fleet can reach there.
+#[derive(Debug, Serialize)]
+pub(super) struct CpuBudget {
+    /// CPU microseconds per draw of each service and process, by name
+    /// (the replicas of one program summed), in the order first seen.
+    pub per_draw_us: Vec<CpuShare>,
+    pub total_us: f64,
+    /// Draws/s the machine's cores allow at `total_us` a draw.
+    pub cores_allow_per_s: f64,
+    /// Share of the cores' time the phase used.
+    pub cores_busy: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct CpuShare {
+    pub name: String,
+    pub us: f64,
+}
+
+impl CpuBudget {
+    /// The budget of `draws` draws made in `phase_s` seconds on `cores`
+    /// cores, from the CPU seconds each named part spent meanwhile.
+    pub(super) fn new(
+        cpu_s: impl IntoIterator<Item = (String, f64)>,
+        draws: u64,
+        phase_s: f64,
+        cores: usize,
+    ) -> Self {
+        let mut per_draw_us: Vec<CpuShare> = Vec::new();
+        let mut spent = 0.0;
+        for (name, s) in cpu_s {
+            spent += s;
+            let us = s * 1e6 / draws.max(1) as f64;
+            match per_draw_us.iter_mut().find(|c| c.name == name) {
+                Some(c) => c.us += us,
+                None => per_draw_us.push(CpuShare { name, us }),
+            }
+        }
+        let total_us: f64 = per_draw_us.iter().map(|c| c.us).sum();
+        let cores = cores.max(1) as f64;
+        Self {
+            per_draw_us,
+            total_us,
+            cores_allow_per_s: cores * 1e6 / total_us.max(f64::MIN_POSITIVE),
+            cores_busy: spent / (cores * phase_s.max(f64::MIN_POSITIVE)),
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -235,6 +287,42 @@ impl Report {
                 services.join(", ")
             );
         }
+        if let Some(first) = self.runs.first() {
+            let names: Vec<&str> = first
+                .cpu_budget
+                .per_draw_us
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect();
+            let _ = writeln!(
+                md,
+                "\nCPU µs per draw in the full-speed phase, and the draws/s the {} cores allow at that cost:\n\n| draw workers | {} | total | draws/s the cores allow | cores busy |\n|---|{}---|---|---|",
+                self.cores,
+                names.join(" | "),
+                "---|".repeat(names.len())
+            );
+            for r in &self.runs {
+                let b = &r.cpu_budget;
+                let shares: Vec<String> = names
+                    .iter()
+                    .map(|n| {
+                        b.per_draw_us
+                            .iter()
+                            .find(|c| c.name == *n)
+                            .map_or("—".to_owned(), |c| format!("{:.0}", c.us))
+                    })
+                    .collect();
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {:.0} | {:.0} | {:.0} % |",
+                    r.draw_workers,
+                    shares.join(" | "),
+                    b.total_us,
+                    b.cores_allow_per_s,
+                    b.cores_busy * 100.0
+                );
+            }
+        }
         let _ = writeln!(md, "\n### Ratios\n");
         let _ = writeln!(md, "| measure | value | target |\n|---|---|---|");
         if let Some(best) = self.best() {
@@ -381,5 +469,43 @@ impl Report {
             std::fs::write(d.join("plot.svg"), self.svg())?;
         }
         Ok(dir)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_budget_sums_replicas_and_divides_the_cores_by_the_cost_of_a_draw() {
+        let b = CpuBudget::new(
+            [
+                ("rabbitmq".to_owned(), 1.0),
+                ("draw-worker".to_owned(), 0.25),
+                ("draw-worker".to_owned(), 0.25),
+                ("load generator".to_owned(), 0.5),
+            ],
+            10_000,
+            2.0,
+            2,
+        );
+        let shares: Vec<(&str, f64)> = b
+            .per_draw_us
+            .iter()
+            .map(|c| (c.name.as_str(), c.us))
+            .collect();
+        assert_eq!(
+            shares,
+            [
+                ("rabbitmq", 100.0),
+                ("draw-worker", 50.0),
+                ("load generator", 50.0)
+            ]
+        );
+        assert_eq!(b.total_us, 200.0);
+        // 2 cores = 2,000,000 µs of CPU a second, at 200 µs a draw.
+        assert_eq!(b.cores_allow_per_s, 10_000.0);
+        // 2 CPU-s spent out of 2 cores × 2 s.
+        assert_eq!(b.cores_busy, 0.5);
     }
 }
