@@ -813,7 +813,7 @@ async fn fleet_run(
             .chain([("load generator".to_owned(), own.as_secs_f64())]),
         max.ok,
         phase_s,
-        std::thread::available_parallelism().map_or(1, usize::from),
+        report::cores(),
     );
     Ok(report::Run {
         services,

@@ -92,6 +92,11 @@ pub(super) struct CpuBudget {
     pub cores_busy: f64,
 }
 
+/// The cores this machine gives the bench and everything it measures.
+pub(super) fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
 #[derive(Debug, Serialize)]
 pub(super) struct CpuShare {
     pub name: String,
@@ -163,7 +168,7 @@ impl Report {
             count: args.count,
             draw_events: config.draw_events,
             sched_batch: config.sched_batch,
-            cores: std::thread::available_parallelism().map_or(1, usize::from),
+            cores: cores(),
             ceilings: Ceilings::default(),
             memory: Memory::default(),
             flatness: None,
