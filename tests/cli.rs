@@ -68,6 +68,37 @@ async fn pool_load_rejects_a_bad_file_whole_and_status_reports_the_pool() {
 }
 
 #[tokio::test]
+async fn pool_status_reports_the_memory_of_either_storage() {
+    let env = TestEnv::new(&[]).await;
+    let combos: &[(&str, &[(u64, u64)])] = &[("c1", &[(0, 9_000), (5, 1_000)])];
+    env.load(&pool_toml("in-list", "", combos)).await;
+    env.load(&pool_toml("in-sparse", "storage = \"sparse\"", combos))
+        .await;
+    // The line's byte count, and what follows it.
+    let memory = |out: std::process::Output| {
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix("memory"))
+            .unwrap_or_else(|| panic!("no memory line in:\n{text}"))
+            .trim()
+            .to_owned();
+        let (bytes, rest) = line.split_once(" bytes ").unwrap();
+        (bytes.parse::<u64>().unwrap(), rest.to_owned())
+    };
+    let (list, how) = memory(prizepool(&env, &["pool", "status", "in-list"]).await);
+    assert!(how.starts_with("(list)"), "{how}");
+    assert!(list > 0 && list as f64 / 10_000.0 <= 2.5, "{list} bytes");
+    // Sparse storage keeps only the 1,000 non-zero prizes.
+    let (sparse, how) = memory(prizepool(&env, &["pool", "status", "in-sparse"]).await);
+    assert_eq!(how, "(sparse)");
+    assert!(
+        sparse > 0 && sparse as f64 / 1_000.0 <= 64.0,
+        "{sparse} bytes"
+    );
+}
+
+#[tokio::test]
 async fn draw_and_balance_commands() {
     let mut env = TestEnv::new(&[]).await;
     env.load(&pool_toml("cli", "", &[("c1", &[(3, 100)])]))

@@ -436,15 +436,13 @@ async fn list_mode_costs_about_two_bytes_per_prize() {
         ],
     ))
     .await;
-    let mut redis = env.redis.clone();
-    let bytes: u64 = redis::cmd("MEMORY")
-        .arg("USAGE")
-        .arg(env.keys(pool).queue())
-        .arg("SAMPLES")
-        .arg(0)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    let bytes = lucky_gift::storage_bytes(
+        &mut env.redis.clone(),
+        &env.keys(pool),
+        lucky_gift::Storage::List,
+    )
+    .await
+    .unwrap();
     let per_prize = bytes as f64 / 200_000.0;
     println!("list mode: {bytes} bytes for 200000 prizes = {per_prize:.3} bytes/prize");
     assert!(per_prize <= 2.5, "{per_prize} bytes per prize");
@@ -472,22 +470,11 @@ async fn sparse_mode_stores_only_non_zero_prizes() {
     .await;
     let mut redis = env.redis.clone();
     let bytes_of = |pool: &str| {
-        let keys = lucky_gift::sparse_keys(&env.keys(pool));
-        let mut redis = redis.clone();
+        let (keys, mut redis) = (env.keys(pool), redis.clone());
         async move {
-            let mut total = 0u64;
-            for k in keys {
-                let b: Option<u64> = redis::cmd("MEMORY")
-                    .arg("USAGE")
-                    .arg(&k)
-                    .arg("SAMPLES")
-                    .arg(0)
-                    .query_async(&mut redis)
-                    .await
-                    .unwrap();
-                total += b.unwrap_or(0);
-            }
-            total
+            lucky_gift::storage_bytes(&mut redis, &keys, lucky_gift::Storage::Sparse)
+                .await
+                .unwrap()
         }
     };
     let zeros = bytes_of("zeros").await;

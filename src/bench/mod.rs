@@ -466,13 +466,8 @@ async fn list_bytes_per_prize(
     keys: &PoolKeys,
 ) -> anyhow::Result<f64> {
     let mut conn = redis.clone();
-    let (bytes, len): (u64, u64) = redis::pipe()
-        .cmd("MEMORY")
-        .arg("USAGE")
-        .arg(keys.queue())
-        .arg("SAMPLES")
-        .arg(0)
-        .cmd("LLEN")
+    let bytes = lucky_gift::storage_bytes(&mut conn, keys, Storage::List).await?;
+    let len: u64 = redis::cmd("LLEN")
         .arg(keys.queue())
         .query_async(&mut conn)
         .await?;
@@ -505,17 +500,7 @@ async fn sparse_memory(svc: &Services<'_>) -> anyhow::Result<(f64, u64)> {
     for (pool, bytes) in [&prizes, &zeros].into_iter().zip(&mut bytes) {
         svc.load(pool).await?;
         let keys = PoolKeys::new(&svc.config.redis_prefix, &pool.id);
-        let mut conn = svc.redis.clone();
-        for key in lucky_gift::sparse_keys(&keys) {
-            let b: Option<u64> = redis::cmd("MEMORY")
-                .arg("USAGE")
-                .arg(&key)
-                .arg("SAMPLES")
-                .arg(0)
-                .query_async(&mut conn)
-                .await?;
-            *bytes += b.unwrap_or(0);
-        }
+        *bytes = lucky_gift::storage_bytes(&mut svc.redis.clone(), &keys, Storage::Sparse).await?;
     }
     Ok((bytes[0] as f64 / nonzero.max(1) as f64, bytes[1]))
 }

@@ -236,21 +236,20 @@ async fn pool(config: &Config, command: PoolCommand) -> anyhow::Result<()> {
                     status.in_pool, status.held_jackpots
                 );
                 println!("spent today    {}", status.spent_today);
-                let bytes: Option<u64> = redis::cmd("MEMORY")
-                    .arg("USAGE")
-                    .arg(keys.queue())
-                    .arg("SAMPLES")
-                    .arg(0)
-                    .query_async(&mut redis)
-                    .await
-                    .ok()
-                    .flatten();
-                let stored = status.in_pool.saturating_sub(status.held_jackpots);
-                if let (Some(bytes), true) = (bytes, stored > 0) {
-                    println!(
-                        "memory         {bytes} bytes, {:.2} bytes per stored prize",
-                        bytes as f64 / stored as f64
-                    );
+                let storage = lucky_gift::storage_of(&mut redis, &keys)
+                    .await?
+                    .unwrap_or(lucky_gift::Storage::List);
+                let bytes = lucky_gift::storage_bytes(&mut redis, &keys, storage).await?;
+                match storage {
+                    lucky_gift::Storage::List => println!(
+                        "memory         {bytes} bytes (list), {:.2} bytes per prize in pool",
+                        bytes as f64 / status.in_pool.max(1) as f64
+                    ),
+                    // Zeros take no room in sparse storage, so a figure per
+                    // prize in pool would mean nothing.
+                    lucky_gift::Storage::Sparse => {
+                        println!("memory         {bytes} bytes (sparse)")
+                    }
                 }
             }
         }

@@ -168,9 +168,33 @@ pub async fn draw<C: ConnectionLike + Send>(
 /// Indices per bucket of a sparse pool's `sp` hash.
 pub const SPARSE_BUCKET: u64 = 64;
 
-/// The keys holding a sparse pool's prizes (for memory accounting).
-pub fn sparse_keys(keys: &PoolKeys) -> Vec<String> {
-    vec![keys.sparse(), keys.segments(), keys.flags(), keys.held()]
+/// The keys holding the prizes of a pool in `storage` (for memory
+/// accounting): the prize list, or the sparse hash with its segments and
+/// flags; and the gated jackpots waiting.
+pub fn storage_keys(keys: &PoolKeys, storage: Storage) -> Vec<String> {
+    match storage {
+        Storage::List => vec![keys.queue(), keys.held()],
+        Storage::Sparse => vec![keys.sparse(), keys.segments(), keys.flags(), keys.held()],
+    }
+}
+
+/// Bytes of Redis memory (`MEMORY USAGE`, every element counted) the
+/// prizes of the pool behind `keys` take in `storage`.
+pub async fn storage_bytes<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &PoolKeys,
+    storage: Storage,
+) -> Result<u64, redis::RedisError> {
+    let mut pipe = redis::pipe();
+    for key in storage_keys(keys, storage) {
+        pipe.cmd("MEMORY")
+            .arg("USAGE")
+            .arg(key)
+            .arg("SAMPLES")
+            .arg(0);
+    }
+    let bytes: Vec<Option<u64>> = pipe.query_async(conn).await?;
+    Ok(bytes.into_iter().flatten().sum())
 }
 
 /// The storage of pool `keys`, or `None` if it is not a lucky-gift pool.
