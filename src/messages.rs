@@ -303,7 +303,11 @@ pub fn decode_typed<T: serde::de::DeserializeOwned>(value: &Value) -> Result<T, 
     })
 }
 
-/// Checks an id field: non-empty, at most [`MAX_ID_LEN`] bytes, printable.
+/// Checks an id field: non-empty, at most [`MAX_ID_LEN`] bytes, printable
+/// ASCII without `{` or `}`. Ids are data, never Redis key syntax: every id
+/// of the wire contract and of the loaded configs passes here before it is
+/// used in a key, so no id can name another pool's keys or break a Redis
+/// Cluster hash tag (`pp:{<pool>}:…`).
 pub fn check_id(field: &str, id: &str) -> Result<(), Invalid> {
     if id.is_empty() {
         return Err(Invalid::new(format!("`{field}` must not be empty")));
@@ -313,12 +317,17 @@ pub fn check_id(field: &str, id: &str) -> Result<(), Invalid> {
             "`{field}` is longer than {MAX_ID_LEN} bytes"
         )));
     }
-    if id.chars().any(|c| c.is_control() || c.is_whitespace()) {
+    if let Some(c) = id.chars().find(|c| !valid_id_char(*c)) {
         return Err(Invalid::new(format!(
-            "`{field}` must not contain spaces or control characters"
+            "`{field}` must be printable ASCII without spaces, `{{` or `}}`; found {c:?}"
         )));
     }
     Ok(())
+}
+
+/// Whether `c` may appear in an id.
+pub fn valid_id_char(c: char) -> bool {
+    c.is_ascii_graphic() && c != '{' && c != '}'
 }
 
 /// Checks an account or user id: non-negative.

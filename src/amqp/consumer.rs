@@ -62,6 +62,19 @@ pub enum HandleError {
     /// A dependency failed: retry with backoff, then requeue.
     #[error("transient failure: {0:#}")]
     Transient(#[from] anyhow::Error),
+    /// A failure that can never succeed however often it is retried (a
+    /// stored value that does not parse, a script reply nobody expects, an
+    /// overflow, a panic): dead-letter with the reason and answer `internal`
+    /// at once.
+    #[error("internal failure: {0:#}")]
+    Internal(anyhow::Error),
+}
+
+impl HandleError {
+    /// An internal (permanent) failure described by `message`.
+    pub fn internal(message: impl std::fmt::Display) -> Self {
+        Self::Internal(anyhow::anyhow!("{message}"))
+    }
 }
 
 impl From<redis::RedisError> for HandleError {
@@ -267,7 +280,22 @@ async fn process<H: Handler>(
         let (label, how) = match outcome {
             Ok(outcome) => finish(publisher, groupers, &delivery, outcome).await,
             Err(HandleError::Invalid(invalid)) => {
-                dead_letter(publisher, &delivery, route, &invalid).await
+                dead_letter(
+                    publisher,
+                    &delivery,
+                    route,
+                    ErrorCode::InvalidRequest,
+                    &invalid,
+                )
+                .await
+            }
+            Err(HandleError::Internal(error)) => {
+                tracing::error!(
+                    error = format!("{error:#}"),
+                    "permanent failure; dead-lettering"
+                );
+                let reason = Invalid::new(format!("{error:#}"));
+                dead_letter(publisher, &delivery, route, ErrorCode::Internal, &reason).await
             }
             Err(HandleError::Transient(error)) => {
                 tracing::error!(
@@ -367,10 +395,11 @@ async fn dead_letter(
     publisher: &Publisher,
     delivery: &Delivery,
     route: Route,
+    code: ErrorCode,
     invalid: &Invalid,
 ) -> (&'static str, Settle) {
-    tracing::warn!(reason = %invalid, "bad input; dead-lettering");
-    match publish_dead_letter(publisher, delivery, route, invalid).await {
+    tracing::warn!(reason = %invalid, %code, "dead-lettering");
+    match publish_dead_letter_as(publisher, delivery, route, code, invalid).await {
         Ok(()) => ("dead_lettered", Settle::Ack),
         Err(error) => {
             // Let the broker dead-letter it natively instead (no reason header).
@@ -386,13 +415,14 @@ fn dead_letter_message(
     delivery: &Delivery,
     body: Vec<u8>,
     route: Route,
+    code: ErrorCode,
     invalid: &Invalid,
 ) -> Outgoing {
     let properties: BasicProperties = with_header(
         with_header(
             delivery.properties.clone(),
             ERROR_CODE_HEADER,
-            ErrorCode::InvalidRequest.as_str(),
+            code.as_str(),
         ),
         ERROR_HEADER,
         &invalid.message,
@@ -415,19 +445,35 @@ pub async fn publish_dead_letter(
     route: Route,
     invalid: &Invalid,
 ) -> Result<(), super::publish::PublishError> {
+    publish_dead_letter_as(
+        publisher,
+        delivery,
+        route,
+        ErrorCode::InvalidRequest,
+        invalid,
+    )
+    .await
+}
+
+/// [`publish_dead_letter`] with the error `code` of the headers and reply
+/// (`internal` for a permanent failure).
+pub async fn publish_dead_letter_as(
+    publisher: &Publisher,
+    delivery: &Delivery,
+    route: Route,
+    code: ErrorCode,
+    invalid: &Invalid,
+) -> Result<(), super::publish::PublishError> {
     let mut messages = vec![dead_letter_message(
         delivery,
         delivery.data.clone(),
         route,
+        code,
         invalid,
     )];
     if let Some(reply_to) = delivery.properties.reply_to() {
         let request = messages::decode_envelope(&delivery.data).ok();
-        let reply = messages::rejected_reply(
-            request.as_ref(),
-            ErrorCode::InvalidRequest,
-            &invalid.message,
-        );
+        let reply = messages::rejected_reply(request.as_ref(), code, &invalid.message);
         messages.push(Outgoing::reply(
             reply_to.as_str(),
             delivery.properties.correlation_id().as_ref(),
@@ -447,7 +493,8 @@ pub async fn publish_dead_letter_part(
     route: Route,
     invalid: &Invalid,
 ) -> Result<(), super::publish::PublishError> {
-    let mut message = dead_letter_message(delivery, body, route, invalid);
+    let mut message =
+        dead_letter_message(delivery, body, route, ErrorCode::InvalidRequest, invalid);
     message.properties = message
         .properties
         .with_reply_to("".into())

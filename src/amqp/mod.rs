@@ -26,7 +26,8 @@ use lapin::{
 };
 
 pub use consumer::{
-    publish_dead_letter, publish_dead_letter_part, run, HandleError, Handler, Outcome,
+    publish_dead_letter, publish_dead_letter_as, publish_dead_letter_part, run, HandleError,
+    Handler, Outcome,
 };
 pub use publish::{Outgoing, Publisher};
 
