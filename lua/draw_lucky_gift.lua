@@ -1,42 +1,47 @@
 -- Draws `count` prizes from a lucky-gift pool in list storage, all or nothing.
+-- Prepended by lib/answer.lua.
 --
--- KEYS[1]: pool meta hash (kind, visible, unit_price, jackpot_*, max_count, drawn)
+-- KEYS[1]: pool meta hash (kind, visible, unit_price, jackpot_*, max_count, drawn, version, asset)
 -- KEYS[2]: prize list `q`; the first `visible` elements are drawable, the tail
 --          behind them is a batch being stocked and must not be touched
 -- KEYS[3]: `held` list: gated jackpots waiting, first in line
--- KEYS[4]: today's consumption counter (sum of count * unit_price)
+-- KEYS[4]: today's consumption counter (sum of count * unit_price, saturating)
 -- KEYS[5]: result key of this request (idempotency)
 -- ARGV[1]: count
 -- ARGV[2]: result TTL in seconds
 -- ARGV[3]: consumption counter TTL in seconds
+-- ARGV[4]: fingerprint of the request
 -- Returns: always three elements {status, text, number}:
---          {"dup", payload, 0}        the request was drawn before; its first result
---          {"ok", payload, 0}         payload = "<trigger>|<unit_price>|<spent>|<code>,<code>,..."
+--          {"dup", body, 0}           the request was answered before; its first answer
+--          {"reused", "", 0}          the request id was first used for another request
+--          {"ok", body, 0}            body = "<version>|<unit_price>|<trigger>|<code>,<code>,...|<asset>"
 --                                     trigger = -1, or the batch whose refill flag was taken
+--          {"refused", code, 0}       a remembered refusal (unknown_pool)
 --          {"short", in_pool, gen}    fewer than `count` drawable prizes; nothing changed
---          {"too_many", max_count, 0} count above the pool's max_count
---          {"unknown", "", 0}         no lucky-gift pool under these keys
+--          {"too_many", max_count, 0} count above the pool's max_count; nothing changed
 --
 -- Prizes are small-integer codes. The one prize flagged as a batch's refill
--- point is stored as "<code>f<batch>".
+-- point is stored as "<code>f<batch>". Everything is checked before the
+-- first write, so a step either completes or changes nothing.
 
-local prev = redis.call('GET', KEYS[5])
-if prev then return {'dup', prev, 0} end
+local seen = replay(KEYS[5], ARGV[4])
+if seen then return seen end
 
 local m = redis.call('HMGET', KEYS[1], 'kind', 'visible', 'unit_price',
-  'jackpot_threshold', 'jackpot_codes', 'max_count', 'gen')
-if m[1] ~= 'lucky_gift' then return {'unknown', '', 0} end
+  'jackpot_threshold', 'jackpot_codes', 'max_count', 'gen', 'version', 'asset', 'storage')
+if m[1] ~= 'lucky_gift' or m[10] == 'sparse' then return refuse(KEYS[5], ARGV[4], ARGV[2], 'unknown_pool') end
 local count = tonumber(ARGV[1])
 local max_count = tonumber(m[6])
-if max_count and count > max_count then return {'too_many', tostring(max_count), 0} end
+if max_count and count > max_count then return {'too_many', int(max_count), 0} end
 
 local visible = tonumber(m[2]) or 0
 local unit_price = tonumber(m[3])
 local held_len = redis.call('LLEN', KEYS[3])
-local spent = (tonumber(redis.call('GET', KEYS[4])) or 0) + count * unit_price
+local spent = math.min((tonumber(redis.call('GET', KEYS[4])) or 0) + count * unit_price, SPENT_CAP)
 local threshold = tonumber(m[4])
 -- No jackpot rule, or today's consumption (this draw included) reached it.
 local open = (threshold == nil) or (spent >= threshold)
+local gen = tonumber(m[7]) or 0
 
 local jackpot = {}
 if m[5] and m[5] ~= '' then
@@ -52,15 +57,15 @@ local function take(v)
   if code == nil then
     local c, g = string.match(v, '^(%d+)f(%d+)$')
     code = tonumber(c)
-    local gen = tonumber(g)
-    if gen > trigger then trigger = gen end
+    local flagged = tonumber(g)
+    if flagged > trigger then trigger = flagged end
   end
   return code
 end
 
 local from_q = 0
 if open then
-  if held_len + visible < count then return {'short', tostring(held_len + visible), tonumber(m[7]) or 0} end
+  if held_len + visible < count then return {'short', int(held_len + visible), gen} end
   -- Waiting jackpots are first in line.
   local from_held = math.min(count, held_len)
   if from_held > 0 then
@@ -74,8 +79,9 @@ if open then
 else
   -- Gated: jackpots met on the way move to `held` (they stay first in line)
   -- and the next prize takes their place. Only the prizes popped here are
-  -- touched, so a draw costs O(count) however many jackpots wait.
-  if visible < count then return {'short', tostring(held_len + visible), tonumber(m[7]) or 0} end
+  -- touched, so a draw costs O(count) however many jackpots wait; a long
+  -- run of jackpots costs its length, in chunks.
+  if visible < count then return {'short', int(held_len + visible), gen} end
   local popped = {}
   local held_now = {}
   local need = count
@@ -95,21 +101,26 @@ else
   end
   if need > 0 then
     -- Not enough winnable prizes: put everything back where it was.
-    for i = #popped, 1, -1 do redis.call('LPUSH', KEYS[2], popped[i]) end
-    return {'short', tostring(held_len + visible - #held_now), tonumber(m[7]) or 0}
+    local back = {}
+    for i = #popped, 1, -1 do back[#back + 1] = popped[i] end
+    push_all('LPUSH', KEYS[2], back)
+    return {'short', int(held_len + visible - #held_now), gen}
   end
   for _, v in ipairs(popped) do
     local code = take(v)
     if not jackpot[code] then codes[#codes + 1] = code end
   end
-  if #held_now > 0 then redis.call('RPUSH', KEYS[3], unpack(held_now)) end
+  push_all('RPUSH', KEYS[3], held_now)
 end
 
 -- (Lua 5.1 prints -0 as "-0", which Redis refuses: skip a zero move.)
 if from_q > 0 then redis.call('HINCRBY', KEYS[1], 'visible', -from_q) end
 redis.call('HINCRBY', KEYS[1], 'drawn', count)
-redis.call('INCRBY', KEYS[4], count * unit_price)
-redis.call('EXPIRE', KEYS[4], tonumber(ARGV[3]))
-local payload = trigger .. '|' .. unit_price .. '|' .. spent .. '|' .. table.concat(codes, ',')
-redis.call('SET', KEYS[5], payload, 'EX', tonumber(ARGV[2]))
-return {'ok', payload, 0}
+-- The batch whose refill point this draw took is due for its successor:
+-- a refill request for any later batch is refused.
+if trigger >= 0 then redis.call('HSET', KEYS[1], 'due', int(trigger)) end
+redis.call('SET', KEYS[4], int(spent), 'EX', tonumber(ARGV[3]))
+local body = (m[8] or '0') .. '|' .. int(unit_price) .. '|' .. int(trigger) .. '|'
+  .. table.concat(codes, ',') .. '|' .. (m[9] or 'coin')
+remember(KEYS[5], ARGV[4], body, ARGV[2])
+return {'ok', body, 0}

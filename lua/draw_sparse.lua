@@ -1,4 +1,5 @@
 -- Draws `count` prizes from a lucky-gift pool in sparse storage, all or nothing.
+-- Prepended by lib/answer.lua.
 --
 -- Prizes occupy consecutive indices. Only non-zero prizes are stored, in
 -- buckets of ARGV[4] indices: `sp` field <bucket> = "<offset>.<code>;...".
@@ -18,16 +19,20 @@
 -- ARGV[2]: result TTL, seconds
 -- ARGV[3]: consumption counter TTL, seconds
 -- ARGV[4]: bucket size
+-- ARGV[5]: fingerprint of the request
 -- Returns: the same three-element replies as draw_lucky_gift.lua
+--
+-- Everything is read and checked before the first write, so a step either
+-- completes or changes nothing.
 
-local prev = redis.call('GET', KEYS[7])
-if prev then return {'dup', prev, 0} end
+local seen = replay(KEYS[7], ARGV[5])
+if seen then return seen end
 local m = redis.call('HMGET', KEYS[1], 'kind', 'storage', 'max_index', 'cur', 'unit_price',
-  'jackpot_threshold', 'jackpot_codes', 'max_count', 'gen')
-if m[1] ~= 'lucky_gift' or m[2] ~= 'sparse' then return {'unknown', '', 0} end
+  'jackpot_threshold', 'jackpot_codes', 'max_count', 'gen', 'version', 'asset')
+if m[1] ~= 'lucky_gift' or m[2] ~= 'sparse' then return refuse(KEYS[7], ARGV[5], ARGV[2], 'unknown_pool') end
 local count = tonumber(ARGV[1])
 local max_count = tonumber(m[8])
-if max_count and count > max_count then return {'too_many', tostring(max_count), 0} end
+if max_count and count > max_count then return {'too_many', int(max_count), 0} end
 local B = tonumber(ARGV[4])
 local max_index = tonumber(m[3]) or 0
 local cur = tonumber(m[4]) or 0
@@ -35,7 +40,7 @@ local visible = max_index - cur
 local unit_price = tonumber(m[5])
 local gen = tonumber(m[9]) or 0
 local held_len = redis.call('LLEN', KEYS[5])
-local spent = (tonumber(redis.call('GET', KEYS[6])) or 0) + count * unit_price
+local spent = math.min((tonumber(redis.call('GET', KEYS[6])) or 0) + count * unit_price, SPENT_CAP)
 local threshold = tonumber(m[6])
 local open = (threshold == nil) or (spent >= threshold)
 local jackpot = {}
@@ -48,12 +53,12 @@ local buckets = {}
 local seg_start, seg_zero, next_start = -1, -1, -1
 local function seg_for(i)
   if seg_start < 0 or (next_start >= 0 and i >= next_start) then
-    local s = redis.call('ZREVRANGEBYSCORE', KEYS[3], i, '-inf', 'LIMIT', 0, 1)
+    local s = redis.call('ZREVRANGEBYSCORE', KEYS[3], int(i), '-inf', 'LIMIT', 0, 1)
     if s[1] then
       local a, z = string.match(s[1], '^(%d+):(-?%d+)$')
       seg_start, seg_zero = tonumber(a), tonumber(z)
     end
-    local n = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. i, '+inf', 'LIMIT', 0, 1)
+    local n = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. int(i), '+inf', 'LIMIT', 0, 1)
     next_start = n[1] and tonumber(string.match(n[1], '^(%d+):')) or -1
   end
   return seg_zero
@@ -63,7 +68,7 @@ local function prize_at(i)
   local t = buckets[b]
   if t == nil then
     t = {}
-    local v = redis.call('HGET', KEYS[2], b)
+    local v = redis.call('HGET', KEYS[2], int(b))
     if v then
       for off, code in string.gmatch(v, '(%d+)%.(%d+);') do t[tonumber(off)] = tonumber(code) end
     end
@@ -75,19 +80,18 @@ local function prize_at(i)
 end
 
 local codes = {}
+local from_held = 0
+local held_now = {}
 local new_cur = cur
 if open then
-  if held_len + visible < count then return {'short', tostring(held_len + visible), gen} end
-  local from_held = math.min(count, held_len)
-  if from_held > 0 then
-    for _, v in ipairs(redis.call('LPOP', KEYS[5], from_held)) do codes[#codes + 1] = tonumber(v) end
-  end
+  if held_len + visible < count then return {'short', int(held_len + visible), gen} end
+  -- Waiting jackpots are first in line.
+  from_held = math.min(count, held_len)
   for i = cur, cur + count - from_held - 1 do codes[#codes + 1] = prize_at(i) end
   new_cur = cur + count - from_held
 else
-  if visible < count then return {'short', tostring(held_len + visible), gen} end
+  if visible < count then return {'short', int(held_len + visible), gen} end
   -- Jackpots met on the way wait in `held`; the next prize takes their place.
-  local held_now = {}
   local i = cur
   while #codes < count and i < max_index do
     local c = prize_at(i)
@@ -95,29 +99,37 @@ else
     i = i + 1
   end
   -- Nothing was written yet, so a short answer needs no undo.
-  if #codes < count then return {'short', tostring(held_len + visible - #held_now), gen} end
-  if #held_now > 0 then redis.call('RPUSH', KEYS[5], unpack(held_now)) end
+  if #codes < count then return {'short', int(held_len + visible - #held_now), gen} end
   new_cur = i
 end
-
 for _, c in ipairs(codes) do
   if c < 0 then return redis.error_reply('sparse pool has an index with no prize and no zero prize') end
 end
+
+-- Writes start here.
+if from_held > 0 then
+  local first = {}
+  for _, v in ipairs(redis.call('LPOP', KEYS[5], from_held)) do first[#first + 1] = tonumber(v) end
+  for _, c in ipairs(codes) do first[#first + 1] = c end
+  codes = first
+end
+push_all('RPUSH', KEYS[5], held_now)
 local trigger = -1
 if new_cur > cur then
-  for _, g in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], cur, new_cur - 1)) do
+  for _, g in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], int(cur), int(new_cur - 1))) do
     if tonumber(g) > trigger then trigger = tonumber(g) end
   end
-  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', new_cur - 1)
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', int(new_cur - 1))
   -- Forget buckets and combo runs that are wholly behind us.
-  for b = math.floor(cur / B), math.floor(new_cur / B) - 1 do redis.call('HDEL', KEYS[2], b) end
-  local s = redis.call('ZREVRANGEBYSCORE', KEYS[3], new_cur, '-inf', 'LIMIT', 0, 1)
+  for b = math.floor(cur / B), math.floor(new_cur / B) - 1 do redis.call('HDEL', KEYS[2], int(b)) end
+  local s = redis.call('ZREVRANGEBYSCORE', KEYS[3], int(new_cur), '-inf', 'LIMIT', 0, 1)
   if s[1] then redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. string.match(s[1], '^(%d+):')) end
-  redis.call('HSET', KEYS[1], 'cur', new_cur)
+  redis.call('HSET', KEYS[1], 'cur', int(new_cur))
 end
 redis.call('HINCRBY', KEYS[1], 'drawn', count)
-redis.call('INCRBY', KEYS[6], count * unit_price)
-redis.call('EXPIRE', KEYS[6], tonumber(ARGV[3]))
-local payload = trigger .. '|' .. unit_price .. '|' .. spent .. '|' .. table.concat(codes, ',')
-redis.call('SET', KEYS[7], payload, 'EX', tonumber(ARGV[2]))
-return {'ok', payload, 0}
+if trigger >= 0 then redis.call('HSET', KEYS[1], 'due', int(trigger)) end
+redis.call('SET', KEYS[6], int(spent), 'EX', tonumber(ARGV[3]))
+local body = (m[10] or '0') .. '|' .. int(unit_price) .. '|' .. int(trigger) .. '|'
+  .. table.concat(codes, ',') .. '|' .. (m[11] or 'coin')
+remember(KEYS[7], ARGV[5], body, ARGV[2])
+return {'ok', body, 0}

@@ -1,6 +1,7 @@
 -- One lottery draw with the "wheel" strategy: window check, one chance
 -- spent, a weighted pick among prizes with stock left plus the unlimited
 -- consolation prize, and the stock taken, all in one step.
+-- Prepended by lib/answer.lua.
 --
 -- KEYS[1]: activity meta hash
 -- KEYS[2]: chances hash
@@ -11,27 +12,38 @@
 -- KEYS[7]: today's UV HyperLogLog
 -- ARGV[1]: user id
 -- ARGV[2]: now, unix ms
--- ARGV[3]: a random integer in [0, 2^31) from the caller
+-- ARGV[3]: random integers in [0, 2^52) from the caller, comma-separated
 -- ARGV[4]: result TTL, seconds
 -- ARGV[5]: PV/UV TTL, seconds
--- Returns: {status, "<prize>|<chances left>" or ""}, status one of
---          ok, dup, not_started, ended, no_chances, unknown
+-- ARGV[6]: fingerprint of the request
+-- Returns: {status, text, 0}:
+--          {"ok", "<prize>|<chances left>", 0}, {"dup", body, 0}, {"reused", "", 0},
+--          {"refused", code, 0} for unknown_pool, not_started, ended, no_chances, sold_out,
+--          {"retry", "", 0} when every random value fell in the rejected tail
+--          (nothing changed; call again with fresh values)
+--
+-- The pick is exactly uniform over the total weight: a value r is used only
+-- below the largest multiple of the total that fits in 2^52 (rejection
+-- sampling), so `r % total` has no modulo bias. Weights are bounded at load
+-- (total below 2^40), so a value is rejected with probability below 2^-12.
 
-local prev = redis.call('GET', KEYS[5])
-if prev then return {'dup', prev} end
+local seen = replay(KEYS[5], ARGV[6])
+if seen then return seen end
 local m = redis.call('HMGET', KEYS[1], 'kind', 'starts_at', 'ends_at', 'prizes', 'consolation')
-if m[1] ~= 'lottery' then return {'unknown', ''} end
+if m[1] ~= 'lottery' then return refuse(KEYS[5], ARGV[6], ARGV[4], 'unknown_pool') end
 
-redis.call('INCR', KEYS[6])
-redis.call('EXPIRE', KEYS[6], tonumber(ARGV[5]))
-redis.call('PFADD', KEYS[7], ARGV[1])
-redis.call('EXPIRE', KEYS[7], tonumber(ARGV[5]))
+local function count_visit()
+  redis.call('INCR', KEYS[6])
+  redis.call('EXPIRE', KEYS[6], tonumber(ARGV[5]))
+  redis.call('PFADD', KEYS[7], ARGV[1])
+  redis.call('EXPIRE', KEYS[7], tonumber(ARGV[5]))
+end
 
 local now = tonumber(ARGV[2])
-if now < tonumber(m[2]) then return {'not_started', ''} end
-if now >= tonumber(m[3]) then return {'ended', ''} end
+if now < tonumber(m[2]) then count_visit() return refuse(KEYS[5], ARGV[6], ARGV[4], 'not_started') end
+if now >= tonumber(m[3]) then count_visit() return refuse(KEYS[5], ARGV[6], ARGV[4], 'ended') end
 local chances = tonumber(redis.call('HGET', KEYS[2], ARGV[1])) or 0
-if chances <= 0 then return {'no_chances', ''} end
+if chances <= 0 then count_visit() return refuse(KEYS[5], ARGV[6], ARGV[4], 'no_chances') end
 
 -- Candidates: prizes with stock left (a sold-out prize's weight drops out),
 -- then the consolation prize. One pass, no retries.
@@ -51,17 +63,27 @@ if m[5] and m[5] ~= '' then
   weights[#weights + 1] = tonumber(w)
   total = total + tonumber(w)
 end
-if total == 0 then return {'sold_out', ''} end
-local r = tonumber(ARGV[3]) % total
+-- Every prize is gone and there is no consolation: no chance is spent.
+if total == 0 then count_visit() return refuse(KEYS[5], ARGV[6], ARGV[4], 'sold_out') end
+
+local SPAN = 4503599627370496 -- 2^52
+local limit = SPAN - (SPAN % total)
+local r = nil
+for v in string.gmatch(ARGV[3], '%d+') do
+  local x = tonumber(v)
+  if x < limit then r = x % total break end
+end
+if r == nil then return {'retry', '', 0} end
 local pick = #ids
 for i = 1, #ids do
   if r < weights[i] then pick = i break end
   r = r - weights[i]
 end
+count_visit()
 local prize = ids[pick]
 if pick <= finite then redis.call('HINCRBY', KEYS[3], prize, -1) end
 redis.call('HINCRBY', KEYS[4], prize, 1)
 local left = redis.call('HINCRBY', KEYS[2], ARGV[1], -1)
-local payload = prize .. '|' .. left
-redis.call('SET', KEYS[5], payload, 'EX', tonumber(ARGV[4]))
-return {'ok', payload}
+local body = prize .. '|' .. int(left)
+remember(KEYS[5], ARGV[6], body, ARGV[4])
+return {'ok', body, 0}

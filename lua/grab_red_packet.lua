@@ -1,4 +1,5 @@
 -- Grabs one share of a red packet for a user, at most one per user.
+-- Prepended by lib/answer.lua.
 --
 -- KEYS[1]: packet meta hash
 -- KEYS[2]: shares list
@@ -7,25 +8,31 @@
 -- ARGV[1]: user id
 -- ARGV[2]: now, unix milliseconds
 -- ARGV[3]: result TTL in seconds
--- Returns: {status, "<share>:<amount>" or "", asset}, status one of
---          ok, dup (the request's first result), already (the user's share),
---          closed (expired or closed), sold_out, unknown (no such packet)
+-- ARGV[4]: fingerprint of the request
+-- Returns: {status, text, 0}:
+--          {"ok", "<share>:<amount>:<asset>", 0}  a share, now
+--          {"dup", body, 0}                       the request's first answer
+--          {"reused", "", 0}                      the id was first used for another request
+--          {"refused", code, 0}                   pool_closed (expired or closed), sold_out,
+--                                                 unknown_pool, already_grabbed:<share>:<amount>
 
-local prev = redis.call('GET', KEYS[4])
+local seen = replay(KEYS[4], ARGV[4])
+if seen then return seen end
 local m = redis.call('HMGET', KEYS[1], 'kind', 'closed', 'expires_at', 'asset')
-local asset = m[4] or 'coin'
-if prev then return {'dup', prev, asset} end
-if m[1] ~= 'red_packet' then return {'unknown', '', asset} end
+if m[1] ~= 'red_packet' then return refuse(KEYS[4], ARGV[4], ARGV[3], 'unknown_pool') end
 -- The deadline is checked here, not only by the expiry job, so nobody grabs
 -- after expires_at even if the job runs late.
-if m[2] == '1' or tonumber(ARGV[2]) >= tonumber(m[3]) then return {'closed', '', asset} end
+if m[2] == '1' or tonumber(ARGV[2]) >= tonumber(m[3]) then
+  return refuse(KEYS[4], ARGV[4], ARGV[3], 'pool_closed')
+end
 local mine = redis.call('HGET', KEYS[3], ARGV[1])
-if mine then return {'already', mine, asset} end
+if mine then return refuse(KEYS[4], ARGV[4], ARGV[3], 'already_grabbed:' .. mine) end
 local share = redis.call('LPOP', KEYS[2])
-if not share then return {'sold_out', '', asset} end
+if not share then return refuse(KEYS[4], ARGV[4], ARGV[3], 'sold_out') end
 local amount = tonumber(string.match(share, ':(%d+)$'))
 redis.call('HSET', KEYS[3], ARGV[1], share)
 redis.call('HINCRBY', KEYS[1], 'grabbed', amount)
 redis.call('HINCRBY', KEYS[1], 'grabbed_count', 1)
-redis.call('SET', KEYS[4], share, 'EX', tonumber(ARGV[3]))
-return {'ok', share, asset}
+local body = share .. ':' .. (m[4] or 'coin')
+remember(KEYS[4], ARGV[4], body, ARGV[3])
+return {'ok', body, 0}

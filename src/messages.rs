@@ -13,6 +13,9 @@ use serde_json::Value;
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 /// Largest `count` a single draw may ask for, whatever the pool allows.
 pub const MAX_DRAW_COUNT: u32 = 10_000;
+/// Every amount, count and product prizepool computes stays below this
+/// (2^53): Lua numbers are doubles, exact up to here.
+pub const MAX_EXACT: i64 = 1 << 53;
 /// Longest idempotency id or pool id, in bytes.
 pub const MAX_ID_LEN: usize = 128;
 
@@ -50,6 +53,28 @@ impl ErrorCode {
             Self::InsufficientFunds => "insufficient_funds",
             Self::Internal => "internal",
         }
+    }
+}
+
+impl ErrorCode {
+    /// Every code, for reading stored refusals.
+    pub const ALL: [Self; 11] = [
+        Self::InvalidRequest,
+        Self::UnknownPool,
+        Self::PoolClosed,
+        Self::SoldOut,
+        Self::AlreadyGrabbed,
+        Self::NotStarted,
+        Self::Ended,
+        Self::NoChances,
+        Self::PoolExhausted,
+        Self::InsufficientFunds,
+        Self::Internal,
+    ];
+
+    /// The code named `name` (`"sold_out"`).
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.as_str() == name)
     }
 }
 

@@ -8,6 +8,18 @@
 
 use redis::Script;
 
+/// A script that answers requests: `lua/lib/answer.lua` (fingerprints,
+/// stored answers, integer formatting) followed by the script itself. Redis
+/// has no `require`, so the shared rules travel in front of each script.
+macro_rules! answering {
+    ($path:literal) => {
+        Script::new(concat!(
+            include_str!("../lua/lib/answer.lua"),
+            include_str!($path)
+        ))
+    };
+}
+
 /// The compiled-in scripts.
 #[derive(Debug)]
 pub struct Scripts {
@@ -33,7 +45,7 @@ impl Scripts {
     /// Builds the script table (hashing only; nothing is sent to Redis yet).
     pub fn new() -> Self {
         Self {
-            draw_lucky_gift: Script::new(include_str!("../lua/draw_lucky_gift.lua")),
+            draw_lucky_gift: answering!("../lua/draw_lucky_gift.lua"),
             stock_begin: Script::new(include_str!("../lua/stock_begin.lua")),
             stock_trim: Script::new(include_str!("../lua/stock_trim.lua")),
             stock_push: Script::new(include_str!("../lua/stock_push.lua")),
@@ -41,12 +53,12 @@ impl Scripts {
             configure_pool: Script::new(include_str!("../lua/configure_pool.lua")),
             pool_status: Script::new(include_str!("../lua/pool_status.lua")),
             stock_red_packet: Script::new(include_str!("../lua/stock_red_packet.lua")),
-            grab_red_packet: Script::new(include_str!("../lua/grab_red_packet.lua")),
+            grab_red_packet: answering!("../lua/grab_red_packet.lua"),
             close_red_packet: Script::new(include_str!("../lua/close_red_packet.lua")),
             configure_activity: Script::new(include_str!("../lua/configure_activity.lua")),
-            draw_wheel: Script::new(include_str!("../lua/draw_wheel.lua")),
+            draw_wheel: answering!("../lua/draw_wheel.lua"),
             grant_chances: Script::new(include_str!("../lua/grant_chances.lua")),
-            draw_sparse: Script::new(include_str!("../lua/draw_sparse.lua")),
+            draw_sparse: answering!("../lua/draw_sparse.lua"),
             sparse_stock: Script::new(include_str!("../lua/sparse_stock.lua")),
             red_packet_status: Script::new(include_str!("../lua/red_packet_status.lua")),
         }

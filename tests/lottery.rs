@@ -217,32 +217,73 @@ async fn the_wheel_script_picks_exactly_as_the_reference_model() {
     .await;
     let keys = env.keys("model");
     let mut redis = env.redis.clone();
-    lottery::grant(&mut redis, &env.scripts, &keys, "g", 1, 1000)
+    lottery::grant(&mut redis, &env.scripts, &keys, "model", "g", 1, 1000)
         .await
         .unwrap();
     let names = ["a", "b", "points-10"];
     let weights = [3u64, 5, 1];
-    for r in 0..60u64 {
-        let (status, text): (String, String) = env
+    let span = 1u64 << 52;
+    let limit = span - span % 9;
+    // Small values, and values around the rejection limit: a value at or
+    // above it is skipped for the next one, as the model says.
+    let mut cases: Vec<Vec<u64>> = (0..60u64).map(|r| vec![r]).collect();
+    for top in limit - 4..span.min(limit + 4) {
+        cases.push(vec![top, 7]);
+    }
+    for (n, random) in cases.iter().enumerate() {
+        let list = random
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        let (status, text, _): (String, String, u64) = env
             .scripts
             .draw_wheel
             .key(keys.meta())
             .key(keys.chances())
             .key(keys.stock())
             .key(keys.awarded())
-            .key(keys.result(&format!("r{r}")))
+            .key(keys.result(&format!("r{n}")))
             .key(keys.pv("d"))
             .key(keys.uv("d"))
             .arg(1)
             .arg(prizepool::scripts::now_ms())
-            .arg(r)
+            .arg(&list)
             .arg(60)
             .arg(60)
+            .arg("fp")
             .invoke_async(&mut redis)
             .await
             .unwrap();
-        assert_eq!(status, "ok");
-        let expected = names[lottery::pick_weighted(&weights, r).unwrap()];
-        assert_eq!(text.split('|').next(), Some(expected), "r = {r}");
+        assert_eq!(status, "ok", "{list}");
+        let expected = names[lottery::pick_weighted(&weights, random).unwrap()];
+        assert_eq!(text.split('|').next(), Some(expected), "random = {list}");
     }
+    // Every value rejected: nothing changes, the caller is asked to retry.
+    let (status, _, _): (String, String, u64) = env
+        .scripts
+        .draw_wheel
+        .key(keys.meta())
+        .key(keys.chances())
+        .key(keys.stock())
+        .key(keys.awarded())
+        .key(keys.result("rejected"))
+        .key(keys.pv("d"))
+        .key(keys.uv("d"))
+        .arg(1)
+        .arg(prizepool::scripts::now_ms())
+        .arg(format!("{},{}", span - 1, span - 2))
+        .arg(60)
+        .arg(60)
+        .arg("fp")
+        .invoke_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(status, "retry");
+    let stored: Option<String> = redis::cmd("GET")
+        .arg(keys.result("rejected"))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(stored, None);
 }

@@ -15,7 +15,7 @@ async fn draw(env: &TestEnv, pool: &str, count: u32) -> DrawStep {
         .await
         .unwrap()
         .unwrap_or(lucky_gift::Storage::List);
-    lucky_gift::draw(
+    lucky_gift::draw_once(
         &mut redis,
         &env.scripts,
         &env.keys(pool),
@@ -23,6 +23,7 @@ async fn draw(env: &TestEnv, pool: &str, count: u32) -> DrawStep {
         &ulid::Ulid::new().to_string(),
         count,
         3600,
+        "test",
     )
     .await
     .unwrap()
@@ -206,7 +207,10 @@ async fn the_prize_at_the_refill_point_carries_the_trigger(storage: &str) {
 
 async fn unknown_pool_and_count_above_max_count(storage: &str) {
     let env = TestEnv::new(&[]).await;
-    assert_eq!(draw(&env, "nope", 1).await, DrawStep::Unknown);
+    assert!(matches!(
+        draw(&env, "nope", 1).await,
+        DrawStep::Refused(r) if r.code == prizepool::messages::ErrorCode::UnknownPool
+    ));
     env.load(&pool_toml_in(storage, "small", "max_count = 3", COMBOS))
         .await;
     assert_eq!(

@@ -26,9 +26,9 @@ use super::stats::{Latencies, Percentiles};
 use crate::{
     config::Config,
     kinds::{
-        lottery::{DrawContext, LotteryStep, Strategy},
-        lucky_gift::{self, DrawStep},
-        red_packet,
+        self as kinds,
+        lottery::{self, Strategy},
+        lucky_gift, red_packet, Ask,
     },
     scripts::{PoolKeys, Scripts},
 };
@@ -82,6 +82,8 @@ pub(super) enum Step {
 
 /// How long the passes keep their result keys.
 const TTL_S: u64 = 120;
+/// The request fingerprint of every ceiling call (each call has an id of its own).
+const FINGERPRINT: &str = "bench";
 
 impl Step {
     /// The keys and user of the `n`th call of a pass (lucky-gift draws name
@@ -115,11 +117,24 @@ impl Step {
                 id,
                 *count,
                 TTL_S,
+                FINGERPRINT,
             ),
             Self::RedPacket { .. } => {
-                red_packet::grab_call(&scripts.grab_red_packet, keys, id, user, TTL_S)
+                red_packet::grab_call(&scripts.grab_red_packet, keys, id, user, TTL_S, FINGERPRINT)
             }
-            Self::Lottery { strategy, .. } => strategy.invocation(scripts, keys, id, user, TTL_S),
+            Self::Lottery { strategy, .. } => strategy.invocation(
+                scripts,
+                keys,
+                &Ask {
+                    request_id: id,
+                    pool: "",
+                    user,
+                    count: 1,
+                    fingerprint: FINGERPRINT,
+                    result_ttl_s: TTL_S,
+                },
+                &lottery::random_values(),
+            ),
         }
     }
 
@@ -132,27 +147,39 @@ impl Step {
         id: &str,
         user: i64,
     ) -> anyhow::Result<bool> {
-        Ok(match self {
-            Self::LuckyGift { storage, count, .. } => matches!(
-                lucky_gift::draw(conn, scripts, keys, *storage, id, *count, TTL_S).await?,
-                DrawStep::Drawn(_)
-            ),
-            Self::RedPacket { .. } => matches!(
-                red_packet::grab(conn, scripts, keys, id, user, TTL_S).await?,
-                red_packet::Grab::Got { .. }
-            ),
-            Self::Lottery { strategy, .. } => {
-                let ctx = DrawContext {
+        let ask = Ask {
+            request_id: id,
+            pool: "bench",
+            user,
+            count: 1,
+            fingerprint: FINGERPRINT,
+            result_ttl_s: TTL_S,
+        };
+        let step = match self {
+            Self::LuckyGift { storage, count, .. } => {
+                let ask = Ask {
+                    count: *count,
+                    ..ask
+                };
+                let drawn = lucky_gift::draw_once(
                     conn,
                     scripts,
                     keys,
-                    request_id: id,
-                    user,
-                    result_ttl_s: TTL_S,
-                };
-                matches!(strategy.draw(ctx).await?, LotteryStep::Won { .. })
+                    *storage,
+                    id,
+                    ask.count,
+                    TTL_S,
+                    FINGERPRINT,
+                )
+                .await?;
+                return Ok(matches!(drawn, lucky_gift::DrawStep::Drawn(_)));
             }
-        })
+            Self::RedPacket { .. } => red_packet::grab(conn, scripts, keys, &ask).await?,
+            Self::Lottery { strategy, .. } => {
+                lottery::draw(conn, scripts, keys, *strategy, &ask).await?
+            }
+        };
+        Ok(matches!(step, kinds::Step::Awarded(_)))
     }
 
     /// Makes the `n`th call of a pass as `caller` says; `false` once the

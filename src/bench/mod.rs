@@ -442,6 +442,7 @@ impl Services<'_> {
                 &mut conn,
                 &self.scripts,
                 &keys,
+                id,
                 &format!("bench-{user}"),
                 user as i64,
                 1_000_000,
@@ -573,7 +574,7 @@ async fn fixed_draws(
         let (mut conn, keys, scripts) = (redis.clone(), keys.clone(), scripts.clone());
         tasks.push(tokio::spawn(async move {
             for _ in 0..per_task {
-                lucky_gift::draw(
+                lucky_gift::draw_once(
                     &mut conn,
                     &scripts,
                     &keys,
@@ -581,6 +582,7 @@ async fn fixed_draws(
                     &ulid::Ulid::new().to_string(),
                     1,
                     120,
+                    "bench",
                 )
                 .await?;
             }

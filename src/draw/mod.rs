@@ -1,127 +1,59 @@
-//! The draw worker: decodes a request, dispatches it by the pool's kind, and
-//! returns the reply plus the messages it causes (settlement, refill, event).
+//! The draw worker: what every prize kind shares. It decodes a request,
+//! validates it, binds its id to its content, resolves the pool's kind, asks
+//! the kind for one step (see [`crate::kinds`]), waits for a refill when the
+//! pool is short, and builds the outcome: the reply and the messages it
+//! causes (settlement, refill, event).
 //!
-//! The draw itself is one Lua step in Redis; everything around it is
-//! idempotent, so a redelivered request replays its first result and
-//! republishes the same settlement (which the ledger applies once).
+//! Order matters. The id is claimed before the pool step, so an id reused
+//! on another pool or for another user or count is refused before anything
+//! moves. The kind's step stores its answer atomically with its effect, so a
+//! redelivered request replays its first answer and republishes the same
+//! settlement (which the ledger applies once). A `pool_exhausted` decided
+//! here is stored with `SET NX`: if a concurrent copy of the request drew
+//! meanwhile, its award wins and is the answer.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
-use crate::redis_conn::RedisConn;
 use backon::{BackoffBuilder, ExponentialBuilder};
-use serde_json::{json, Value};
-use tokio::sync::RwLock;
+use serde_json::Value;
 
 use crate::{
     amqp::{self, grouped::DRAW_COMPLETED, HandleError, Handler, Outcome, Outgoing, Publisher},
     config::{Config, DrawEvents},
-    kinds::{
-        lottery::{self, LotteryStep},
-        lucky_gift::{self, CodeTable, DrawStep, Drawn, Storage},
-        red_packet::{self, Grab},
-    },
+    kinds::{self, answer, lottery, Ask, Award, Claim, Kinds, Refusal, Step},
     messages::{
         decode_typed, retype, typed_json, DrawQueueMessage, DrawRequest, DrawResult, ErrorBody,
-        ErrorCode, GrantRequest, Invalid, Prize, RefillRequest, SettleRequest, Status,
+        ErrorCode, GrantRequest, RefillRequest, Status,
     },
-    scripts::{PoolKeys, Scripts},
+    redis_conn::RedisConn,
 };
 
 /// Everything a draw needs; shared by all in-flight deliveries.
 #[derive(Debug)]
 pub struct DrawWorker {
     config: Config,
-    redis: RedisConn,
-    scripts: Scripts,
-    /// Decoding tables per pool. Tables only grow, so a cached table is
-    /// reloaded only when a code past its end shows up.
-    codes: RwLock<HashMap<String, Arc<(CodeTable, String)>>>,
-    /// Kind of each pool id seen. An id never changes kind (the registry in
-    /// Postgres enforces one namespace), so entries never go stale.
-    kinds: RwLock<HashMap<String, Kind>>,
+    kinds: Kinds,
+    /// The urgent refill last asked per pool: (generation, when). One per
+    /// pool and generation is in flight at a time, however many draws find
+    /// the pool short.
+    urgent: Mutex<HashMap<String, (u64, Instant)>>,
 }
 
-/// The prize kinds a draw can address.
-#[derive(Clone, Copy, Debug)]
-enum Kind {
-    LuckyGift(Storage),
-    RedPacket,
-    /// The activity's strategy, resolved once: `activity load` refuses to
-    /// change an activity's strategy, so the label cannot go stale.
-    Lottery(&'static dyn lottery::Strategy),
-}
+/// Most pools whose last urgent refill a worker remembers.
+const MAX_URGENT_POOLS: usize = 10_000;
 
 impl DrawWorker {
     /// Builds the worker from its connections.
     pub fn new(config: Config, redis: RedisConn) -> Self {
+        let kinds = Kinds::new(redis, &config.redis_prefix);
         Self {
             config,
-            redis,
-            scripts: Scripts::new(),
-            codes: RwLock::new(HashMap::new()),
-            kinds: RwLock::new(HashMap::new()),
-        }
-    }
-
-    /// The kind of pool `id`, from the cache or Redis; `None` if unknown.
-    async fn kind(&self, keys: &PoolKeys, id: &str) -> Result<Option<Kind>, HandleError> {
-        if let Some(kind) = self.kinds.read().await.get(id) {
-            return Ok(Some(*kind));
-        }
-        let mut conn = self.redis.clone();
-        let (label, storage, strategy): (Option<String>, Option<String>, Option<String>) =
-            redis::cmd("HMGET")
-                .arg(keys.meta())
-                .arg("kind")
-                .arg("storage")
-                .arg("strategy")
-                .query_async(&mut conn)
-                .await?;
-        let kind = match label.as_deref() {
-            Some(lucky_gift::KIND) if storage.as_deref() == Some("sparse") => {
-                Kind::LuckyGift(Storage::Sparse)
-            }
-            Some(lucky_gift::KIND) => Kind::LuckyGift(Storage::List),
-            Some(red_packet::KIND) => Kind::RedPacket,
-            Some(lottery::KIND) => match strategy.as_deref().and_then(lottery::strategy) {
-                Some(s) => Kind::Lottery(s),
-                None => {
-                    return Err(anyhow::anyhow!(
-                        "activity {id} names no registered strategy ({strategy:?})"
-                    )
-                    .into())
-                }
-            },
-            _ => return Ok(None),
-        };
-        self.kinds.write().await.insert(id.to_owned(), kind);
-        Ok(Some(kind))
-    }
-
-    /// The outcome of a successful draw of any kind: the reply, the messages
-    /// it causes, and the `draw.completed` event as `DRAW_EVENTS` says. The
-    /// result is serialised once; the event is the reply retyped.
-    fn completed(
-        &self,
-        result: &DrawResult,
-        mut effects: Vec<Outgoing>,
-        ledger: Option<SettleRequest>,
-    ) -> Outcome {
-        let fields = serde_json::to_vec(result).unwrap_or_default();
-        let event = || retype(DRAW_COMPLETED.routing_key, &fields);
-        let mut events = Vec::new();
-        match self.config.draw_events {
-            DrawEvents::Grouped => events.push(event()),
-            DrawEvents::Each => {
-                effects.push(Outgoing::event_raw(DRAW_COMPLETED.routing_key, event()))
-            }
-            DrawEvents::Off => {}
-        }
-        Outcome {
-            reply: Some(retype("draw_result", &fields)),
-            effects,
-            ledger: ledger.into_iter().collect(),
-            events,
+            kinds,
+            urgent: Mutex::new(HashMap::new()),
         }
     }
 
@@ -132,208 +64,26 @@ impl DrawWorker {
         publisher: &Publisher,
     ) -> Result<Outcome, HandleError> {
         req.validate()?;
-        let keys = PoolKeys::new(&self.config.redis_prefix, &req.pool);
-        match self.kind(&keys, &req.pool).await? {
-            Some(Kind::LuckyGift(storage)) => {
-                self.draw_lucky_gift(req, keys, storage, publisher).await
-            }
-            Some(Kind::RedPacket) => self.grab(req, keys).await,
-            Some(Kind::Lottery(strategy)) => self.draw_lottery(req, keys, strategy).await,
-            None => Ok(rejected(
-                &req,
-                ErrorCode::UnknownPool,
-                format!("no pool named {}", req.pool),
-            )),
+        let fingerprint = kinds::fingerprint("draw", &[&req.pool, &req.user_id, &req.count]);
+        let ttl = self.config.result_ttl.as_secs();
+        let mut conn = self.kinds.redis();
+        let claim_key = answer::claim_key(&self.config.redis_prefix, "rq", &req.request_id);
+        if kinds::claim(&mut conn, &claim_key, &fingerprint, ttl).await? == Claim::Reused {
+            return Err(answer::reused("request_id", &req.request_id));
         }
-    }
-
-    /// A red-packet grab: one share per user.
-    async fn grab(&self, req: DrawRequest, keys: PoolKeys) -> Result<Outcome, HandleError> {
-        if req.count != 1 {
-            return Err(Invalid::new(format!(
-                "a red packet is grabbed one share at a time; `count` must be 1, got {}",
-                req.count
-            ))
-            .into());
-        }
-        let mut conn = self.redis.clone();
-        let grab = red_packet::grab(
-            &mut conn,
-            &self.scripts,
-            &keys,
-            &req.request_id,
-            req.user_id,
-            self.config.result_ttl.as_secs(),
-        )
-        .await?;
-        let (share, amount, asset) = match grab {
-            Grab::Got {
-                share,
-                amount,
-                asset,
-                ..
-            } => (share, amount, asset),
-            Grab::Already { share, amount } => {
-                let mut result = rejected_result(
-                    &req,
-                    ErrorCode::AlreadyGrabbed,
-                    format!(
-                        "user {} already grabbed share {share} of {}",
-                        req.user_id, req.pool
-                    ),
-                );
-                result.previous = Some(Prize::Share { share, amount });
-                return Ok(Outcome {
-                    reply: Some(typed_json("draw_result", &result)),
-                    ..Outcome::default()
-                });
-            }
-            Grab::Closed => {
-                return Ok(rejected(
-                    &req,
-                    ErrorCode::PoolClosed,
-                    format!("red packet {} is closed", req.pool),
-                ))
-            }
-            Grab::SoldOut => {
-                return Ok(rejected(
-                    &req,
-                    ErrorCode::SoldOut,
-                    format!("red packet {} is empty", req.pool),
-                ))
-            }
-            Grab::Unknown => {
-                return Ok(rejected(
-                    &req,
-                    ErrorCode::UnknownPool,
-                    format!("no pool named {}", req.pool),
-                ))
-            }
+        let ask = Ask {
+            request_id: &req.request_id,
+            pool: &req.pool,
+            user: req.user_id,
+            count: req.count,
+            fingerprint: &fingerprint,
+            result_ttl_s: ttl,
         };
-
-        let result = DrawResult {
-            request_id: req.request_id.clone(),
-            status: Status::Ok,
-            pool: Some(req.pool.clone()),
-            user_id: Some(req.user_id),
-            prizes: vec![Prize::Share { share, amount }],
-            reward: Some(amount),
-            asset: Some(asset.clone()),
-            ..DrawResult::default()
+        let Some(kind) = self.kinds.resolve(&req.pool).await? else {
+            return self
+                .refuse(&ask, Refusal::new(ErrorCode::UnknownPool))
+                .await;
         };
-        // One entry per (packet, user): even a different request id cannot credit twice.
-        let entry = SettleRequest::new(
-            format!("redpacket:{}:grab:{}", req.pool, req.user_id),
-            req.user_id,
-            asset,
-            amount,
-            "red_packet",
-            json!({ "pool": req.pool, "request_id": req.request_id, "share": share }),
-        );
-        Ok(self.completed(&result, Vec::new(), Some(entry)))
-    }
-
-    /// A lottery draw through the activity's strategy.
-    async fn draw_lottery(
-        &self,
-        req: DrawRequest,
-        keys: PoolKeys,
-        strategy: &'static dyn lottery::Strategy,
-    ) -> Result<Outcome, HandleError> {
-        if req.count != 1 {
-            return Err(Invalid::new(format!(
-                "a lottery draw spends one chance; `count` must be 1, got {}",
-                req.count
-            ))
-            .into());
-        }
-        let mut conn = self.redis.clone();
-        let step = strategy
-            .draw(lottery::DrawContext {
-                conn: &mut conn,
-                scripts: &self.scripts,
-                keys: &keys,
-                request_id: &req.request_id,
-                user: req.user_id,
-                result_ttl_s: self.config.result_ttl.as_secs(),
-            })
-            .await?;
-        let (prize, chances_left) = match step {
-            LotteryStep::Won {
-                prize,
-                chances_left,
-                ..
-            } => (prize, chances_left),
-            LotteryStep::NotStarted => {
-                return Ok(rejected(
-                    &req,
-                    ErrorCode::NotStarted,
-                    format!("activity {} has not started", req.pool),
-                ))
-            }
-            LotteryStep::Ended => {
-                return Ok(rejected(
-                    &req,
-                    ErrorCode::Ended,
-                    format!("activity {} has ended", req.pool),
-                ))
-            }
-            LotteryStep::NoChances => {
-                return Ok(rejected(
-                    &req,
-                    ErrorCode::NoChances,
-                    format!("user {} has no chance left in {}", req.user_id, req.pool),
-                ))
-            }
-            LotteryStep::SoldOut => {
-                return Ok(rejected(
-                    &req,
-                    ErrorCode::SoldOut,
-                    format!("activity {} has no prize left", req.pool),
-                ))
-            }
-            LotteryStep::Unknown => {
-                return Ok(rejected(
-                    &req,
-                    ErrorCode::UnknownPool,
-                    format!("no pool named {}", req.pool),
-                ))
-            }
-        };
-        let asset = format!("item:{prize}");
-        let result = DrawResult {
-            request_id: req.request_id.clone(),
-            status: Status::Ok,
-            pool: Some(req.pool.clone()),
-            user_id: Some(req.user_id),
-            prizes: vec![Prize::Item {
-                prize,
-                asset: asset.clone(),
-                amount: 1,
-            }],
-            chances_left: Some(chances_left),
-            ..DrawResult::default()
-        };
-        let entry = SettleRequest::new(
-            format!("lottery:{}", req.request_id),
-            req.user_id,
-            asset,
-            1,
-            "lottery",
-            json!({ "pool": req.pool, "request_id": req.request_id }),
-        );
-        Ok(self.completed(&result, Vec::new(), Some(entry)))
-    }
-
-    /// A lucky-gift draw, waiting for a refill when the pool is short.
-    async fn draw_lucky_gift(
-        &self,
-        req: DrawRequest,
-        keys: PoolKeys,
-        storage: Storage,
-        publisher: &Publisher,
-    ) -> Result<Outcome, HandleError> {
-        let mut conn = self.redis.clone();
         let mut delays = ExponentialBuilder::default()
             .with_jitter()
             .with_min_delay(Duration::from_millis(10))
@@ -341,209 +91,227 @@ impl DrawWorker {
             .with_total_delay(Some(self.config.short_pool_wait))
             .without_max_times()
             .build();
-        let mut refill_asked: Option<u64> = None;
         loop {
-            let step = lucky_gift::draw(
-                &mut conn,
-                &self.scripts,
-                &keys,
-                storage,
-                &req.request_id,
-                req.count,
-                self.config.result_ttl.as_secs(),
-            )
-            .await?;
-            let (in_pool, generation) = match step {
-                DrawStep::Drawn(drawn) | DrawStep::Replayed(drawn) => {
-                    return self.drawn(&req, &keys, drawn).await
-                }
-                DrawStep::TooMany { max_count } => {
-                    return Err(Invalid::new(format!(
-                        "`count` {} is above the max_count {max_count} of pool {}",
-                        req.count, req.pool
-                    ))
-                    .into())
-                }
-                DrawStep::Unknown => {
-                    return Ok(rejected(
-                        &req,
-                        ErrorCode::UnknownPool,
-                        format!("no pool named {}", req.pool),
-                    ))
-                }
-                DrawStep::Short {
+            let (in_pool, generation) = match self.kinds.draw(kind, &ask).await? {
+                Step::Awarded(award) => return Ok(self.awarded(*award)),
+                Step::Refused(refusal) => return Ok(refused(&ask, refusal)),
+                Step::Short {
                     in_pool,
                     generation,
                 } => (in_pool, generation),
             };
-            // Ask for the next batch once per batch seen short; the refill
-            // worker stocks one batch per trigger however often it is asked.
-            if refill_asked != Some(generation) {
-                let refill = RefillRequest {
-                    pool: req.pool.clone(),
-                    trigger: generation,
-                    urgent: true,
-                };
-                publisher
-                    .publish(Outgoing::work_raw(
-                        amqp::REFILL.routing_key,
-                        typed_json("refill", &refill),
-                    ))
-                    .await?;
-                refill_asked = Some(generation);
-                metrics::counter!("prizepool_urgent_refills_total").increment(1);
-            }
+            self.ask_refill(&req.pool, generation, publisher).await?;
             match delays.next() {
                 Some(delay) => tokio::time::sleep(delay).await,
                 None => {
+                    tracing::debug!(in_pool, count = req.count, "no refill arrived in time");
                     metrics::counter!("prizepool_pool_exhausted_total").increment(1);
-                    return Ok(rejected(
-                        &req,
-                        ErrorCode::PoolExhausted,
-                        format!(
-                            "pool {} holds {in_pool} prizes, fewer than {} asked, and no refill arrived in time",
-                            req.pool, req.count
-                        ),
-                    ));
+                    return self
+                        .refuse(&ask, Refusal::new(ErrorCode::PoolExhausted))
+                        .await;
                 }
             }
         }
     }
 
-    async fn table(
+    /// Asks for batch `generation + 1` of `pool` now, unless this worker
+    /// asked for it within the short-pool wait; the refill worker stocks one
+    /// batch per trigger however often it is asked.
+    async fn ask_refill(
         &self,
-        keys: &PoolKeys,
         pool: &str,
-        needed: u32,
-    ) -> Result<Arc<(CodeTable, String)>, HandleError> {
-        if let Some(t) = self.codes.read().await.get(pool) {
-            if (needed as usize) < t.0.len() {
-                return Ok(t.clone());
+        generation: u64,
+        publisher: &Publisher,
+    ) -> Result<(), HandleError> {
+        {
+            let mut urgent = self.urgent.lock().unwrap_or_else(|e| e.into_inner());
+            let now = Instant::now();
+            if let Some((g, at)) = urgent.get(pool) {
+                if *g == generation && now.duration_since(*at) < self.config.short_pool_wait {
+                    return Ok(());
+                }
             }
+            if urgent.len() >= MAX_URGENT_POOLS {
+                urgent.clear();
+            }
+            urgent.insert(pool.to_owned(), (generation, now));
         }
-        let mut conn = self.redis.clone();
-        let loaded = lucky_gift::load_codes(&mut conn, keys)
-            .await?
-            .ok_or_else(|| anyhow::anyhow!("pool {pool} has no code table"))?;
-        let loaded = Arc::new(loaded);
-        self.codes
-            .write()
-            .await
-            .insert(pool.to_owned(), loaded.clone());
-        Ok(loaded)
-    }
-
-    async fn drawn(
-        &self,
-        req: &DrawRequest,
-        keys: &PoolKeys,
-        drawn: Drawn,
-    ) -> Result<Outcome, HandleError> {
-        let highest = drawn.codes.iter().copied().max().unwrap_or(0);
-        let table = self.table(keys, &req.pool, highest).await?;
-        let (codes, asset) = (&table.0, &table.1);
-        let mut prizes = Vec::with_capacity(drawn.codes.len());
-        let mut total: u64 = 0;
-        for &code in &drawn.codes {
-            let (combo, multiplier) = codes.decode(code).ok_or_else(|| {
-                anyhow::anyhow!("code {code} is not in the table of pool {}", req.pool)
-            })?;
-            total += multiplier;
-            prizes.push(Prize::Multiplier {
-                multiplier,
-                combo: combo.to_owned(),
-            });
-        }
-        let reward = i64::try_from(total)
-            .ok()
-            .and_then(|t| t.checked_mul(drawn.unit_price))
-            .ok_or_else(|| anyhow::anyhow!("reward overflows"))?;
-        let result = DrawResult {
-            request_id: req.request_id.clone(),
-            status: Status::Ok,
-            pool: Some(req.pool.clone()),
-            user_id: Some(req.user_id),
-            prizes,
-            total_multiplier: Some(total),
-            reward: Some(reward),
-            asset: Some(asset.clone()),
-            ..DrawResult::default()
+        let refill = RefillRequest {
+            pool: pool.to_owned(),
+            trigger: generation,
+            urgent: true,
         };
-        let mut effects = Vec::with_capacity(2);
-        let entry = (reward != 0).then(|| {
-            SettleRequest::new(
-                format!("draw:{}", req.request_id),
-                req.user_id,
-                asset.as_str(),
-                reward,
-                "lucky_gift",
-                json!({ "pool": req.pool, "request_id": req.request_id }),
-            )
-        });
-        if let Some(trigger) = drawn.trigger {
-            let refill = RefillRequest {
-                pool: req.pool.clone(),
-                trigger,
-                urgent: false,
-            };
-            effects.push(Outgoing::work_raw(
+        publisher
+            .publish(Outgoing::work_raw(
                 amqp::REFILL.routing_key,
                 typed_json("refill", &refill),
+            ))
+            .await?;
+        metrics::counter!("prizepool_urgent_refills_total").increment(1);
+        Ok(())
+    }
+
+    /// Stores `refusal` as the request's answer and replies with it; if the
+    /// request was answered meanwhile (a concurrent copy), that answer wins.
+    async fn refuse(&self, ask: &Ask<'_>, refusal: Refusal) -> Result<Outcome, HandleError> {
+        let mut conn = self.kinds.redis();
+        let key = self.kinds.keys(ask.pool).result(ask.request_id);
+        match kinds::remember(&mut conn, &key, ask.fingerprint, &refusal, ask.result_ttl_s).await? {
+            None => Ok(refused(ask, refusal)),
+            Some(kinds::ScriptReply::Refused(stored)) => Ok(refused(ask, stored)),
+            // An award stored meanwhile: the kind's step replays it.
+            Some(_) => match self.kinds.resolve(ask.pool).await? {
+                Some(kind) => match self.kinds.draw(kind, ask).await? {
+                    Step::Awarded(award) => Ok(self.awarded(*award)),
+                    Step::Refused(stored) => Ok(refused(ask, stored)),
+                    Step::Short { .. } => Err(HandleError::internal(format!(
+                        "request {} has a stored award its pool cannot replay",
+                        ask.request_id
+                    ))),
+                },
+                None => Err(HandleError::internal(format!(
+                    "request {} has a stored award on an unknown pool",
+                    ask.request_id
+                ))),
+            },
+        }
+    }
+
+    /// The outcome of an award of any kind: the reply, the ledger entry, the
+    /// refill it triggered, and the `draw.completed` event as `DRAW_EVENTS`
+    /// says. The result is serialised once; the event is the reply retyped.
+    fn awarded(&self, award: Award) -> Outcome {
+        let fields = serde_json::to_vec(&award.result).unwrap_or_default();
+        let mut effects = Vec::new();
+        if let Some(refill) = &award.refill {
+            effects.push(Outgoing::work_raw(
+                amqp::REFILL.routing_key,
+                typed_json("refill", refill),
             ));
         }
-        metrics::counter!("prizepool_prizes_drawn_total").increment(drawn.codes.len() as u64);
-        Ok(self.completed(&result, effects, entry))
+        let event = || retype(DRAW_COMPLETED.routing_key, &fields);
+        let mut events = Vec::new();
+        match self.config.draw_events {
+            DrawEvents::Grouped => events.push(event()),
+            DrawEvents::Each => {
+                effects.push(Outgoing::event_raw(DRAW_COMPLETED.routing_key, event()))
+            }
+            DrawEvents::Off => {}
+        }
+        metrics::counter!("prizepool_prizes_drawn_total").increment(award.prizes_drawn);
+        Outcome {
+            reply: Some(retype("draw_result", &fields)),
+            effects,
+            ledger: award.entry.into_iter().collect(),
+            events,
+        }
     }
 
     async fn grant(&self, grant: GrantRequest) -> Result<Outcome, HandleError> {
         grant.validate()?;
-        let keys = PoolKeys::new(&self.config.redis_prefix, &grant.activity);
-        let mut conn = self.redis.clone();
+        let fingerprint =
+            kinds::fingerprint("grant", &[&grant.activity, &grant.user_id, &grant.chances]);
+        let mut conn = self.kinds.redis();
+        let claim_key = answer::claim_key(&self.config.redis_prefix, "gr", &grant.grant_id);
+        let ttl = lottery::GRANT_TTL_S;
+        if kinds::claim(&mut conn, &claim_key, &fingerprint, ttl).await? == Claim::Reused {
+            return Err(answer::reused("grant_id", &grant.grant_id));
+        }
+        let keys = self.kinds.keys(&grant.activity);
         let reply = match lottery::grant(
             &mut conn,
-            &self.scripts,
+            self.kinds.scripts(),
             &keys,
+            &grant.activity,
             &grant.grant_id,
             grant.user_id,
             grant.chances,
         )
         .await?
         {
-            Some(total) => json!({
-                "type": "grant_result", "grant_id": grant.grant_id, "status": "ok",
-                "chances": grant.chances, "chances_left": total,
-            }),
-            None => json!({
-                "type": "grant_result", "grant_id": grant.grant_id, "status": "rejected",
-                "error": { "code": ErrorCode::UnknownPool, "message": format!("no activity named {}", grant.activity) },
-            }),
+            lottery::Granted::Ok(total) => GrantResult {
+                grant_id: grant.grant_id,
+                status: Status::Ok,
+                chances: Some(grant.chances),
+                chances_left: Some(total),
+                error: None,
+            },
+            lottery::Granted::Unknown => GrantResult {
+                error: Some(ErrorBody {
+                    code: ErrorCode::UnknownPool,
+                    message: format!("no activity named {}", grant.activity),
+                }),
+                ..GrantResult::rejected(grant.grant_id)
+            },
+            lottery::Granted::Reused => return Err(answer::reused("grant_id", &grant.grant_id)),
         };
         Ok(Outcome {
-            reply: Some(reply.to_string().into_bytes()),
+            reply: Some(typed_json("grant_result", &reply)),
             ..Outcome::default()
         })
     }
 }
 
+/// `{"type":"grant_result", ...}`: the reply to a `lottery.grant`.
+#[derive(Debug, serde::Serialize)]
+struct GrantResult {
+    grant_id: String,
+    status: Status,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    chances: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    chances_left: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<ErrorBody>,
+}
+
+impl GrantResult {
+    fn rejected(grant_id: String) -> Self {
+        Self {
+            grant_id,
+            status: Status::Rejected,
+            chances: None,
+            chances_left: None,
+            error: None,
+        }
+    }
+}
+
 /// A `rejected` draw result: a business refusal, not bad input.
-pub fn rejected(req: &DrawRequest, code: ErrorCode, message: String) -> Outcome {
+fn refused(ask: &Ask<'_>, refusal: Refusal) -> Outcome {
+    let result = DrawResult {
+        request_id: ask.request_id.to_owned(),
+        status: Status::Rejected,
+        pool: Some(ask.pool.to_owned()),
+        user_id: Some(ask.user),
+        error: Some(ErrorBody {
+            code: refusal.code,
+            message: refusal_message(ask, refusal.code),
+        }),
+        previous: refusal.previous,
+        ..DrawResult::default()
+    };
     Outcome {
-        reply: Some(typed_json(
-            "draw_result",
-            &rejected_result(req, code, message),
-        )),
+        reply: Some(typed_json("draw_result", &result)),
         ..Outcome::default()
     }
 }
 
-fn rejected_result(req: &DrawRequest, code: ErrorCode, message: String) -> DrawResult {
-    DrawResult {
-        request_id: req.request_id.clone(),
-        status: Status::Rejected,
-        pool: Some(req.pool.clone()),
-        user_id: Some(req.user_id),
-        error: Some(ErrorBody { code, message }),
-        ..DrawResult::default()
+/// The message of a refusal; the same for the first answer and its replays.
+fn refusal_message(ask: &Ask<'_>, code: ErrorCode) -> String {
+    let (pool, user, count) = (ask.pool, ask.user, ask.count);
+    match code {
+        ErrorCode::UnknownPool => format!("no pool named {pool}"),
+        ErrorCode::PoolClosed => format!("{pool} is closed"),
+        ErrorCode::SoldOut => format!("{pool} has no prize left"),
+        ErrorCode::AlreadyGrabbed => format!("user {user} already grabbed a share of {pool}"),
+        ErrorCode::NotStarted => format!("activity {pool} has not started"),
+        ErrorCode::Ended => format!("activity {pool} has ended"),
+        ErrorCode::NoChances => format!("user {user} has no chance left in {pool}"),
+        ErrorCode::PoolExhausted => format!(
+            "pool {pool} held fewer than the {count} prizes asked, and no refill arrived in time"
+        ),
+        other => format!("refused: {other}"),
     }
 }
 

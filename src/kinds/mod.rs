@@ -1,6 +1,201 @@
-//! The prize kinds. Each keeps its Redis layout, Lua wrappers and pure logic
-//! in its own module; the workers dispatch to them by a pool's `kind`.
+//! The prize kinds, and the one seam between them and the workers.
+//!
+//! A draw request enters here once, through [`Kinds::draw`], and comes back
+//! once as a [`Step`]: the kind either awards (the result, its ledger entry
+//! and the refill it asks for), refuses (a code of the wire contract and what
+//! the user already holds) or is short (the caller waits for a refill). This
+//! module is the only reader of a pool's kind ([`Kinds::resolve`]); each kind
+//! keeps its whole rule — its Lua calls, its Redis layout, its ledger
+//! entry-id scheme — in its own folder.
+//!
+//! # Idempotency, written once
+//!
+//! Every request id is bound to what it first asked ([`fingerprint`]): the
+//! draw worker claims the id before the pool step ([`claim`]), and every
+//! answering script stores the fingerprint with the answer
+//! (`lua/lib/answer.lua`). The same id with the same content replays the
+//! first answer; with other content it is refused and moves nothing. Every
+//! final answer is stored, refusals included, so a request once told "no"
+//! never draws, spends a chance or pays later.
+//!
+//! Adding a kind: a folder here with its `KIND` label, its config loader and
+//! a `draw` that answers a [`Step`], plus one line in [`Kind`], one in
+//! [`Kinds::resolve`] and one in [`Kinds::draw`] (see `docs/design.md`).
 
+pub mod answer;
 pub mod lottery;
 pub mod lucky_gift;
 pub mod red_packet;
+
+use std::collections::HashMap;
+
+use tokio::sync::RwLock;
+
+pub use answer::{claim, fingerprint, remember, Claim, Refusal, ScriptReply};
+
+use crate::{
+    amqp::HandleError,
+    messages::{DrawResult, RefillRequest, SettleRequest},
+    redis_conn::RedisConn,
+    scripts::{PoolKeys, Scripts},
+};
+
+/// What one draw request asks of a kind.
+#[derive(Clone, Copy, Debug)]
+pub struct Ask<'a> {
+    pub request_id: &'a str,
+    pub pool: &'a str,
+    pub user: i64,
+    pub count: u32,
+    /// [`fingerprint`] of the request's content, stored with its answer.
+    pub fingerprint: &'a str,
+    /// How long the answer is kept for replays.
+    pub result_ttl_s: u64,
+}
+
+/// How a kind answered one step of a draw.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// Prizes were awarded (now, or before for this same request).
+    Awarded(Box<Award>),
+    /// A final refusal, stored with the request.
+    Refused(Refusal),
+    /// Fewer prizes than asked are drawable; nothing changed. The caller
+    /// asks for batch `generation + 1` and tries again.
+    Short { in_pool: u64, generation: u64 },
+}
+
+/// An award: the reply's result, the ledger entry that pays exactly what the
+/// result promises, and the refill the draw triggered.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Award {
+    pub result: DrawResult,
+    pub entry: Option<SettleRequest>,
+    pub refill: Option<RefillRequest>,
+    /// Whether this is the replay of an earlier answer.
+    pub replayed: bool,
+    /// Prizes taken from the pool by this step (0 for a replay).
+    pub prizes_drawn: u64,
+}
+
+/// The prize kinds a draw can address.
+#[derive(Clone, Copy, Debug)]
+pub enum Kind {
+    LuckyGift(lucky_gift::Storage),
+    RedPacket,
+    /// The activity's strategy, resolved once: `activity load` refuses to
+    /// change an activity's strategy, so the label cannot go stale.
+    Lottery(&'static dyn lottery::Strategy),
+}
+
+impl Kind {
+    /// The label stored in `meta.kind` and the pool registry.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::LuckyGift(_) => lucky_gift::KIND,
+            Self::RedPacket => red_packet::KIND,
+            Self::Lottery(_) => lottery::KIND,
+        }
+    }
+}
+
+/// Most pool ids whose kind a worker remembers; past it the memory starts
+/// over (a kind is one Redis read away).
+const MAX_CACHED_KINDS: usize = 100_000;
+
+/// The dispatch: resolves a pool's kind and runs its draw step.
+#[derive(Debug)]
+pub struct Kinds {
+    redis: RedisConn,
+    scripts: Scripts,
+    prefix: String,
+    /// Kind of each pool id seen. An id never changes kind (the registry in
+    /// Postgres enforces one namespace), so entries never go stale.
+    kinds: RwLock<HashMap<String, Kind>>,
+    lucky: lucky_gift::Decoder,
+}
+
+impl Kinds {
+    /// The dispatch over `redis`, with keys under `prefix`.
+    pub fn new(redis: RedisConn, prefix: &str) -> Self {
+        Self {
+            redis,
+            scripts: Scripts::new(),
+            prefix: prefix.to_owned(),
+            kinds: RwLock::new(HashMap::new()),
+            lucky: lucky_gift::Decoder::default(),
+        }
+    }
+
+    /// The Redis keys of pool `id`.
+    pub fn keys(&self, id: &str) -> PoolKeys {
+        PoolKeys::new(&self.prefix, id)
+    }
+
+    /// A connection to the pool state.
+    pub fn redis(&self) -> RedisConn {
+        self.redis.clone()
+    }
+
+    /// The scripts.
+    pub fn scripts(&self) -> &Scripts {
+        &self.scripts
+    }
+
+    /// The kind of pool `id`, from the cache or Redis; `None` if unknown.
+    pub async fn resolve(&self, id: &str) -> Result<Option<Kind>, HandleError> {
+        if let Some(kind) = self.kinds.read().await.get(id) {
+            return Ok(Some(*kind));
+        }
+        let mut conn = self.redis.clone();
+        let (label, storage, strategy): (Option<String>, Option<String>, Option<String>) =
+            redis::cmd("HMGET")
+                .arg(self.keys(id).meta())
+                .arg("kind")
+                .arg("storage")
+                .arg("strategy")
+                .query_async(&mut conn)
+                .await?;
+        let kind = match label.as_deref() {
+            Some(lucky_gift::KIND) => {
+                Kind::LuckyGift(lucky_gift::Storage::from_label(storage.as_deref()))
+            }
+            Some(red_packet::KIND) => Kind::RedPacket,
+            Some(lottery::KIND) => match strategy.as_deref().and_then(lottery::strategy) {
+                Some(s) => Kind::Lottery(s),
+                None => {
+                    return Err(HandleError::internal(format!(
+                        "activity {id} names no registered strategy ({strategy:?})"
+                    )))
+                }
+            },
+            None => return Ok(None),
+            Some(other) => {
+                return Err(HandleError::internal(format!(
+                    "pool {id} has an unknown kind {other:?}"
+                )))
+            }
+        };
+        let mut kinds = self.kinds.write().await;
+        if kinds.len() >= MAX_CACHED_KINDS {
+            kinds.clear();
+        }
+        kinds.insert(id.to_owned(), kind);
+        Ok(Some(kind))
+    }
+
+    /// One draw step of `kind` for `ask`.
+    pub async fn draw(&self, kind: Kind, ask: &Ask<'_>) -> Result<Step, HandleError> {
+        let keys = self.keys(ask.pool);
+        let mut conn = self.redis.clone();
+        match kind {
+            Kind::LuckyGift(storage) => {
+                lucky_gift::draw(&mut conn, &self.scripts, &self.lucky, &keys, storage, ask).await
+            }
+            Kind::RedPacket => red_packet::grab(&mut conn, &self.scripts, &keys, ask).await,
+            Kind::Lottery(strategy) => {
+                lottery::draw(&mut conn, &self.scripts, &keys, strategy, ask).await
+            }
+        }
+    }
+}

@@ -76,6 +76,13 @@ fn err(activity: &str, field: &str, message: impl Into<String>) -> ConfigError {
     }
 }
 
+/// Most prizes of one activity: with weights of at most 10^9 each, the
+/// total weight stays below 2^40, which keeps the wheel's pick exact and its
+/// rejection rate below 2^-12 (see `lua/draw_wheel.lua`).
+pub const MAX_PRIZES: usize = 1000;
+/// Most stock of one prize (exact in Lua, far below 2^53).
+pub const MAX_STOCK: i64 = 1_000_000_000_000;
+
 fn weight(activity: &str, field: &str, w: i64) -> Result<u32, ConfigError> {
     u32::try_from(w)
         .ok()
@@ -124,6 +131,13 @@ pub fn parse_file(text: &str) -> Result<Vec<ActivityConfig>, ConfigError> {
         if ends_at <= starts_at {
             return Err(err(&id, "ends_at", "must be after starts_at"));
         }
+        if raw.prizes.len() > MAX_PRIZES {
+            return Err(err(
+                &id,
+                "prizes",
+                format!("at most {MAX_PRIZES} prizes, got {}", raw.prizes.len()),
+            ));
+        }
         let mut prize_ids = HashSet::new();
         let mut prizes = Vec::new();
         for p in raw.prizes {
@@ -139,11 +153,11 @@ pub fn parse_file(text: &str) -> Result<Vec<ActivityConfig>, ConfigError> {
             if !prize_ids.insert(p.id.clone()) {
                 return Err(err(&id, &field, "duplicate prize id"));
             }
-            if p.stock <= 0 {
+            if !(1..=MAX_STOCK).contains(&p.stock) {
                 return Err(err(
                     &id,
                     &format!("{field}.stock"),
-                    format!("stock must be positive, got {}", p.stock),
+                    format!("stock must be between 1 and {MAX_STOCK}, got {}", p.stock),
                 ));
             }
             prizes.push(Prize {

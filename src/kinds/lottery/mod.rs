@@ -9,15 +9,18 @@
 pub mod config;
 mod wheel;
 
-use futures_util::future::BoxFuture;
+use rand::Rng;
 use redis::aio::ConnectionLike;
-
-use crate::redis_conn::RedisConn;
 use sqlx::PgPool;
 
 pub use config::{parse_file, ActivityConfig};
 
-use crate::scripts::{PoolKeys, Scripts};
+use crate::{
+    amqp::HandleError,
+    kinds::{Ask, Award, ScriptReply, Step},
+    messages::{DrawResult, Invalid, Prize, SettleRequest, Status},
+    scripts::{PoolKeys, Scripts},
+};
 
 /// Kind label stored in `meta.kind` and in the pool registry.
 pub const KIND: &str = "lottery";
@@ -26,90 +29,122 @@ pub const STATS_TTL_S: u64 = 8 * 24 * 3600;
 /// Grant ids are remembered this long.
 pub const GRANT_TTL_S: u64 = 30 * 24 * 3600;
 
-/// What a strategy needs for one draw.
-#[derive(Debug)]
-pub struct DrawContext<'a> {
-    pub conn: &'a mut RedisConn,
-    pub scripts: &'a Scripts,
-    pub keys: &'a PoolKeys,
-    pub request_id: &'a str,
-    pub user: i64,
-    pub result_ttl_s: u64,
-}
-
-/// The answer of one lottery draw step.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum LotteryStep {
-    Won {
-        prize: String,
-        chances_left: u64,
-        replayed: bool,
-    },
-    NotStarted,
-    Ended,
-    NoChances,
-    SoldOut,
-    Unknown,
-}
-
-impl LotteryStep {
-    /// Reads the `{status, "<prize>|<chances left>"}` reply every strategy's script gives.
-    pub fn from_reply(status: &str, text: &str) -> Self {
-        match status {
-            "ok" | "dup" => match text.rsplit_once('|') {
-                Some((prize, left)) => Self::Won {
-                    prize: prize.to_owned(),
-                    chances_left: left.parse().unwrap_or(0),
-                    replayed: status == "dup",
-                },
-                None => Self::Unknown,
-            },
-            "not_started" => Self::NotStarted,
-            "ended" => Self::Ended,
-            "no_chances" => Self::NoChances,
-            "sold_out" => Self::SoldOut,
-            _ => Self::Unknown,
-        }
-    }
-}
-
 /// A draw strategy: validates the activities that name it and performs a
 /// draw as one atomic Redis step.
+///
+/// The step's script follows `lua/lib/answer.lua` (it is prepended): it
+/// replays a request's stored answer, refuses with `not_started`, `ended`,
+/// `no_chances`, `sold_out` or `unknown_pool` (stored), or awards and
+/// answers `{"ok", "<prize>|<chances left>", 0}`; `{"retry", "", 0}` asks
+/// for fresh random values and means nothing changed.
 pub trait Strategy: Send + Sync + std::fmt::Debug {
     /// The label activities use in `strategy = "…"`.
     fn label(&self) -> &'static str;
     /// Refuses activities this strategy cannot run.
     fn validate(&self, activity: &ActivityConfig) -> Result<(), String>;
     /// The script call of one draw: window, chance, pick and stock in one
-    /// step. The script answers `{status, "<prize>|<chances left>"}` (see
-    /// [`LotteryStep::from_reply`]).
+    /// step. `random` is [`random_values`]'s output, for the pick.
     fn invocation<'a>(
         &self,
         scripts: &'a Scripts,
         keys: &PoolKeys,
-        request_id: &str,
-        user: i64,
-        result_ttl_s: u64,
+        ask: &Ask<'_>,
+        random: &str,
     ) -> redis::ScriptInvocation<'a>;
-    /// One draw.
-    fn draw<'a>(
-        &'a self,
-        ctx: DrawContext<'a>,
-    ) -> BoxFuture<'a, Result<LotteryStep, redis::RedisError>> {
-        Box::pin(async move {
-            let (status, text): (String, String) = self
-                .invocation(
-                    ctx.scripts,
-                    ctx.keys,
-                    ctx.request_id,
-                    ctx.user,
-                    ctx.result_ttl_s,
-                )
-                .invoke_async(ctx.conn)
-                .await?;
-            Ok(LotteryStep::from_reply(&status, &text))
-        })
+}
+
+/// Random values for a strategy's pick: four integers uniform in
+/// `[0, 2^52)`, comma-separated. The script uses the first that falls
+/// below the largest multiple of its total weight (no modulo bias).
+pub fn random_values() -> String {
+    let mut rng = rand::rng();
+    (0..4)
+        .map(|_| rng.random_range(0..(1u64 << 52)).to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// How often a draw asks for fresh random values before giving up; each
+/// try is rejected with a probability below 2^-48.
+const PICK_TRIES: usize = 3;
+
+/// One lottery draw through `strategy`, as the seam asks it.
+///
+/// Ledger entry ids: `lottery:<request_id>` (a request id names one
+/// request across all activities, see [`crate::kinds::answer`]).
+pub async fn draw<C: ConnectionLike + Send>(
+    conn: &mut C,
+    scripts: &Scripts,
+    keys: &PoolKeys,
+    strategy: &'static dyn Strategy,
+    ask: &Ask<'_>,
+) -> Result<Step, HandleError> {
+    if ask.count != 1 {
+        return Err(Invalid::new(format!(
+            "a lottery draw spends one chance; `count` must be 1, got {}",
+            ask.count
+        ))
+        .into());
     }
+    for _ in 0..PICK_TRIES {
+        let (status, text, number): (String, String, u64) = strategy
+            .invocation(scripts, keys, ask, &random_values())
+            .invoke_async(conn)
+            .await?;
+        let (body, replayed) =
+            match ScriptReply::read(&status, text, number, "request_id", ask.request_id)? {
+                ScriptReply::Awarded(body) => (body, false),
+                ScriptReply::Replayed(body) => (body, true),
+                ScriptReply::Refused(refusal) => return Ok(Step::Refused(refusal)),
+                ScriptReply::Retry => continue,
+                other => {
+                    return Err(HandleError::internal(format!(
+                        "unexpected lottery answer {other:?}"
+                    )))
+                }
+            };
+        return award(ask, &body, replayed).map(|a| Step::Awarded(Box::new(a)));
+    }
+    Err(HandleError::internal(
+        "the lottery pick rejected every random value",
+    ))
+}
+
+/// The award of a stored `"<prize>|<chances left>"` body.
+fn award(ask: &Ask<'_>, body: &str, replayed: bool) -> Result<Award, HandleError> {
+    let (prize, left) = body
+        .rsplit_once('|')
+        .and_then(|(p, l)| Some((p, l.parse::<u64>().ok()?)))
+        .filter(|(p, _)| !p.is_empty())
+        .ok_or_else(|| HandleError::internal(format!("malformed lottery answer {body:?}")))?;
+    let asset = format!("item:{prize}");
+    let entry = SettleRequest::new(
+        format!("lottery:{}", ask.request_id),
+        ask.user,
+        asset.as_str(),
+        1,
+        "lottery",
+        serde_json::json!({ "pool": ask.pool, "request_id": ask.request_id }),
+    );
+    Ok(Award {
+        result: DrawResult {
+            request_id: ask.request_id.to_owned(),
+            status: Status::Ok,
+            pool: Some(ask.pool.to_owned()),
+            user_id: Some(ask.user),
+            prizes: vec![Prize::Item {
+                prize: prize.to_owned(),
+                asset,
+                amount: 1,
+            }],
+            chances_left: Some(left),
+            ..DrawResult::default()
+        },
+        entry: Some(entry),
+        refill: None,
+        replayed,
+        prizes_drawn: u64::from(!replayed),
+    })
 }
 
 static WHEEL: wheel::Wheel = wheel::Wheel;
@@ -129,16 +164,19 @@ pub fn labels() -> Vec<&'static str> {
     registry().iter().map(|s| s.label()).collect()
 }
 
-/// The wheel's pick, as `draw_wheel.lua` makes it: `r` modulo the total
-/// weight, walked through the candidates in order. Returns the index of the
-/// chosen candidate, or `None` when every weight is zero. The script is
-/// tested against this model.
-pub fn pick_weighted(weights: &[u64], r: u64) -> Option<usize> {
+/// The wheel's pick, as `draw_wheel.lua` makes it: the first of `random`
+/// below the largest multiple of the total weight that fits in 2^52, modulo
+/// the total, walked through the candidates in order. Returns the index of
+/// the chosen candidate, or `None` when every weight is zero or every value
+/// was rejected. The script is tested against this model.
+pub fn pick_weighted(weights: &[u64], random: &[u64]) -> Option<usize> {
     let total: u64 = weights.iter().sum();
     if total == 0 {
         return None;
     }
-    let mut r = r % total;
+    let span = 1u64 << 52;
+    let limit = span - span % total;
+    let mut r = random.iter().find(|r| **r < limit)? % total;
     for (i, w) in weights.iter().enumerate() {
         if r < *w {
             return Some(i);
@@ -239,16 +277,30 @@ pub async fn load<C: ConnectionLike + Send>(
     Ok(versions)
 }
 
-/// Adds `chances` for `user`, once per `grant_id`. Returns the chances the
-/// user holds, or `None` when there is no such activity.
+/// What a grant did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Granted {
+    /// The chances were added now or by an earlier copy of the grant; the
+    /// user holds this many.
+    Ok(i64),
+    /// No activity has this id.
+    Unknown,
+    /// The grant id was first used for another grant.
+    Reused,
+}
+
+/// Adds `chances` for `user` in `activity`, once per `grant_id`; the id is
+/// bound to what it first granted.
 pub async fn grant<C: ConnectionLike + Send>(
     conn: &mut C,
     scripts: &Scripts,
     keys: &PoolKeys,
+    activity: &str,
     grant_id: &str,
     user: i64,
     chances: u32,
-) -> Result<Option<i64>, redis::RedisError> {
+) -> Result<Granted, HandleError> {
+    let fingerprint = crate::kinds::fingerprint("grant", &[&activity, &user, &chances]);
     let (status, left): (String, i64) = scripts
         .grant_chances
         .key(keys.meta())
@@ -257,9 +309,19 @@ pub async fn grant<C: ConnectionLike + Send>(
         .arg(user)
         .arg(chances)
         .arg(GRANT_TTL_S)
+        .arg(fingerprint)
         .invoke_async(conn)
         .await?;
-    Ok((status != "unknown").then_some(left))
+    Ok(match status.as_str() {
+        "ok" | "dup" => Granted::Ok(left),
+        "unknown" => Granted::Unknown,
+        "reused" => Granted::Reused,
+        other => {
+            return Err(HandleError::internal(format!(
+                "unexpected grant answer {other:?}"
+            )))
+        }
+    })
 }
 
 /// An activity's counters for one day.
@@ -371,24 +433,50 @@ consolation = { id = "points-10", weight = 500 }
             .unwrap_err()
             .to_string();
         assert!(e.contains("ends_at"), "{e}");
-        let e = parse_file(&SPEC.replace("consolation = { id = \"points-10\", weight = 500 }", ""))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("consolation"), "{e}");
+        // A wheel without consolation is allowed (a draw after every prize
+        // is gone answers sold_out); one with neither prizes nor consolation is not.
+        let bare = SPEC.replace("consolation = { id = \"points-10\", weight = 500 }", "");
+        assert!(parse_file(&bare).unwrap()[0].consolation.is_none());
+        let empty = format!(
+            "{}prizes = []\n",
+            bare.lines()
+                .filter(|l| !l.starts_with("prizes") && !l.starts_with("  "))
+                .map(|l| format!("{l}\n"))
+                .collect::<String>()
+        );
+        let e = parse_file(&empty).unwrap_err().to_string();
+        assert!(e.contains("at least one prize"), "{e}");
     }
 
     proptest::proptest! {
         #[test]
-        fn picks_follow_the_weights(weights in proptest::collection::vec(0u64..50, 1..10), r in proptest::prelude::any::<u64>()) {
-            match pick_weighted(&weights, r) {
-                None => proptest::prop_assert_eq!(weights.iter().sum::<u64>(), 0),
+        fn picks_follow_the_weights(weights in proptest::collection::vec(0u64..1_000_000_000, 1..10), r in 0u64..(1 << 52)) {
+            let total: u64 = weights.iter().sum();
+            let limit = (1u64 << 52) - (1u64 << 52) % total.max(1);
+            match pick_weighted(&weights, &[r]) {
+                None => proptest::prop_assert!(total == 0 || r >= limit),
                 Some(i) => {
                     // Never a zero-weight (sold-out) candidate.
                     proptest::prop_assert!(weights[i] > 0);
-                    let total: u64 = weights.iter().sum();
                     let before: u64 = weights[..i].iter().sum();
+                    proptest::prop_assert!(r < limit);
                     proptest::prop_assert!(before <= r % total && r % total < before + weights[i]);
                 }
+            }
+        }
+
+        #[test]
+        fn the_accepted_range_holds_every_residue_equally_often(total in 1u64..(1 << 40)) {
+            // Values are uniform in [0, 2^52); those below `limit` are used,
+            // and `limit` is a whole number of `total`s: no modulo bias.
+            let span = 1u64 << 52;
+            let limit = span - span % total;
+            proptest::prop_assert_eq!(limit % total, 0);
+            proptest::prop_assert!(span - limit < total);
+            // The top value of the accepted range is the last residue.
+            proptest::prop_assert_eq!(pick_weighted(&[total], &[limit - 1]), Some(0));
+            if limit < span {
+                proptest::prop_assert_eq!(pick_weighted(&[total], &[limit]), None);
             }
         }
     }

@@ -1,10 +1,13 @@
 //! The `wheel` strategy: weighted odds over prizes with stock left, plus an
-//! unlimited consolation prize, so every draw wins something.
-
-use rand::Rng;
+//! optional consolation prize with unlimited stock. With one, every draw
+//! wins something; without one, a draw after every prize is gone answers
+//! `sold_out` and spends no chance.
 
 use super::{ActivityConfig, Strategy};
-use crate::scripts::{PoolKeys, Scripts};
+use crate::{
+    kinds::Ask,
+    scripts::{PoolKeys, Scripts},
+};
 
 /// The wheel strategy.
 #[derive(Debug)]
@@ -16,8 +19,8 @@ impl Strategy for Wheel {
     }
 
     fn validate(&self, activity: &ActivityConfig) -> Result<(), String> {
-        if activity.consolation.is_none() {
-            return Err("the wheel needs a consolation prize (every draw wins something)".into());
+        if activity.prizes.is_empty() && activity.consolation.is_none() {
+            return Err("the wheel needs at least one prize or a consolation prize".into());
         }
         Ok(())
     }
@@ -26,25 +29,24 @@ impl Strategy for Wheel {
         &self,
         scripts: &'a Scripts,
         keys: &PoolKeys,
-        request_id: &str,
-        user: i64,
-        result_ttl_s: u64,
+        ask: &Ask<'_>,
+        random: &str,
     ) -> redis::ScriptInvocation<'a> {
         let day = crate::scripts::utc_day();
-        let spin: u32 = rand::rng().random_range(0..(1u32 << 31));
         let mut call = scripts.draw_wheel.prepare_invoke();
         call.key(keys.meta())
             .key(keys.chances())
             .key(keys.stock())
             .key(keys.awarded())
-            .key(keys.result(request_id))
+            .key(keys.result(ask.request_id))
             .key(keys.pv(&day))
             .key(keys.uv(&day))
-            .arg(user)
+            .arg(ask.user)
             .arg(crate::scripts::now_ms())
-            .arg(spin)
-            .arg(result_ttl_s)
-            .arg(super::STATS_TTL_S);
+            .arg(random)
+            .arg(ask.result_ttl_s)
+            .arg(super::STATS_TTL_S)
+            .arg(ask.fingerprint);
         call
     }
 }

@@ -74,6 +74,16 @@ pub enum Storage {
     Sparse,
 }
 
+impl Storage {
+    /// The storage a pool's `meta.storage` names (`list` when absent).
+    pub fn from_label(label: Option<&str>) -> Self {
+        match label {
+            Some("sparse") => Self::Sparse,
+            _ => Self::List,
+        }
+    }
+}
+
 /// The jackpot rule: prizes of `min_multiplier` or more wait until the
 /// pool's consumption today reaches `daily_consumption_threshold`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -9,161 +9,27 @@
 //! | `q`    | list   | prize codes; the first `visible` are drawable, any tail behind them is a batch being stocked |
 //! | `held` | list   | gated jackpots, first in line for the first draw that may win them |
 //! | `spent:YYYYMMDD` | string | the day's consumption, for the jackpot rule |
-//! | `r:<request_id>` | string | a draw's result, for idempotent replays |
+//! | `r:<request_id>` | string | a draw's answer, `"<fingerprint>;<body>"` (see [`crate::kinds::answer`]) |
 //!
 //! Conservation holds at every instant because each Lua step moves counters
 //! together: `stocked = drawn + visible + len(held)`.
 
 pub mod codes;
 pub mod config;
+mod draw;
 mod stock;
 
 use redis::aio::ConnectionLike;
 
 pub use codes::{Batch, CodeTable};
 pub use config::{parse_file, PoolConfig, Storage};
+pub use draw::{draw, draw_call, draw_once, draw_script, Decoder, DrawStep, Drawn};
 pub use stock::{stock_next, StockError, StockOutcome, DEFAULT_LEASE_MS};
 
 use crate::scripts::{PoolKeys, Scripts};
 
 /// Kind label stored in a pool's `meta.kind`.
 pub const KIND: &str = "lucky_gift";
-
-/// The result of one draw step as stored in Redis.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Drawn {
-    /// The batch whose refill flag this draw took, if any.
-    pub trigger: Option<u64>,
-    /// Unit price the draw was charged at.
-    pub unit_price: i64,
-    /// The pool's consumption today, this draw included.
-    pub spent_today: i64,
-    /// Prize codes in draw order.
-    pub codes: Vec<u32>,
-}
-
-impl Drawn {
-    fn parse(payload: &str) -> Result<Self, redis::RedisError> {
-        let bad = || {
-            redis::RedisError::from((
-                redis::ErrorKind::Parse,
-                "malformed draw payload",
-                payload.to_owned(),
-            ))
-        };
-        let mut parts = payload.splitn(4, '|');
-        let trigger: i64 = parts.next().and_then(|s| s.parse().ok()).ok_or_else(bad)?;
-        let unit_price = parts.next().and_then(|s| s.parse().ok()).ok_or_else(bad)?;
-        let spent_today = parts.next().and_then(|s| s.parse().ok()).ok_or_else(bad)?;
-        let codes = parts
-            .next()
-            .ok_or_else(bad)?
-            .split(',')
-            .filter(|s| !s.is_empty())
-            .map(|s| s.parse().map_err(|_| bad()))
-            .collect::<Result<_, _>>()?;
-        Ok(Self {
-            trigger: u64::try_from(trigger).ok(),
-            unit_price,
-            spent_today,
-            codes,
-        })
-    }
-}
-
-/// What the draw step answered.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DrawStep {
-    /// Prizes were drawn now.
-    Drawn(Drawn),
-    /// This request was drawn before; here is its first result.
-    Replayed(Drawn),
-    /// Fewer than `count` prizes are drawable; nothing was taken.
-    Short { in_pool: u64, generation: u64 },
-    /// `count` exceeds the pool's `max_count`.
-    TooMany { max_count: u64 },
-    /// No lucky-gift pool has this id.
-    Unknown,
-}
-
-/// The draw script of `storage`.
-pub fn draw_script(scripts: &Scripts, storage: Storage) -> &redis::Script {
-    match storage {
-        Storage::List => &scripts.draw_lucky_gift,
-        Storage::Sparse => &scripts.draw_sparse,
-    }
-}
-
-/// A call of `script` with the draw step's keys and arguments for `storage`,
-/// in the order the draw scripts' contracts list them. `script` is the
-/// storage's [`draw_script`], or any script that should see the same keys
-/// (the bench's round-trip floor).
-pub fn draw_call<'a>(
-    script: &'a redis::Script,
-    keys: &PoolKeys,
-    storage: Storage,
-    day: &str,
-    request_id: &str,
-    count: u32,
-    result_ttl_s: u64,
-) -> redis::ScriptInvocation<'a> {
-    let mut call = script.prepare_invoke();
-    call.key(keys.meta());
-    match storage {
-        Storage::List => call.key(keys.queue()),
-        Storage::Sparse => call
-            .key(keys.sparse())
-            .key(keys.segments())
-            .key(keys.flags()),
-    };
-    call.key(keys.held())
-        .key(keys.spent(day))
-        .key(keys.result(request_id))
-        .arg(count)
-        .arg(result_ttl_s)
-        .arg(SPENT_TTL_S);
-    if storage == Storage::Sparse {
-        call.arg(SPARSE_BUCKET);
-    }
-    call
-}
-
-/// Draws `count` prizes for `request_id` from the pool behind `keys`, in one
-/// atomic Lua step.
-pub async fn draw<C: ConnectionLike + Send>(
-    conn: &mut C,
-    scripts: &Scripts,
-    keys: &PoolKeys,
-    storage: Storage,
-    request_id: &str,
-    count: u32,
-    result_ttl_s: u64,
-) -> Result<DrawStep, redis::RedisError> {
-    let day = crate::scripts::utc_day();
-    let (status, text, number): (String, String, u64) = draw_call(
-        draw_script(scripts, storage),
-        keys,
-        storage,
-        &day,
-        request_id,
-        count,
-        result_ttl_s,
-    )
-    .invoke_async(conn)
-    .await?;
-    Ok(match status.as_str() {
-        "ok" => DrawStep::Drawn(Drawn::parse(&text)?),
-        "dup" => DrawStep::Replayed(Drawn::parse(&text)?),
-        "short" => DrawStep::Short {
-            in_pool: text.parse().unwrap_or(0),
-            generation: number,
-        },
-        "too_many" => DrawStep::TooMany {
-            max_count: text.parse().unwrap_or(0),
-        },
-        _ => DrawStep::Unknown,
-    })
-}
 
 /// Indices per bucket of a sparse pool's `sp` hash.
 pub const SPARSE_BUCKET: u64 = 64;

@@ -8,7 +8,10 @@
 //! refund are ledger entries, so at any moment
 //! `escrowed = grabbed + refunded + still in the packet`.
 
+mod grab;
 pub mod split;
+
+pub use grab::{grab, grab_call};
 
 use anyhow::Context;
 use chrono::{DateTime, Utc};
@@ -240,94 +243,9 @@ async fn existing<C: ConnectionLike + Send>(
     })
 }
 
-/// What a grab answered.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Grab {
-    /// A share, now (or replayed for the same request).
-    Got {
-        share: u32,
-        amount: i64,
-        /// The packet's asset, so the credit needs no second round trip.
-        asset: String,
-        replayed: bool,
-    },
-    /// The user holds this share already.
-    Already {
-        share: u32,
-        amount: i64,
-    },
-    Closed,
-    SoldOut,
-    Unknown,
-}
-
 fn parse_share(text: &str) -> Option<(u32, i64)> {
     let (share, amount) = text.split_once(':')?;
     Some((share.parse().ok()?, amount.parse().ok()?))
-}
-
-/// The grab script's call with its keys and arguments. `script` is
-/// `grab_red_packet.lua`, or any script that should see the same call (the
-/// bench's round-trip floor).
-pub fn grab_call<'a>(
-    script: &'a redis::Script,
-    keys: &PoolKeys,
-    request_id: &str,
-    user: i64,
-    result_ttl_s: u64,
-) -> redis::ScriptInvocation<'a> {
-    let mut call = script.prepare_invoke();
-    call.key(keys.meta())
-        .key(keys.shares())
-        .key(keys.grabbed())
-        .key(keys.result(request_id))
-        .arg(user)
-        .arg(crate::scripts::now_ms())
-        .arg(result_ttl_s);
-    call
-}
-
-/// Grabs one share for `user` in one Lua step.
-pub async fn grab<C: ConnectionLike + Send>(
-    conn: &mut C,
-    scripts: &Scripts,
-    keys: &PoolKeys,
-    request_id: &str,
-    user: i64,
-    result_ttl_s: u64,
-) -> Result<Grab, redis::RedisError> {
-    let (status, text, asset): (String, String, String) = grab_call(
-        &scripts.grab_red_packet,
-        keys,
-        request_id,
-        user,
-        result_ttl_s,
-    )
-    .invoke_async(conn)
-    .await?;
-    let share = || {
-        parse_share(&text).ok_or_else(|| {
-            redis::RedisError::from((redis::ErrorKind::Parse, "malformed share", text.clone()))
-        })
-    };
-    Ok(match status.as_str() {
-        "ok" | "dup" => {
-            let (share, amount) = share()?;
-            Grab::Got {
-                share,
-                amount,
-                asset,
-                replayed: status == "dup",
-            }
-        }
-        "already" => {
-            let (share, amount) = share()?;
-            Grab::Already { share, amount }
-        }
-        "closed" => Grab::Closed,
-        "sold_out" => Grab::SoldOut,
-        _ => Grab::Unknown,
-    })
 }
 
 /// What closing a packet did.

@@ -1,0 +1,353 @@
+//! The lucky-gift draw: one Lua step that pops `count` prizes or nothing
+//! (`lua/draw_lucky_gift.lua`, `lua/draw_sparse.lua`), and the award it
+//! makes.
+//!
+//! Ledger entry ids: `draw:<request_id>`. A request id names one request
+//! across all pools (the draw worker claims it before the step, see
+//! [`crate::kinds::answer`]), so the entry id and the result key have the
+//! same scope: a reply and its payment are one-to-one. The stored answer
+//! keeps the unit price, asset and config version the draw used, so a
+//! replay after a `pool load` pays what the first answer said.
+
+use std::{collections::HashMap, sync::Arc};
+
+use redis::aio::ConnectionLike;
+use serde_json::json;
+use tokio::sync::RwLock;
+
+use super::{CodeTable, Storage, SPARSE_BUCKET, SPENT_TTL_S};
+use crate::{
+    amqp::HandleError,
+    kinds::{Ask, Award, ScriptReply, Step},
+    messages::{DrawResult, Prize, RefillRequest, SettleRequest, Status},
+    scripts::{PoolKeys, Scripts},
+};
+
+/// An award as stored in Redis: `"<version>|<unit_price>|<trigger>|<codes>|<asset>"`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Drawn {
+    /// The config version the draw used.
+    pub version: i64,
+    /// Unit price the draw was charged at.
+    pub unit_price: i64,
+    /// The batch whose refill flag this draw took, if any.
+    pub trigger: Option<u64>,
+    /// Prize codes in draw order.
+    pub codes: Vec<u32>,
+    /// The asset the reward is paid in.
+    pub asset: String,
+}
+
+impl Drawn {
+    fn parse(body: &str) -> Result<Self, HandleError> {
+        let bad = || HandleError::internal(format!("malformed draw answer {body:?} in Redis"));
+        let mut parts = body.splitn(5, '|');
+        let mut number = || -> Result<i64, HandleError> {
+            parts.next().and_then(|s| s.parse().ok()).ok_or_else(bad)
+        };
+        let version = number()?;
+        let unit_price = number()?;
+        let trigger = number()?;
+        let codes = parts
+            .next()
+            .ok_or_else(bad)?
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse().map_err(|_| bad()))
+            .collect::<Result<_, _>>()?;
+        let asset = parts.next().filter(|a| !a.is_empty()).ok_or_else(bad)?;
+        Ok(Self {
+            version,
+            unit_price,
+            trigger: u64::try_from(trigger).ok(),
+            codes,
+            asset: asset.to_owned(),
+        })
+    }
+}
+
+/// What one draw step answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DrawStep {
+    /// Prizes were drawn now.
+    Drawn(Drawn),
+    /// This request was drawn before; here is its first answer.
+    Replayed(Drawn),
+    /// A final refusal (now or before).
+    Refused(crate::kinds::Refusal),
+    /// Fewer than `count` prizes are drawable; nothing was taken.
+    Short { in_pool: u64, generation: u64 },
+    /// `count` exceeds the pool's `max_count`; nothing was taken.
+    TooMany { max_count: u64 },
+}
+
+/// The draw script of `storage`.
+pub fn draw_script(scripts: &Scripts, storage: Storage) -> &redis::Script {
+    match storage {
+        Storage::List => &scripts.draw_lucky_gift,
+        Storage::Sparse => &scripts.draw_sparse,
+    }
+}
+
+/// A call of `script` with the draw step's keys and arguments for `storage`,
+/// in the order the draw scripts' contracts list them. `script` is the
+/// storage's [`draw_script`], or any script that should see the same keys
+/// (the bench's round-trip floor).
+#[allow(clippy::too_many_arguments)]
+pub fn draw_call<'a>(
+    script: &'a redis::Script,
+    keys: &PoolKeys,
+    storage: Storage,
+    day: &str,
+    request_id: &str,
+    count: u32,
+    result_ttl_s: u64,
+    fingerprint: &str,
+) -> redis::ScriptInvocation<'a> {
+    let mut call = script.prepare_invoke();
+    call.key(keys.meta());
+    match storage {
+        Storage::List => call.key(keys.queue()),
+        Storage::Sparse => call
+            .key(keys.sparse())
+            .key(keys.segments())
+            .key(keys.flags()),
+    };
+    call.key(keys.held())
+        .key(keys.spent(day))
+        .key(keys.result(request_id))
+        .arg(count)
+        .arg(result_ttl_s)
+        .arg(SPENT_TTL_S);
+    if storage == Storage::Sparse {
+        call.arg(SPARSE_BUCKET);
+    }
+    call.arg(fingerprint);
+    call
+}
+
+/// Draws `count` prizes for `request_id` from the pool behind `keys`, in one
+/// atomic Lua step, binding the id to `fingerprint`.
+#[allow(clippy::too_many_arguments)]
+pub async fn draw_once<C: ConnectionLike + Send>(
+    conn: &mut C,
+    scripts: &Scripts,
+    keys: &PoolKeys,
+    storage: Storage,
+    request_id: &str,
+    count: u32,
+    result_ttl_s: u64,
+    fingerprint: &str,
+) -> Result<DrawStep, HandleError> {
+    let day = crate::scripts::utc_day();
+    let (status, text, number): (String, String, u64) = draw_call(
+        draw_script(scripts, storage),
+        keys,
+        storage,
+        &day,
+        request_id,
+        count,
+        result_ttl_s,
+        fingerprint,
+    )
+    .invoke_async(conn)
+    .await?;
+    Ok(
+        match ScriptReply::read(&status, text, number, "request_id", request_id)? {
+            ScriptReply::Awarded(body) => DrawStep::Drawn(Drawn::parse(&body)?),
+            ScriptReply::Replayed(body) => DrawStep::Replayed(Drawn::parse(&body)?),
+            ScriptReply::Refused(refusal) => DrawStep::Refused(refusal),
+            ScriptReply::Short {
+                in_pool,
+                generation,
+            } => DrawStep::Short {
+                in_pool,
+                generation,
+            },
+            ScriptReply::TooMany { max_count } => DrawStep::TooMany { max_count },
+            ScriptReply::Retry => {
+                return Err(HandleError::internal("the draw script asked for a retry"))
+            }
+        },
+    )
+}
+
+/// Most pools whose code tables a worker keeps; past it the cache starts over.
+const MAX_CACHED_TABLES: usize = 10_000;
+
+/// Decoding tables per pool. Tables only grow and a code never changes
+/// meaning, so a cached table is reloaded only when a code past its end
+/// shows up (after a `pool load` that added prizes).
+#[derive(Debug, Default)]
+pub struct Decoder {
+    tables: RwLock<HashMap<String, Arc<CodeTable>>>,
+}
+
+impl Decoder {
+    async fn table<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        keys: &PoolKeys,
+        pool: &str,
+        highest: u32,
+    ) -> Result<Arc<CodeTable>, HandleError> {
+        if let Some(t) = self.tables.read().await.get(pool) {
+            if (highest as usize) < t.len() {
+                return Ok(t.clone());
+            }
+        }
+        let (table, _) = super::load_codes(conn, keys)
+            .await
+            .map_err(|e| HandleError::internal(format!("{e:#}")))?
+            .ok_or_else(|| HandleError::internal(format!("pool {pool} has no code table")))?;
+        let table = Arc::new(table);
+        let mut tables = self.tables.write().await;
+        if tables.len() >= MAX_CACHED_TABLES {
+            tables.clear();
+        }
+        tables.insert(pool.to_owned(), table.clone());
+        Ok(table)
+    }
+}
+
+/// One draw step of a lucky-gift pool, as the seam asks it.
+pub async fn draw<C: ConnectionLike + Send>(
+    conn: &mut C,
+    scripts: &Scripts,
+    decoder: &Decoder,
+    keys: &PoolKeys,
+    storage: Storage,
+    ask: &Ask<'_>,
+) -> Result<Step, HandleError> {
+    let step = draw_once(
+        conn,
+        scripts,
+        keys,
+        storage,
+        ask.request_id,
+        ask.count,
+        ask.result_ttl_s,
+        ask.fingerprint,
+    )
+    .await?;
+    let (drawn, replayed) = match step {
+        DrawStep::Drawn(drawn) => (drawn, false),
+        DrawStep::Replayed(drawn) => (drawn, true),
+        DrawStep::Refused(refusal) => return Ok(Step::Refused(refusal)),
+        DrawStep::Short {
+            in_pool,
+            generation,
+        } => {
+            return Ok(Step::Short {
+                in_pool,
+                generation,
+            })
+        }
+        DrawStep::TooMany { max_count } => {
+            return Err(crate::messages::Invalid::new(format!(
+                "`count` {} is above the max_count {max_count} of pool {}",
+                ask.count, ask.pool
+            ))
+            .into())
+        }
+    };
+    let highest = drawn.codes.iter().copied().max().unwrap_or(0);
+    let table = decoder.table(conn, keys, ask.pool, highest).await?;
+    award(ask, drawn, &table, replayed).map(|a| Step::Awarded(Box::new(a)))
+}
+
+/// The award of `drawn`: prizes decoded, the reward computed exactly, its
+/// ledger entry and the refill the draw triggered (sent again on a replay,
+/// in case the first attempt stopped before publishing it: the refill
+/// worker stocks one batch per trigger however often it is asked).
+fn award(
+    ask: &Ask<'_>,
+    drawn: Drawn,
+    table: &CodeTable,
+    replayed: bool,
+) -> Result<Award, HandleError> {
+    let mut prizes = Vec::with_capacity(drawn.codes.len());
+    let mut total: u64 = 0;
+    for &code in &drawn.codes {
+        let (combo, multiplier) = table.decode(code).ok_or_else(|| {
+            HandleError::internal(format!(
+                "code {code} is not in the table of pool {}",
+                ask.pool
+            ))
+        })?;
+        total = total
+            .checked_add(multiplier)
+            .ok_or_else(|| HandleError::internal("total multiplier overflows"))?;
+        prizes.push(Prize::Multiplier {
+            multiplier,
+            combo: combo.to_owned(),
+        });
+    }
+    let reward = i64::try_from(total)
+        .ok()
+        .and_then(|t| t.checked_mul(drawn.unit_price))
+        .filter(|r| *r < crate::messages::MAX_EXACT)
+        .ok_or_else(|| HandleError::internal("reward overflows"))?;
+    let entry = (reward != 0).then(|| {
+        SettleRequest::new(
+            format!("draw:{}", ask.request_id),
+            ask.user,
+            drawn.asset.as_str(),
+            reward,
+            "lucky_gift",
+            json!({ "pool": ask.pool, "request_id": ask.request_id, "version": drawn.version }),
+        )
+    });
+    let refill = drawn.trigger.map(|trigger| RefillRequest {
+        pool: ask.pool.to_owned(),
+        trigger,
+        urgent: false,
+    });
+    let prizes_drawn = if replayed { 0 } else { prizes.len() as u64 };
+    Ok(Award {
+        result: DrawResult {
+            request_id: ask.request_id.to_owned(),
+            status: Status::Ok,
+            pool: Some(ask.pool.to_owned()),
+            user_id: Some(ask.user),
+            prizes,
+            total_multiplier: Some(total),
+            reward: Some(reward),
+            asset: Some(drawn.asset),
+            ..DrawResult::default()
+        },
+        entry,
+        refill,
+        replayed,
+        prizes_drawn,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_answers_parse_strictly() {
+        let d = Drawn::parse("3|100|-1|1,2,3|item:a|b").unwrap();
+        assert_eq!(d.version, 3);
+        assert_eq!(d.unit_price, 100);
+        assert_eq!(d.trigger, None);
+        assert_eq!(d.codes, vec![1, 2, 3]);
+        assert_eq!(d.asset, "item:a|b");
+        assert_eq!(Drawn::parse("1|1|4||coin").unwrap().trigger, Some(4));
+        for bad in [
+            "",
+            "1|1|1|1",
+            "1|x|1|1|coin",
+            "1|1|1|1,a|coin",
+            "1|1|1|1|",
+            "1e14|1|1|1|c",
+        ] {
+            assert!(
+                matches!(Drawn::parse(bad), Err(HandleError::Internal(_))),
+                "{bad:?}"
+            );
+        }
+    }
+}

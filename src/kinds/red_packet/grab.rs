@@ -1,0 +1,112 @@
+//! A red-packet grab: one share per user, in one Lua step
+//! (`lua/grab_red_packet.lua`).
+//!
+//! Ledger entry ids: `redpacket:<packet>:grab:<user>`, one per packet and
+//! user, so even two requests of one user cannot be credited twice; the
+//! grab script guarantees the user holds at most one share. A request id is
+//! bound to its user and packet (see [`crate::kinds::answer`]): replayed
+//! under another user it is refused, never paid to that user.
+
+use redis::aio::ConnectionLike;
+use serde_json::json;
+
+use crate::{
+    amqp::HandleError,
+    kinds::{Ask, Award, ScriptReply, Step},
+    messages::{DrawResult, Invalid, Prize, SettleRequest, Status},
+    scripts::{PoolKeys, Scripts},
+};
+
+/// The grab script's call with its keys and arguments. `script` is
+/// `grab_red_packet.lua`, or any script that should see the same call (the
+/// bench's round-trip floor).
+pub fn grab_call<'a>(
+    script: &'a redis::Script,
+    keys: &PoolKeys,
+    request_id: &str,
+    user: i64,
+    result_ttl_s: u64,
+    fingerprint: &str,
+) -> redis::ScriptInvocation<'a> {
+    let mut call = script.prepare_invoke();
+    call.key(keys.meta())
+        .key(keys.shares())
+        .key(keys.grabbed())
+        .key(keys.result(request_id))
+        .arg(user)
+        .arg(crate::scripts::now_ms())
+        .arg(result_ttl_s)
+        .arg(fingerprint);
+    call
+}
+
+/// Grabs one share for the asking user, as the seam asks it.
+pub async fn grab<C: ConnectionLike + Send>(
+    conn: &mut C,
+    scripts: &Scripts,
+    keys: &PoolKeys,
+    ask: &Ask<'_>,
+) -> Result<Step, HandleError> {
+    if ask.count != 1 {
+        return Err(Invalid::new(format!(
+            "a red packet is grabbed one share at a time; `count` must be 1, got {}",
+            ask.count
+        ))
+        .into());
+    }
+    let (status, text, _): (String, String, u64) = grab_call(
+        &scripts.grab_red_packet,
+        keys,
+        ask.request_id,
+        ask.user,
+        ask.result_ttl_s,
+        ask.fingerprint,
+    )
+    .invoke_async(conn)
+    .await?;
+    let (body, replayed) = match ScriptReply::read(&status, text, 0, "request_id", ask.request_id)?
+    {
+        ScriptReply::Awarded(body) => (body, false),
+        ScriptReply::Replayed(body) => (body, true),
+        ScriptReply::Refused(refusal) => return Ok(Step::Refused(refusal)),
+        other => {
+            return Err(HandleError::internal(format!(
+                "unexpected grab answer {other:?}"
+            )))
+        }
+    };
+    // "<share>:<amount>:<asset>"
+    let mut parts = body.splitn(3, ':');
+    let parsed = (|| {
+        let share: u32 = parts.next()?.parse().ok()?;
+        let amount: i64 = parts.next()?.parse().ok()?;
+        let asset = parts.next().filter(|a| !a.is_empty())?;
+        Some((share, amount, asset.to_owned()))
+    })();
+    let (share, amount, asset) =
+        parsed.ok_or_else(|| HandleError::internal(format!("malformed grab answer {body:?}")))?;
+    let entry = SettleRequest::new(
+        format!("redpacket:{}:grab:{}", ask.pool, ask.user),
+        ask.user,
+        asset.as_str(),
+        amount,
+        "red_packet",
+        json!({ "pool": ask.pool, "request_id": ask.request_id, "share": share }),
+    );
+    Ok(Step::Awarded(Box::new(Award {
+        result: DrawResult {
+            request_id: ask.request_id.to_owned(),
+            status: Status::Ok,
+            pool: Some(ask.pool.to_owned()),
+            user_id: Some(ask.user),
+            prizes: vec![Prize::Share { share, amount }],
+            reward: Some(amount),
+            asset: Some(asset),
+            ..DrawResult::default()
+        },
+        entry: Some(entry),
+        refill: None,
+        replayed,
+        prizes_drawn: u64::from(!replayed),
+    })))
+}
