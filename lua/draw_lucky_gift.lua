@@ -17,7 +17,8 @@
 --          {"ok", body, 0}            body = "<version>|<unit_price>|<trigger>|<code>,<code>,...|<asset>"
 --                                     trigger = -1, or the batch whose refill flag was taken
 --          {"refused", code, 0}       a remembered refusal (unknown_pool)
---          {"short", in_pool, gen}    fewer than `count` drawable prizes; nothing changed
+--          {"short", in_pool, gen}    fewer than `count` drawable prizes; no prize moved
+--                                     (batch `gen` is now due for a refill)
 --          {"too_many", max_count, 0} count above the pool's max_count; nothing changed
 --
 -- Prizes are small-integer codes. The one prize flagged as a batch's refill
@@ -28,7 +29,7 @@ local seen = replay(KEYS[5], ARGV[4])
 if seen then return seen end
 
 local m = redis.call('HMGET', KEYS[1], 'kind', 'visible', 'unit_price',
-  'jackpot_threshold', 'jackpot_codes', 'max_count', 'gen', 'version', 'asset', 'storage')
+  'jackpot_threshold', 'jackpot_codes', 'max_count', 'gen', 'version', 'asset', 'storage', 'due')
 if m[1] ~= 'lucky_gift' or m[10] == 'sparse' then return refuse(KEYS[5], ARGV[4], ARGV[2], 'unknown_pool') end
 local count = tonumber(ARGV[1])
 local max_count = tonumber(m[6])
@@ -42,6 +43,13 @@ local threshold = tonumber(m[4])
 -- No jackpot rule, or today's consumption (this draw included) reached it.
 local open = (threshold == nil) or (spent >= threshold)
 local gen = tonumber(m[7]) or 0
+-- A short answer changes no prize. It makes the current batch due for its
+-- successor, like a taken refill flag: the draw's urgent refill request
+-- will be honoured, a forged one (no short draw, no flag) will not.
+local function short(in_pool)
+  if gen > (tonumber(m[11]) or -1) then redis.call('HSET', KEYS[1], 'due', int(gen)) end
+  return {'short', int(in_pool), gen}
+end
 
 local jackpot = {}
 if m[5] and m[5] ~= '' then
@@ -65,7 +73,7 @@ end
 
 local from_q = 0
 if open then
-  if held_len + visible < count then return {'short', int(held_len + visible), gen} end
+  if held_len + visible < count then return short(held_len + visible) end
   -- Waiting jackpots are first in line.
   local from_held = math.min(count, held_len)
   if from_held > 0 then
@@ -81,7 +89,7 @@ else
   -- and the next prize takes their place. Only the prizes popped here are
   -- touched, so a draw costs O(count) however many jackpots wait; a long
   -- run of jackpots costs its length, in chunks.
-  if visible < count then return {'short', int(held_len + visible), gen} end
+  if visible < count then return short(held_len + visible) end
   local popped = {}
   local held_now = {}
   local need = count
@@ -104,7 +112,7 @@ else
     local back = {}
     for i = #popped, 1, -1 do back[#back + 1] = popped[i] end
     push_all('LPUSH', KEYS[2], back)
-    return {'short', int(held_len + visible - #held_now), gen}
+    return short(held_len + visible - #held_now)
   end
   for _, v in ipairs(popped) do
     local code = take(v)
@@ -118,7 +126,7 @@ if from_q > 0 then redis.call('HINCRBY', KEYS[1], 'visible', -from_q) end
 redis.call('HINCRBY', KEYS[1], 'drawn', count)
 -- The batch whose refill point this draw took is due for its successor:
 -- a refill request for any later batch is refused.
-if trigger >= 0 then redis.call('HSET', KEYS[1], 'due', int(trigger)) end
+if trigger > (tonumber(m[11]) or -1) then redis.call('HSET', KEYS[1], 'due', int(trigger)) end
 redis.call('SET', KEYS[4], int(spent), 'EX', tonumber(ARGV[3]))
 local body = (m[8] or '0') .. '|' .. int(unit_price) .. '|' .. int(trigger) .. '|'
   .. table.concat(codes, ',') .. '|' .. (m[9] or 'coin')

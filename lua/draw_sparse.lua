@@ -28,7 +28,7 @@
 local seen = replay(KEYS[7], ARGV[5])
 if seen then return seen end
 local m = redis.call('HMGET', KEYS[1], 'kind', 'storage', 'max_index', 'cur', 'unit_price',
-  'jackpot_threshold', 'jackpot_codes', 'max_count', 'gen', 'version', 'asset')
+  'jackpot_threshold', 'jackpot_codes', 'max_count', 'gen', 'version', 'asset', 'due')
 if m[1] ~= 'lucky_gift' or m[2] ~= 'sparse' then return refuse(KEYS[7], ARGV[5], ARGV[2], 'unknown_pool') end
 local count = tonumber(ARGV[1])
 local max_count = tonumber(m[8])
@@ -39,6 +39,13 @@ local cur = tonumber(m[4]) or 0
 local visible = max_index - cur
 local unit_price = tonumber(m[5])
 local gen = tonumber(m[9]) or 0
+-- A short answer changes no prize. It makes the current batch due for its
+-- successor, like a taken refill flag: the draw's urgent refill request
+-- will be honoured, a forged one (no short draw, no flag) will not.
+local function short(in_pool)
+  if gen > (tonumber(m[12]) or -1) then redis.call('HSET', KEYS[1], 'due', int(gen)) end
+  return {'short', int(in_pool), gen}
+end
 local held_len = redis.call('LLEN', KEYS[5])
 local spent = math.min((tonumber(redis.call('GET', KEYS[6])) or 0) + count * unit_price, SPENT_CAP)
 local threshold = tonumber(m[6])
@@ -84,13 +91,13 @@ local from_held = 0
 local held_now = {}
 local new_cur = cur
 if open then
-  if held_len + visible < count then return {'short', int(held_len + visible), gen} end
+  if held_len + visible < count then return short(held_len + visible) end
   -- Waiting jackpots are first in line.
   from_held = math.min(count, held_len)
   for i = cur, cur + count - from_held - 1 do codes[#codes + 1] = prize_at(i) end
   new_cur = cur + count - from_held
 else
-  if visible < count then return {'short', int(held_len + visible), gen} end
+  if visible < count then return short(held_len + visible) end
   -- Jackpots met on the way wait in `held`; the next prize takes their place.
   local i = cur
   while #codes < count and i < max_index do
@@ -99,7 +106,7 @@ else
     i = i + 1
   end
   -- Nothing was written yet, so a short answer needs no undo.
-  if #codes < count then return {'short', int(held_len + visible - #held_now), gen} end
+  if #codes < count then return short(held_len + visible - #held_now) end
   new_cur = i
 end
 for _, c in ipairs(codes) do
@@ -127,7 +134,7 @@ if new_cur > cur then
   redis.call('HSET', KEYS[1], 'cur', int(new_cur))
 end
 redis.call('HINCRBY', KEYS[1], 'drawn', count)
-if trigger >= 0 then redis.call('HSET', KEYS[1], 'due', int(trigger)) end
+if trigger > (tonumber(m[12]) or -1) then redis.call('HSET', KEYS[1], 'due', int(trigger)) end
 redis.call('SET', KEYS[6], int(spent), 'EX', tonumber(ARGV[3]))
 local body = (m[10] or '0') .. '|' .. int(unit_price) .. '|' .. int(trigger) .. '|'
   .. table.concat(codes, ',') .. '|' .. (m[11] or 'coin')

@@ -7,7 +7,8 @@
 -- ARGV[1]: step: "begin", "trim", "push" or "commit"
 -- ARGV[2]: token
 -- begin:  ARGV[3] trigger, ARGV[4] now ms, ARGV[5] lease ms
---         -> {"claimed", first index} | {"done", gen} | {"busy", wait ms} | {"ahead", gen} | {"unknown", 0}
+--         -> {"claimed", first index} | {"done", gen} | {"busy", wait ms} | {"ahead", gen}
+--            | {"not_due", gen} (as in stock_begin.lua) | {"unknown", 0}
 -- trim:   ARGV[3] most buckets to clean, ARGV[4] bucket size
 --         -> {"ok", buckets still to clean} | {"lost", 0}
 -- push:   ARGV[3] now ms, ARGV[4] lease ms, then bucket, "<off>.<code>;..." pairs
@@ -20,7 +21,7 @@
 -- batch appears all at once when commit raises max_index.
 
 local step = ARGV[1]
-local m = redis.call('HMGET', KEYS[1], 'kind', 'gen', 'max_index', 'stock_token', 'stock_until', 'staged_n', 'staged_hi')
+local m = redis.call('HMGET', KEYS[1], 'kind', 'gen', 'max_index', 'stock_token', 'stock_until', 'staged_n', 'staged_hi', 'due')
 if m[1] ~= 'lucky_gift' then return {'unknown', 0} end
 local gen = tonumber(m[2]) or 0
 local max_index = tonumber(m[3]) or 0
@@ -29,6 +30,7 @@ if step == 'begin' then
   local trigger, now = tonumber(ARGV[3]), tonumber(ARGV[4])
   if gen > trigger then return {'done', gen} end
   if gen < trigger then return {'ahead', gen} end
+  if trigger > 0 and (tonumber(m[8]) or -1) < trigger then return {'not_due', gen} end
   local until_ms = tonumber(m[5]) or 0
   if m[4] and m[4] ~= ARGV[2] and until_ms > now then return {'busy', until_ms - now} end
   redis.call('HSET', KEYS[1], 'stock_token', ARGV[2], 'stock_until', now + tonumber(ARGV[5]))

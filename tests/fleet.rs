@@ -169,6 +169,24 @@ async fn a_short_pool_asks_for_a_refill_then_gives_up_with_pool_exhausted() {
 async fn fifty_refill_requests_for_one_trigger_through_the_queue_stock_one_batch() {
     let mut env = TestEnv::new(&[]).await;
     env.load(&pool_toml("r", "", GIFT)).await;
+    // A draw past the refill point makes batch 1 due for its successor.
+    let mut redis = env.redis.clone();
+    let step = prizepool::kinds::lucky_gift::draw_once(
+        &mut redis,
+        &env.scripts,
+        &env.keys("r"),
+        prizepool::kinds::lucky_gift::Storage::List,
+        "past-the-flag",
+        400,
+        3600,
+        "fp",
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(&step, prizepool::kinds::lucky_gift::DrawStep::Drawn(d) if d.trigger == Some(1)),
+        "{step:?}"
+    );
     let client = env.client().await;
     for _ in 0..50 {
         client
@@ -187,7 +205,7 @@ async fn fifty_refill_requests_for_one_trigger_through_the_queue_stock_one_batch
     }
     env.stop_workers().await;
     let s = env.status("r").await;
-    assert_eq!((s.generation, s.stocked), (2, 1280));
+    assert_eq!((s.generation, s.stocked, s.drawn), (2, 1280, 400));
 }
 
 #[tokio::test]

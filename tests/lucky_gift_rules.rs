@@ -318,6 +318,87 @@ async fn waiting_jackpots_are_not_touched_by_gated_draws(storage: &str) {
     assert_eq!(s.stocked, s.drawn + s.in_pool);
 }
 
+/// Makes the pool's current batch due for its successor, as a draw that
+/// takes its refill point (or finds the pool short) or `prizepool pool
+/// refill` does.
+async fn make_due(env: &TestEnv, pool: &str) {
+    let generation = env.status(pool).await.generation;
+    let mut redis = env.redis.clone();
+    redis::cmd("HSET")
+        .arg(env.keys(pool).meta())
+        .arg("due")
+        .arg(generation)
+        .query_async::<()>(&mut redis)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_batch_is_stocked_only_when_a_draw_made_it_due() {
+    for storage in ["list", "sparse"] {
+        let env = TestEnv::new(&[]).await;
+        let pool = "due";
+        env.load(&pool_toml_in(
+            storage,
+            pool,
+            "refill_at = 0.5",
+            &[("c", &[(0, 90), (5, 10)])],
+        ))
+        .await;
+        let (_, config, codes) = prizepool::pools::latest(&env.db, pool)
+            .await
+            .unwrap()
+            .unwrap();
+        let keys = env.keys(pool);
+        let stock = |trigger| {
+            let mut redis = env.redis.clone();
+            let (env, keys, config, codes) = (&env, &keys, &config, &codes);
+            async move {
+                lucky_gift::stock_next(
+                    &mut redis,
+                    &env.scripts,
+                    keys,
+                    config,
+                    codes,
+                    trigger,
+                    50,
+                    30_000,
+                )
+                .await
+                .unwrap()
+            }
+        };
+        // Nobody took batch 1's refill point: a request for batch 2 is refused.
+        assert_eq!(
+            stock(1).await,
+            StockOutcome::NotDue { generation: 1 },
+            "{storage}"
+        );
+        // A draw of 49 stops before the point; still not due.
+        assert_eq!(drawn(draw(&env, pool, 49).await).trigger, None);
+        assert_eq!(stock(1).await, StockOutcome::NotDue { generation: 1 });
+        // The draw that takes the point makes it due, once.
+        assert_eq!(drawn(draw(&env, pool, 2).await).trigger, Some(1));
+        assert!(matches!(
+            stock(1).await,
+            StockOutcome::Stocked { generation: 2, .. }
+        ));
+        assert_eq!(stock(2).await, StockOutcome::NotDue { generation: 2 });
+        // A short draw makes the current batch due too (its urgent refill).
+        assert!(matches!(
+            draw(&env, pool, 1000).await,
+            DrawStep::Short { .. }
+        ));
+        assert!(matches!(
+            stock(2).await,
+            StockOutcome::Stocked { generation: 3, .. }
+        ));
+        let s = env.status(pool).await;
+        assert_eq!((s.stocked, s.drawn), (300, 51), "{storage}");
+        assert_eq!(s.stocked, s.drawn + s.in_pool);
+    }
+}
+
 async fn fifty_concurrent_refills_for_one_trigger_stock_one_batch(storage: &str) {
     let env = TestEnv::new(&[]).await;
     let pool = "race";
@@ -332,6 +413,7 @@ async fn fifty_concurrent_refills_for_one_trigger_stock_one_batch(storage: &str)
         .await
         .unwrap()
         .unwrap();
+    make_due(&env, pool).await;
     let mut tasks = Vec::new();
     for _ in 0..50 {
         // Separate connections, so the calls really interleave in Redis.
@@ -378,6 +460,7 @@ async fn a_dead_stocking_attempt_is_cleaned_up_by_the_next() {
     env.load(&pool_toml(pool, "", &[("c", &[(0, 50), (5, 10)])]))
         .await;
     let keys = env.keys(pool);
+    make_due(&env, pool).await;
     let mut redis = env.redis.clone();
     // An attempt claims the lease, pushes half a batch, and dies.
     let (status, _): (String, i64) = env
@@ -525,6 +608,7 @@ async fn sparse_stocking_after_a_dead_attempt_trims_its_leftovers() {
     ))
     .await;
     let keys = env.keys(pool);
+    make_due(&env, pool).await;
     let mut redis = env.redis.clone();
     let step = |name: &str| {
         let mut inv = env.scripts.sparse_stock.prepare_invoke();

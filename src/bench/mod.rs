@@ -89,7 +89,7 @@ fn pool_config(
         unit_price: 100,
         storage,
         refill_at,
-        max_count: 10_000,
+        max_count: 1000,
         asset: "coin".into(),
         jackpot: Some(lucky_gift::config::Jackpot {
             min_multiplier: 5000,

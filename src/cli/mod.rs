@@ -259,6 +259,14 @@ async fn pool(config: &Config, command: PoolCommand) -> anyhow::Result<()> {
             let status = lucky_gift::status(&mut redis, &scripts, &keys, &id)
                 .await?
                 .with_context(|| format!("no pool named {id}"))?;
+            // An operator's refill makes the current batch due, which the
+            // refill worker checks (a forged request cannot).
+            redis::cmd("HSET")
+                .arg(keys.meta())
+                .arg("due")
+                .arg(status.generation)
+                .query_async::<()>(&mut redis)
+                .await?;
             let client = RpcClient::connect(config).await?;
             let request = RefillRequest {
                 pool: id.clone(),

@@ -91,6 +91,7 @@ impl DrawWorker {
             .with_total_delay(Some(self.config.short_pool_wait))
             .without_max_times()
             .build();
+        let mut asked = None;
         loop {
             let (in_pool, generation) = match self.kinds.draw(kind, &ask).await? {
                 Step::Awarded(award) => return Ok(self.awarded(*award)),
@@ -100,7 +101,10 @@ impl DrawWorker {
                     generation,
                 } => (in_pool, generation),
             };
-            self.ask_refill(&req.pool, generation, publisher).await?;
+            if asked != Some(generation) {
+                self.ask_refill(&req.pool, generation, publisher).await?;
+                asked = Some(generation);
+            }
             match delays.next() {
                 Some(delay) => tokio::time::sleep(delay).await,
                 None => {

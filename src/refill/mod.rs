@@ -48,11 +48,25 @@ impl RefillWorker {
     /// Stocks the batch after `req.trigger`, unless it exists.
     pub async fn refill(&self, req: RefillRequest) -> Result<Outcome, HandleError> {
         req.validate()?;
-        let Some((version, pool, table)) = crate::pools::latest(&self.db, &req.pool).await? else {
-            return Err(Invalid::new(format!("no lucky-gift pool named {}", req.pool)).into());
-        };
         let keys = PoolKeys::new(&self.config.redis_prefix, &req.pool);
         let mut conn = self.redis.clone();
+        // The config comes from Redis, where `pool load` writes it next to
+        // the pool's counters: a Postgres outage does not stop refills.
+        let stored = lucky_gift::stored_config(&mut conn, &keys)
+            .await
+            .map_err(|e| HandleError::internal(format!("{e:#}")))?;
+        let (version, pool, table) = match stored {
+            Some((version, pool, table)) => (version, pool, table),
+            // Pools loaded before the config was kept in Redis.
+            None => match crate::pools::latest(&self.db, &req.pool).await? {
+                Some((version, pool, table)) => (i64::from(version), pool, table),
+                None => {
+                    return Err(
+                        Invalid::new(format!("no lucky-gift pool named {}", req.pool)).into(),
+                    )
+                }
+            },
+        };
         // Another attempt may hold the lease; wait for it to finish (then the
         // batch exists) or to die (then its lease expires and we take over).
         let deadline = tokio::time::Instant::now()
@@ -109,6 +123,13 @@ impl RefillWorker {
                     return Err(Invalid::new(format!(
                         "trigger {} is past the last batch {generation} of pool {}",
                         req.trigger, req.pool
+                    ))
+                    .into())
+                }
+                Ok(StockOutcome::NotDue { generation }) => {
+                    return Err(Invalid::new(format!(
+                        "batch {generation} of pool {} is not due for a refill: no draw took its refill point and the pool is not short",
+                        req.pool
                     ))
                     .into())
                 }

@@ -9,6 +9,17 @@ use serde::{Deserialize, Serialize};
 
 /// Largest batch a pool may define (prizes per batch).
 pub const MAX_BATCH_SIZE: u64 = 50_000_000;
+/// Highest `unit_price`: with at most 10,000 prizes a draw, a draw's cost
+/// (`count × unit_price`) stays far below 2^53.
+pub const MAX_UNIT_PRICE: i64 = 1_000_000_000;
+/// Highest multiplier of a prize.
+pub const MAX_MULTIPLIER: u64 = 1_000_000;
+/// Highest jackpot threshold: the day's consumption counter saturates at
+/// 2^52 (see `lua/lib/answer.lua`), so every threshold up to it is reachable.
+pub const MAX_DAILY_THRESHOLD: i64 = 1 << 52;
+/// Room a draw reply and its event need besides the prizes: type, ids (at
+/// most 128 bytes each), status, user, totals and asset, generously.
+const REPLY_OVERHEAD_BYTES: usize = 1024;
 
 /// A configuration file: any number of `[[pools]]` tables.
 #[derive(Debug, Deserialize)]
@@ -225,10 +236,13 @@ fn validate(raw: RawPool) -> Result<PoolConfig, ConfigError> {
             ),
         ));
     }
-    if raw.unit_price <= 0 {
+    if !(1..=MAX_UNIT_PRICE).contains(&raw.unit_price) {
         return Err(at.err(
             "unit_price",
-            format!("must be positive, got {}", raw.unit_price),
+            format!(
+                "must be between 1 and {MAX_UNIT_PRICE}, got {}",
+                raw.unit_price
+            ),
         ));
     }
     let storage = match raw.storage.as_str() {
@@ -264,10 +278,13 @@ fn validate(raw: RawPool) -> Result<PoolConfig, ConfigError> {
             if j.min_multiplier <= 0 {
                 return Err(at.err("jackpot.min_multiplier", "must be positive"));
             }
-            if j.daily_consumption_threshold < 0 {
+            if !(0..=MAX_DAILY_THRESHOLD).contains(&j.daily_consumption_threshold) {
                 return Err(at.err(
                     "jackpot.daily_consumption_threshold",
-                    "must not be negative",
+                    format!(
+                        "must be between 0 and {MAX_DAILY_THRESHOLD}, got {}",
+                        j.daily_consumption_threshold
+                    ),
                 ));
             }
             Some(Jackpot {
@@ -299,6 +316,12 @@ fn validate(raw: RawPool) -> Result<PoolConfig, ConfigError> {
             let multiplier: u64 = key
                 .parse()
                 .map_err(|_| at.err(&field, "the key must be a non-negative integer multiplier"))?;
+            if multiplier > MAX_MULTIPLIER {
+                return Err(at.err(
+                    &field,
+                    format!("multipliers go up to {MAX_MULTIPLIER}, got {multiplier}"),
+                ));
+            }
             if *count <= 0 {
                 return Err(at.err(&field, format!("stock must be positive, got {count}")));
             }
@@ -334,7 +357,59 @@ fn validate(raw: RawPool) -> Result<PoolConfig, ConfigError> {
             format!("a batch of {size} prizes is above the limit of {MAX_BATCH_SIZE}"),
         ));
     }
+    check_draw_bounds(&config).map_err(|(field, message)| {
+        At {
+            pool: &config.id,
+            combo: None,
+        }
+        .err(field, message)
+    })?;
     Ok(config)
+}
+
+/// Refuses a pool whose largest draw could not be paid exactly or answered
+/// within the wire limit: `max_count × highest multiplier × unit_price` must
+/// stay below 2^53, and a reply of `max_count` of the longest prizes must fit
+/// in [`crate::messages::MAX_MESSAGE_BYTES`].
+fn check_draw_bounds(config: &PoolConfig) -> Result<(), (&'static str, String)> {
+    let highest = config
+        .combos
+        .iter()
+        .flat_map(|c| c.stock.iter().map(|(m, _)| *m))
+        .max()
+        .unwrap_or(0);
+    let reward = u128::from(config.max_count) * u128::from(highest) * config.unit_price as u128;
+    if reward >= crate::messages::MAX_EXACT as u128 {
+        return Err((
+            "max_count",
+            format!(
+                "the largest draw could pay {reward} ({} prizes × {highest} × unit_price {}), above 2^53; lower max_count, unit_price or the multipliers",
+                config.max_count, config.unit_price
+            ),
+        ));
+    }
+    let longest_prize = config
+        .combos
+        .iter()
+        .map(|c| {
+            let combo = serde_json::to_string(&c.id).map_or(c.id.len() + 2, |s| s.len());
+            r#"{"multiplier":,"combo":},"#.len() + highest.to_string().len() + combo
+        })
+        .max()
+        .unwrap_or(0);
+    let reply = REPLY_OVERHEAD_BYTES + config.max_count as usize * longest_prize;
+    if reply > crate::messages::MAX_MESSAGE_BYTES {
+        let fits = (crate::messages::MAX_MESSAGE_BYTES - REPLY_OVERHEAD_BYTES) / longest_prize;
+        return Err((
+            "max_count",
+            format!(
+                "a reply to a draw of {} prizes could take {reply} bytes, above the {} byte message limit; at most {fits} prizes of this pool fit",
+                config.max_count,
+                crate::messages::MAX_MESSAGE_BYTES
+            ),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

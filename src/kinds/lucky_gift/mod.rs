@@ -115,7 +115,11 @@ pub async fn configure<C: ConnectionLike + Send>(
         .arg("jackpot_codes")
         .arg(jackpot_codes.join(","))
         .arg("codes")
-        .arg(serde_json::to_string(table)?);
+        .arg(serde_json::to_string(table)?)
+        // The whole config, so refills stock from Redis alone and keep
+        // going while Postgres is away.
+        .arg("config")
+        .arg(serde_json::to_string(config)?);
     match &config.jackpot {
         Some(j) => inv
             .arg("jackpot_threshold")
@@ -188,6 +192,35 @@ pub async fn status<C: ConnectionLike + Send>(
         held_jackpots: held,
         spent_today: spent,
     }))
+}
+
+/// The config a pool was last loaded with, its version and its code table,
+/// as stored in Redis by [`configure`]; `None` if the pool is unknown there.
+pub async fn stored_config<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &PoolKeys,
+) -> anyhow::Result<Option<(i64, PoolConfig, CodeTable)>> {
+    let (kind, version, config, codes): (
+        Option<String>,
+        Option<i64>,
+        Option<String>,
+        Option<String>,
+    ) = redis::cmd("HMGET")
+        .arg(keys.meta())
+        .arg("kind")
+        .arg("version")
+        .arg("config")
+        .arg("codes")
+        .query_async(conn)
+        .await?;
+    match (kind.as_deref(), version, config, codes) {
+        (Some(KIND), Some(version), Some(config), Some(codes)) => Ok(Some((
+            version,
+            serde_json::from_str(&config)?,
+            serde_json::from_str(&codes)?,
+        ))),
+        _ => Ok(None),
+    }
 }
 
 /// Reads the code table stored with the pool.

@@ -27,6 +27,9 @@ pub enum StockOutcome {
     Busy { retry_in: Duration },
     /// The trigger names a batch that was never stocked: a bogus request.
     Ahead { generation: u64 },
+    /// Batch `generation` is the current one, but no draw took its refill
+    /// flag or found the pool short: nobody asked for its successor.
+    NotDue { generation: u64 },
     /// No pool under these keys.
     Unknown,
 }
@@ -53,6 +56,9 @@ fn unclaimed(status: &str, number: i64) -> Option<StockOutcome> {
             retry_in: Duration::from_millis(number.clamp(10, 1000) as u64),
         }),
         "ahead" => Some(StockOutcome::Ahead {
+            generation: number.unsigned_abs(),
+        }),
+        "not_due" => Some(StockOutcome::NotDue {
             generation: number.unsigned_abs(),
         }),
         _ => Some(StockOutcome::Unknown),
