@@ -476,6 +476,15 @@ async fn extreme_or_malformed_creates_are_refused_at_once_and_the_worker_goes_on
         .unwrap();
     assert_eq!(r["status"], "ok", "{r}");
     assert_eq!(assert_escrow_holds(&env, "rp-max").await.in_packet, max);
+    // The most shares a packet may have are stocked in one step.
+    let most = i64::from(red_packet::split::MAX_SHARES);
+    let r = client
+        .call("refill", &create("rp-many", 7, 10 * most, most, 10, 60), T)
+        .await
+        .unwrap();
+    assert_eq!(r["status"], "ok", "{r}");
+    let s = assert_escrow_holds(&env, "rp-many").await;
+    assert_eq!((s.in_packet, s.shares_left), (10 * most, most as usize));
     env.stop_workers().await;
 }
 
@@ -528,6 +537,17 @@ async fn a_forged_expiry_closes_nothing_early() {
         .unwrap();
     assert_eq!(r["error"]["code"], "invalid_request", "{r}");
     assert!(packet(&env, "rp-none").await.is_none());
+    // Malformed expiries are bad input.
+    for bad in [
+        json!({"type": "redpacket.expire", "packet_id": "rp-long", "expires_at": 12}),
+        json!({"type": "redpacket.expire", "packet_id": "rp-long", "expires_at": "soon"}),
+        json!({"type": "redpacket.expire", "packet_id": "rp-long", "closed": true}),
+        json!({"type": "redpacket.expire", "packet_id": "rp{long}"}),
+        json!({"type": "redpacket.expire"}),
+    ] {
+        let r = client.call("refill", &bad, T).await.unwrap();
+        assert_eq!(r["error"]["code"], "invalid_request", "{bad}: {r}");
+    }
     // Balances: only the escrow and the grab moved.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while balance(&env, 500).await != s.grabbed {
@@ -654,6 +674,17 @@ async fn closing_refunds_once_and_lets_the_keys_expire() {
     let red_packet::Grab::Got { amount, .. } = g else {
         panic!("{g:?}")
     };
+    // The close step itself checks the stored expiry, whoever calls it.
+    let early = red_packet::close(&mut conn, &env.scripts, &keys)
+        .await
+        .unwrap();
+    let red_packet::Close::Early { expires_at } = early else {
+        panic!("closed early: {early:?}")
+    };
+    assert_eq!(
+        red_packet::wire_time(expires_at),
+        reply_of(&created)["expires_at"]
+    );
     let expire = decode_expire(&json!({"type": "redpacket.expire", "packet_id": "rp-short"}));
     // Due in about a second: an early call leaves it open.
     let early = w.expire_red_packet(expire.clone()).await.unwrap();

@@ -767,3 +767,101 @@ pub async fn status<C: ConnectionLike + Send>(
         closed: closed.as_deref() == Some("1"),
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> RedPacketCreate {
+        RedPacketCreate {
+            packet_id: "rp-1".into(),
+            sender: 7,
+            total: 10_000,
+            count: 10,
+            min: 0,
+            expires_in_s: 3600,
+            asset: "coin".into(),
+        }
+    }
+
+    fn stored_as(req: &RedPacketCreate) -> Stored {
+        Stored {
+            sender: req.sender,
+            asset: req.asset.clone(),
+            total: req.total,
+            count: req.count,
+            min_share: split::floor(req.min),
+            min_asked: Some(req.min),
+            expires_in_s: Some(req.expires_in_s),
+            expires_at: Utc::now(),
+            refunded: None,
+        }
+    }
+
+    #[test]
+    fn every_asked_field_binds_the_id() {
+        let first = request();
+        let stored = stored_as(&first);
+        assert!(stored.differences(&first).is_empty());
+        type Change = fn(&mut RedPacketCreate);
+        let changes: [(&str, Change); 6] = [
+            ("sender", |r| r.sender = 8),
+            ("asset", |r| r.asset = "gem".into()),
+            ("total", |r| r.total += 1),
+            ("count", |r| r.count += 1),
+            ("min", |r| r.min = 1),
+            ("expires_in_s", |r| r.expires_in_s += 1),
+        ];
+        for (field, change) in changes {
+            let mut other = first.clone();
+            change(&mut other);
+            assert_eq!(stored.differences(&other), vec![field]);
+        }
+        // A packet stored before `min` and `expires_in_s` were kept is
+        // compared on what it has: the smallest share it hands out.
+        let old = Stored {
+            min_asked: None,
+            expires_in_s: None,
+            ..stored
+        };
+        let mut other = first.clone();
+        other.min = 1;
+        other.expires_in_s = 60;
+        assert!(old.differences(&other).is_empty());
+        other.min = 2;
+        assert_eq!(old.differences(&other), vec!["min"]);
+    }
+
+    #[test]
+    fn replies_keep_the_wire_shapes() {
+        let created = Created {
+            packet_id: "rp-1".into(),
+            count: 10,
+            total: 10_000,
+            expires_at: DateTime::from_timestamp(1_795_000_000, 123_000_000).unwrap_or_default(),
+        };
+        let reply = serde_json::to_value(created.reply()).unwrap_or_default();
+        assert_eq!(
+            reply,
+            serde_json::json!({"type": "redpacket_result", "packet_id": "rp-1", "status": "ok",
+                               "count": 10, "total": 10_000, "expires_at": "2026-11-18T11:06:40Z"})
+        );
+        let event = serde_json::to_value(created.event()).unwrap_or_default();
+        assert_eq!(event["type"], "redpacket.created");
+        let rejected = RejectedReply::new("rp-1", ErrorCode::InsufficientFunds, "short".into());
+        assert_eq!(
+            serde_json::to_value(rejected).unwrap_or_default(),
+            serde_json::json!({"type": "redpacket_result", "packet_id": "rp-1", "status": "rejected",
+                               "error": {"code": "insufficient_funds", "message": "short"}})
+        );
+        assert_eq!(
+            serde_json::to_value(ExpireReply::closed("rp-1", 5)).unwrap_or_default(),
+            serde_json::json!({"type": "redpacket_result", "packet_id": "rp-1", "status": "ok",
+                               "closed": true, "refunded": 5})
+        );
+        assert_eq!(
+            serde_json::to_value(ClosedEvent::new("rp-1", 5)).unwrap_or_default(),
+            serde_json::json!({"type": "redpacket.closed", "packet_id": "rp-1", "refunded": 5})
+        );
+    }
+}
