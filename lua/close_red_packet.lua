@@ -20,7 +20,7 @@ if m[2] == '1' then return {'already', tonumber(m[3]) or 0, 0} end
 local expires_at = tonumber(m[4])
 if not expires_at or tonumber(ARGV[1]) < expires_at then return {'early', expires_at or 0, 0} end
 local left = redis.call('LRANGE', KEYS[2], 0, -1)
--- Shares are at most 10^15 in total, so this float sum is exact.
+-- Shares are at most 10^12 in total, so this float sum is exact.
 local sum = 0
 for _, share in ipairs(left) do sum = sum + tonumber(string.match(share, ':(%d+)$')) end
 redis.call('DEL', KEYS[2])

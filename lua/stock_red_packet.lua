@@ -3,7 +3,7 @@
 -- KEYS[1]: packet meta hash
 -- KEYS[2]: shares list ("<share number>:<amount>" elements)
 -- ARGV[1]: sender account
--- ARGV[2]: total (escrowed), at most 10^15
+-- ARGV[2]: total (escrowed), at most 10^12
 -- ARGV[3]: expires_at, unix milliseconds
 -- ARGV[4]: asset
 -- ARGV[5..]: share elements, at most 5,000 (inside `unpack`'s limit)

@@ -13,7 +13,7 @@
 //!   replays the first answer, other content (sender, total, count, min,
 //!   expires_in_s, asset) or an id that names a lucky-gift pool or lottery
 //!   activity is refused as bad input and moves nothing;
-//! - every number is bounded ([`split`]: total ≤ 10^15, count ≤ 5,000,
+//! - every number is bounded ([`split`]: total ≤ 10^12, count ≤ 5,000,
 //!   `min × count ≤ total`; `expires_in_s` ≤ [`MAX_EXPIRES_IN_S`]), so all
 //!   arithmetic, Lua's included, is exact;
 //! - a `redpacket.expire` closes a packet only at or after the packet's own

@@ -9,15 +9,16 @@
 //! Bounds keep every figure exact wherever it travels: a total is at most
 //! [`MAX_TOTAL`] (below 2^53, so the Lua scripts' float arithmetic sums shares
 //! exactly), a packet has at most [`MAX_SHARES`] shares (stocked in one Lua
-//! step, well inside Lua's `unpack` limit of about 8,000 values) and `min` is
-//! at most `total / count`, so no product below overflows.
+//! step, well inside Lua's `unpack` limit of about 8,000 values) and
+//! `count × min` may not exceed the total, so no product below overflows.
 
 use rand::Rng;
 
 /// Most shares one packet may have.
 pub const MAX_SHARES: u32 = 5_000;
-/// Largest packet total, in cents: 10^15, below 2^53 (≈ 9.007 × 10^15).
-pub const MAX_TOTAL: i64 = 1_000_000_000_000_000;
+/// Largest packet total, in cents: 10^12, far below 2^53 (≈ 9.007 × 10^15),
+/// so sums of shares stay exact in Lua.
+pub const MAX_TOTAL: i64 = 1_000_000_000_000;
 
 /// Why a packet cannot be split.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
