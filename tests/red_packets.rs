@@ -691,8 +691,26 @@ async fn closing_refunds_once_and_lets_the_keys_expire() {
     assert_eq!(reply_of(&early)["closed"], false);
     assert!(!packet(&env, "rp-short").await.unwrap().closed);
     tokio::time::sleep(Duration::from_millis(1_100)).await;
+    // A closer that dies after the Redis step: the next expiry records the
+    // close, refunds and announces it, once.
+    let step = red_packet::close(&mut conn, &env.scripts, &keys)
+        .await
+        .unwrap();
+    assert_eq!(
+        step,
+        red_packet::Close::Closed {
+            refunded: 10_000 - amount,
+            now: true
+        }
+    );
+    let mut announced = 0;
     for _ in 0..3 {
         let closed = w.expire_red_packet(expire.clone()).await.unwrap();
+        announced += closed
+            .effects
+            .iter()
+            .filter(|e| e.routing_key == red_packet::CLOSED_EVENT)
+            .count();
         let reply = reply_of(&closed);
         assert_eq!(reply["closed"], true, "{reply}");
         assert_eq!(reply["refunded"], 10_000 - amount);
@@ -704,6 +722,7 @@ async fn closing_refunds_once_and_lets_the_keys_expire() {
             .await
             .unwrap();
     }
+    assert_eq!(announced, 1);
     assert_eq!(balance(&env, 4).await, 10_000 - amount);
     let s = assert_escrow_holds(&env, "rp-short").await;
     assert!(s.closed);

@@ -131,6 +131,9 @@ impl RefillWorker {
     /// input (a reused `packet_id` with other content, an id of another
     /// kind, a number out of bounds) is refused as invalid and moves nothing.
     pub async fn create_red_packet(&self, req: RedPacketCreate) -> Result<Outcome, HandleError> {
+        fn body(value: &impl serde::Serialize) -> Result<Vec<u8>, HandleError> {
+            red_packet::encode(value).map_err(|e| HandleError::Internal(e.into()))
+        }
         let mut conn = self.redis.clone();
         let created = match red_packet::create(
             &self.db,
@@ -179,6 +182,58 @@ impl RefillWorker {
     /// that comes early (forged or not) closes nothing, is answered with the
     /// packet still open and is delayed again to the stored expiry.
     pub async fn expire_red_packet(&self, req: RedPacketExpire) -> Result<Outcome, HandleError> {
+        /// The outcome of a closed packet: its answer, its refund entry
+        /// and, when this call closed it, its event.
+        fn closed(
+            id: &str,
+            packet: &red_packet::Stored,
+            refunded: i64,
+            now: bool,
+        ) -> Result<Outcome, HandleError> {
+            let mut effects = Vec::new();
+            let mut ledger = Vec::new();
+            if refunded > 0 {
+                ledger.push(red_packet::refund_entry(
+                    id,
+                    packet.sender,
+                    &packet.asset,
+                    refunded,
+                ));
+            }
+            if now {
+                tracing::info!(packet = %id, refunded, "red packet closed");
+                let event = red_packet::ClosedEvent::new(id, refunded);
+                effects.push(Outgoing::event_raw(red_packet::CLOSED_EVENT, body(&event)?));
+            }
+            Ok(Outcome {
+                reply: Some(body(&ExpireReply::closed(id, refunded))?),
+                effects,
+                ledger,
+                events: Vec::new(),
+            })
+        }
+        /// Answers that packet `id` stays open and sends the expiry again,
+        /// due at `expires_at`.
+        fn expire_later(
+            id: &str,
+            expires_at: chrono::DateTime<chrono::Utc>,
+        ) -> Result<Outcome, HandleError> {
+            let again = RedPacketExpire {
+                packet_id: id.to_owned(),
+                expires_at: Some(expires_at),
+            };
+            Ok(Outcome {
+                reply: Some(body(&ExpireReply::open_until(id, expires_at))?),
+                effects: vec![Outgoing::delayed(
+                    remaining_ms(expires_at),
+                    &with_type(red_packet::EXPIRE_TYPE, &again),
+                )],
+                ..Outcome::default()
+            })
+        }
+        fn body(value: &impl serde::Serialize) -> Result<Vec<u8>, HandleError> {
+            red_packet::encode(value).map_err(|e| HandleError::Internal(e.into()))
+        }
         crate::messages::check_id("packet_id", &req.packet_id)?;
         let id = &req.packet_id;
         let Some(packet) = red_packet::stored(&self.db, id).await? else {
@@ -187,84 +242,28 @@ impl RefillWorker {
         if let Some(refunded) = packet.refunded {
             // Closed and recorded: answer again, and send the refund again in
             // case the first send was lost (its entry id makes it once).
-            return self.closed(id, &packet, refunded, false);
+            return closed(id, &packet, refunded, false);
         }
         if remaining_ms(packet.expires_at) > 0 {
-            return self.expire_later(id, packet.expires_at);
+            return expire_later(id, packet.expires_at);
         }
         let keys = PoolKeys::new(&self.config.redis_prefix, id);
         let mut conn = self.redis.clone();
         match red_packet::close(&mut conn, &self.scripts, &keys).await? {
-            Close::Closed { refunded, now } => {
-                red_packet::record_closed(&self.db, id, refunded).await?;
-                self.closed(id, &packet, refunded, now)
+            Close::Closed { refunded, .. } => {
+                // Announced by whoever records the close, which the Redis
+                // step's closer may not have lived to do.
+                let first = red_packet::record_closed(&self.db, id, refunded).await?;
+                closed(id, &packet, refunded, first)
             }
             // Redis keeps its own copy of the expiry, which the grab script
             // obeys; closing follows the same clock.
-            Close::Early { expires_at } => self.expire_later(id, expires_at),
+            Close::Early { expires_at } => expire_later(id, expires_at),
             Close::Unknown => Err(HandleError::internal(format!(
                 "red packet {id} is open in Postgres but missing from Redis"
             ))),
         }
     }
-
-    /// The outcome of a closed packet: its answer, its refund entry and,
-    /// when this call closed it, its event.
-    fn closed(
-        &self,
-        id: &str,
-        packet: &red_packet::Stored,
-        refunded: i64,
-        now: bool,
-    ) -> Result<Outcome, HandleError> {
-        let mut effects = Vec::new();
-        let mut ledger = Vec::new();
-        if refunded > 0 {
-            ledger.push(red_packet::refund_entry(
-                id,
-                packet.sender,
-                &packet.asset,
-                refunded,
-            ));
-        }
-        if now {
-            tracing::info!(packet = %id, refunded, "red packet closed");
-            let event = red_packet::ClosedEvent::new(id, refunded);
-            effects.push(Outgoing::event_raw(red_packet::CLOSED_EVENT, body(&event)?));
-        }
-        Ok(Outcome {
-            reply: Some(body(&ExpireReply::closed(id, refunded))?),
-            effects,
-            ledger,
-            events: Vec::new(),
-        })
-    }
-
-    /// Answers that packet `id` stays open and sends the expiry again, due
-    /// at `expires_at`.
-    fn expire_later(
-        &self,
-        id: &str,
-        expires_at: chrono::DateTime<chrono::Utc>,
-    ) -> Result<Outcome, HandleError> {
-        let again = RedPacketExpire {
-            packet_id: id.to_owned(),
-            expires_at: Some(expires_at),
-        };
-        Ok(Outcome {
-            reply: Some(body(&ExpireReply::open_until(id, expires_at))?),
-            effects: vec![Outgoing::delayed(
-                remaining_ms(expires_at),
-                &with_type(red_packet::EXPIRE_TYPE, &again),
-            )],
-            ..Outcome::default()
-        })
-    }
-}
-
-/// A reply or event serialised; failing is a bug, not bad input.
-fn body(value: &impl serde::Serialize) -> Result<Vec<u8>, HandleError> {
-    serde_json::to_vec(value).map_err(|e| HandleError::Internal(e.into()))
 }
 
 /// Milliseconds until `at` (0 when past).

@@ -443,6 +443,11 @@ pub enum Status {
     Rejected,
 }
 
+/// A reply or event as the JSON bytes the wire carries.
+pub fn encode(value: &impl Serialize) -> Result<Vec<u8>, serde_json::Error> {
+    serde_json::to_vec(value)
+}
+
 /// A time as the wire carries it: RFC 3339, whole seconds, `Z`.
 pub fn wire_time(at: DateTime<Utc>) -> String {
     at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
@@ -705,15 +710,22 @@ pub async fn close<C: ConnectionLike + Send>(
 }
 
 /// Records in Postgres that the packet closed, refunding `refunded`.
-pub async fn record_closed(db: &PgPool, packet_id: &str, refunded: i64) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE red_packets SET closed_at = coalesce(closed_at, now()), refunded = $2 WHERE id = $1",
+/// Returns whether this call recorded it (the first to do so announces the
+/// close, so a crash between the Redis step and this one loses no event).
+pub async fn record_closed(
+    db: &PgPool,
+    packet_id: &str,
+    refunded: i64,
+) -> Result<bool, sqlx::Error> {
+    let recorded = sqlx::query(
+        "UPDATE red_packets SET closed_at = now(), refunded = $2 WHERE id = $1 AND closed_at IS NULL",
     )
     .bind(packet_id)
     .bind(refunded)
     .execute(db)
-    .await?;
-    Ok(())
+    .await?
+    .rows_affected();
+    Ok(recorded == 1)
 }
 
 /// A packet's counters, for checks and operators.
