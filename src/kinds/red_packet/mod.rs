@@ -17,8 +17,9 @@
 //!   `min × count ≤ total`; `expires_in_s` ≤ [`MAX_EXPIRES_IN_S`]), so all
 //!   arithmetic, Lua's included, is exact;
 //! - a `redpacket.expire` closes a packet only at or after the packet's own
-//!   stored expiry, whatever the message claims; an early one is delayed
-//!   again to the stored expiry.
+//!   stored expiry, whatever the message claims (the close step in Lua checks
+//!   it again); an early one is answered `"closed": false` with the stored
+//!   `expires_at` and delayed again to it; one for an unknown id is refused.
 //!
 //! Retention: closing a packet sets an expiry of [`CLOSED_RETENTION_S`]
 //! (7 days) on its `meta` and `grabbed` keys (`shares` is deleted at close,
