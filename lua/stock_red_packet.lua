@@ -3,10 +3,10 @@
 -- KEYS[1]: packet meta hash
 -- KEYS[2]: shares list ("<share number>:<amount>" elements)
 -- ARGV[1]: sender account
--- ARGV[2]: total (escrowed)
+-- ARGV[2]: total (escrowed), at most 10^12
 -- ARGV[3]: expires_at, unix milliseconds
 -- ARGV[4]: asset
--- ARGV[5..]: share elements
+-- ARGV[5..]: share elements, at most 5,000 (inside `unpack`'s limit)
 -- Returns: {"stocked", n} or {"exists", 0}; {"kind", 0} if the id names another kind
 
 local kind = redis.call('HGET', KEYS[1], 'kind')

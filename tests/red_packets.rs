@@ -24,6 +24,31 @@ async fn fund(env: &TestEnv, account: i64, amount: i64) {
     prizepool::settle::apply(&env.db, &[topup]).await.unwrap();
 }
 
+/// One grab of `packet` through the red-packet kind's step; the amount
+/// awarded, if any.
+async fn grab_share(
+    conn: &mut prizepool::redis_conn::RedisConn,
+    scripts: &prizepool::scripts::Scripts,
+    keys: &prizepool::scripts::PoolKeys,
+    packet: &str,
+    request_id: &str,
+    user: i64,
+) -> Option<i64> {
+    let fingerprint = prizepool::kinds::fingerprint("draw", &[&packet, &user, &1u32]);
+    let ask = prizepool::kinds::Ask {
+        request_id,
+        pool: packet,
+        user,
+        count: 1,
+        fingerprint: &fingerprint,
+        result_ttl_s: 60,
+    };
+    match red_packet::grab(conn, scripts, keys, &ask).await.unwrap() {
+        prizepool::kinds::Step::Awarded(award) => award.result.reward,
+        _ => None,
+    }
+}
+
 async fn balance(env: &TestEnv, account: i64) -> i64 {
     prizepool::settle::balances(&env.db, account)
         .await
@@ -279,4 +304,480 @@ async fn expiry_closes_the_packet_and_refunds_the_rest_exactly() {
     assert_eq!(balance(&env, 3).await, 50_000 - grabbed);
     assert_eq!(env.queue_depth(amqp::REFILL.dlq).await, 0);
     env.stop_workers().await;
+}
+
+/// A refill worker called without a broker, for races the queue would
+/// serialise.
+fn worker(env: &TestEnv) -> prizepool::refill::RefillWorker {
+    prizepool::refill::RefillWorker::new(env.config.clone(), env.redis.clone(), env.db.clone())
+}
+
+fn decode_create(body: &Value) -> prizepool::messages::RedPacketCreate {
+    match prizepool::messages::decode_typed(body).unwrap() {
+        prizepool::messages::RefillQueueMessage::RedPacketCreate(req) => req,
+        other => panic!("not a create: {other:?}"),
+    }
+}
+
+fn decode_expire(body: &Value) -> prizepool::messages::RedPacketExpire {
+    match prizepool::messages::decode_typed(body).unwrap() {
+        prizepool::messages::RefillQueueMessage::RedPacketExpire(req) => req,
+        other => panic!("not an expire: {other:?}"),
+    }
+}
+
+fn reply_of(outcome: &amqp::Outcome) -> Value {
+    serde_json::from_slice(outcome.reply.as_ref().unwrap()).unwrap()
+}
+
+/// The escrow entry of a packet, as the ledger holds it (negative).
+async fn escrowed(env: &TestEnv, packet: &str) -> i64 {
+    let row: Option<(i64,)> =
+        sqlx::query_as("SELECT amount FROM ledger_entries WHERE entry_id = $1")
+            .bind(format!("redpacket:{packet}:escrow"))
+            .fetch_optional(&env.db)
+            .await
+            .unwrap();
+    row.map_or(0, |(a,)| -a)
+}
+
+/// Escrowed = grabbed + refunded + still in the packet.
+async fn assert_escrow_holds(env: &TestEnv, id: &str) -> red_packet::PacketStatus {
+    let s = packet(env, id).await.unwrap();
+    assert_eq!(escrowed(env, id).await, s.total, "{id}: {s:?}");
+    assert_eq!(s.total, s.grabbed + s.refunded + s.in_packet, "{id}: {s:?}");
+    s
+}
+
+async fn wait_depth(env: &TestEnv, queue: &str, expected: u32) -> u32 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let depth = env.queue_depth(queue).await;
+        if depth == expected || tokio::time::Instant::now() > deadline {
+            return depth;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_packet_id_is_bound_to_what_it_first_asked() {
+    let mut env = TestEnv::new(&[]).await;
+    env.load(&common::pool_toml("gift-taken", "", &[("c1", &[(0, 10)])]))
+        .await;
+    let now = chrono::Utc::now();
+    env.load_activities(&common::activity_toml(
+        "act-taken",
+        now - chrono::Duration::hours(1),
+        now + chrono::Duration::hours(1),
+        "{ id = \"ipad\", weight = 1, stock = 1 }",
+    ))
+    .await;
+    env.start_refill_worker().await;
+    let client = env.client().await;
+    fund(&env, 7, 100_000).await;
+    let first = create("rp-bound", 7, 10_000, 10, 5, 3600);
+    let reply = client.call("refill", &first, T).await.unwrap();
+    assert_eq!(reply["status"], "ok", "{reply}");
+    // The same content again: the first answer.
+    assert_eq!(client.call("refill", &first, T).await.unwrap(), reply);
+    let before = packet(&env, "rp-bound").await.unwrap();
+
+    let mut other_asset = first.clone();
+    other_asset["asset"] = "gem".into();
+    let others = [
+        create("rp-bound", 8, 10_000, 10, 5, 3600),
+        create("rp-bound", 7, 20_000, 10, 5, 3600),
+        create("rp-bound", 7, 10_000, 20, 5, 3600),
+        create("rp-bound", 7, 10_000, 10, 1, 3600),
+        create("rp-bound", 7, 10_000, 10, 5, 60),
+        other_asset,
+        // Ids of another kind: refused, nothing escrowed.
+        create("gift-taken", 7, 10_000, 10, 1, 3600),
+        create("act-taken", 7, 10_000, 10, 1, 3600),
+    ];
+    for other in &others {
+        let r = client.call("refill", other, T).await.unwrap();
+        assert_eq!(r["type"], "redpacket_result", "{other}: {r}");
+        assert_eq!(r["status"], "rejected", "{other}: {r}");
+        assert_eq!(r["error"]["code"], "invalid_request", "{other}: {r}");
+    }
+    assert_eq!(balance(&env, 7).await, 90_000);
+    assert_eq!(packet(&env, "rp-bound").await.unwrap(), before);
+    assert_escrow_holds(&env, "rp-bound").await;
+    for id in ["gift-taken", "act-taken"] {
+        assert_eq!(escrowed(&env, id).await, 0);
+        let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM red_packets WHERE id = $1")
+            .bind(id)
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
+        assert_eq!(n, 0, "{id}");
+    }
+    assert_eq!(env.status("gift-taken").await.stocked, 10);
+    // Every refusal was dead-lettered; the first answer still replays.
+    assert_eq!(
+        wait_depth(&env, amqp::REFILL.dlq, others.len() as u32).await,
+        others.len() as u32
+    );
+    assert_eq!(client.call("refill", &first, T).await.unwrap(), reply);
+    env.stop_workers().await;
+}
+
+#[tokio::test]
+async fn extreme_or_malformed_creates_are_refused_at_once_and_the_worker_goes_on() {
+    let mut env = TestEnv::new(&[]).await;
+    env.start_refill_worker().await;
+    let client = env.client().await;
+    fund(&env, 7, 100_000).await;
+    let max = red_packet::split::MAX_TOTAL;
+    let mut bad = vec![
+        create("rp-x", 7, 10_000, 10, i64::MAX, 3600),
+        create("rp-x", 7, 10_000, 10, i64::MIN, 3600),
+        create("rp-x", 7, 10_000, 10, i64::MAX / 9, 3600),
+        create("rp-x", 7, 10_000, 10, 1_001, 3600),
+        create("rp-x", 7, 10_000, i64::MAX, 1, 3600),
+        create("rp-x", 7, 10_000, i64::MIN, 1, 3600),
+        create("rp-x", 7, 10_000, -1, 1, 3600),
+        create("rp-x", 7, i64::MAX, 10, 1, 3600),
+        create("rp-x", 7, i64::MIN, 10, 1, 3600),
+        create("rp-x", 7, 0, 1, 0, 3600),
+        create("rp-x", 7, max + 1, 10, 1, 3600),
+        create("rp-x", 7, 10_000, 10, 1, i64::MAX),
+        create("rp-x", 7, 10_000, 10, 1, -1),
+        create("rp-x", 7, 10_000, 10, 1, red_packet::MAX_EXPIRES_IN_S + 1),
+        create("rp-x", -1, 10_000, 10, 1, 3600),
+        create("rp{x}", 7, 10_000, 10, 1, 3600),
+        create("", 7, 10_000, 10, 1, 3600),
+    ];
+    let mut wrong_types = Vec::new();
+    for (field, value) in [
+        ("total", json!("10000")),
+        ("total", json!(100.5)),
+        ("total", json!(null)),
+        ("total", json!(18_446_744_073_709_551_615u64)),
+        ("count", json!(1e30)),
+        ("min", json!([1])),
+        ("expires_in_s", json!({})),
+        ("sender", json!(true)),
+        ("packet_id", json!(42)),
+        ("asset", json!(7)),
+    ] {
+        let mut body = create("rp-x", 7, 10_000, 10, 1, 3600);
+        body[field] = value;
+        wrong_types.push(body);
+    }
+    for field in ["packet_id", "sender", "total", "count", "expires_in_s"] {
+        let mut body = create("rp-x", 7, 10_000, 10, 1, 3600);
+        body.as_object_mut().unwrap().remove(field);
+        wrong_types.push(body);
+    }
+    bad.extend(wrong_types);
+    for body in &bad {
+        let r = client.call("refill", body, T).await.unwrap();
+        assert_eq!(r["status"], "rejected", "{body}: {r}");
+        assert_eq!(r["error"]["code"], "invalid_request", "{body}: {r}");
+    }
+    assert_eq!(balance(&env, 7).await, 100_000);
+    assert!(packet(&env, "rp-x").await.is_none());
+    let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM pools")
+        .fetch_one(&env.db)
+        .await
+        .unwrap();
+    assert_eq!(n, 0);
+    // The edges that are allowed work: every share exactly `min`, and the
+    // largest total in one share.
+    let r = client
+        .call("refill", &create("rp-x", 7, 10_000, 10, 1_000, 3600), T)
+        .await
+        .unwrap();
+    assert_eq!(r["status"], "ok", "{r}");
+    let s = assert_escrow_holds(&env, "rp-x").await;
+    assert_eq!((s.in_packet, s.shares_left), (10_000, 10));
+    fund(&env, 9, max).await;
+    let r = client
+        .call("refill", &create("rp-max", 9, max, 1, 0, 60), T)
+        .await
+        .unwrap();
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(assert_escrow_holds(&env, "rp-max").await.in_packet, max);
+    // The most shares a packet may have are stocked in one step.
+    let most = i64::from(red_packet::split::MAX_SHARES);
+    let r = client
+        .call("refill", &create("rp-many", 7, 10 * most, most, 10, 60), T)
+        .await
+        .unwrap();
+    assert_eq!(r["status"], "ok", "{r}");
+    let s = assert_escrow_holds(&env, "rp-many").await;
+    assert_eq!((s.in_packet, s.shares_left), (10 * most, most as usize));
+    env.stop_workers().await;
+}
+
+#[tokio::test]
+async fn a_forged_expiry_closes_nothing_early() {
+    let mut env = TestEnv::new(&[]).await;
+    env.start_fleet().await;
+    let client = env.client().await;
+    fund(&env, 3, 50_000).await;
+    let reply = client
+        .call("refill", &create("rp-long", 3, 30_000, 10, 100, 86_400), T)
+        .await
+        .unwrap();
+    assert_eq!(reply["status"], "ok", "{reply}");
+    let forged = json!({"type": "redpacket.expire", "packet_id": "rp-long",
+                        "expires_at": "2020-01-01T00:00:00Z"});
+    let r = client.call("refill", &forged, T).await.unwrap();
+    assert_eq!(r["type"], "redpacket_result", "{r}");
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(r["closed"], false, "{r}");
+    assert_eq!(r["expires_at"], reply["expires_at"], "{r}");
+    // Without a reply, and with no expiry at all.
+    client.send("refill", &forged).await.unwrap();
+    client
+        .send(
+            "refill",
+            &json!({"type": "redpacket.expire", "packet_id": "rp-long"}),
+        )
+        .await
+        .unwrap();
+    // The packet stays open and grabbable.
+    let g = client
+        .call("draw", &draw("rp-long", 500, 1), T)
+        .await
+        .unwrap();
+    assert_eq!(g["status"], "ok", "{g}");
+    let s = assert_escrow_holds(&env, "rp-long").await;
+    assert!(!s.closed);
+    assert_eq!(s.refunded, 0);
+    assert_eq!(s.grabbed, g["reward"].as_i64().unwrap());
+    // An expiry for an unknown packet is refused and changes nothing.
+    let r = client
+        .call(
+            "refill",
+            &json!({"type": "redpacket.expire", "packet_id": "rp-none",
+                    "expires_at": "2020-01-01T00:00:00Z"}),
+            T,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r["error"]["code"], "invalid_request", "{r}");
+    assert!(packet(&env, "rp-none").await.is_none());
+    // Malformed expiries are bad input.
+    for bad in [
+        json!({"type": "redpacket.expire", "packet_id": "rp-long", "expires_at": 12}),
+        json!({"type": "redpacket.expire", "packet_id": "rp-long", "expires_at": "soon"}),
+        json!({"type": "redpacket.expire", "packet_id": "rp-long", "closed": true}),
+        json!({"type": "redpacket.expire", "packet_id": "rp{long}"}),
+        json!({"type": "redpacket.expire"}),
+    ] {
+        let r = client.call("refill", &bad, T).await.unwrap();
+        assert_eq!(r["error"]["code"], "invalid_request", "{bad}: {r}");
+    }
+    // Balances: only the escrow and the grab moved.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while balance(&env, 500).await != s.grabbed {
+        assert!(tokio::time::Instant::now() < deadline, "grab not settled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(balance(&env, 3).await, 20_000);
+    let (refunds,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM ledger_entries WHERE reason = 'red_packet_refund'")
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
+    assert_eq!(refunds, 0);
+    assert!(!packet(&env, "rp-long").await.unwrap().closed);
+    env.stop_workers().await;
+}
+
+#[tokio::test]
+async fn escrow_holds_under_concurrent_grabs_forged_expiries_and_duplicate_creates() {
+    let env = TestEnv::new(&[]).await;
+    let w = Arc::new(worker(&env));
+    fund(&env, 1, 1_000_000).await;
+    let body = create("rp-race", 1, 50_000, 40, 10, 3600);
+    // Twenty copies of one create at once: one escrow, one answer.
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let (w, req) = (w.clone(), decode_create(&body));
+        tasks.push(tokio::spawn(async move {
+            w.create_red_packet(req).await.unwrap()
+        }));
+    }
+    let mut replies = Vec::new();
+    for t in tasks {
+        replies.push(reply_of(&t.await.unwrap()));
+    }
+    assert!(replies.iter().all(|r| *r == replies[0]), "{replies:?}");
+    assert_eq!(replies[0]["status"], "ok");
+    assert_eq!(balance(&env, 1).await, 950_000);
+    assert_escrow_holds(&env, "rp-race").await;
+
+    // Grabs by 60 users (each several times) and forged expiries, at once.
+    let keys = env.keys("rp-race");
+    let scripts = Arc::new(prizepool::scripts::Scripts::new());
+    let forged = decode_expire(&json!({"type": "redpacket.expire", "packet_id": "rp-race",
+                                       "expires_at": "2000-01-01T00:00:00Z"}));
+    let mut grabs = Vec::new();
+    let mut expiries = Vec::new();
+    for i in 0..180i64 {
+        let (mut conn, scripts, keys) = (env.redis.clone(), scripts.clone(), keys.clone());
+        let user = (i * 7) % 60;
+        grabs.push(tokio::spawn(async move {
+            let id = format!("grab-{i}");
+            let g = grab_share(&mut conn, &scripts, &keys, "rp-race", &id, user).await;
+            (user, g)
+        }));
+        if i % 10 == 0 {
+            let (w, req) = (w.clone(), forged.clone());
+            expiries.push(tokio::spawn(async move { w.expire_red_packet(req).await }));
+        }
+    }
+    let mut won = HashMap::new();
+    for t in grabs {
+        let (user, g) = t.await.unwrap();
+        if let Some(amount) = g {
+            assert!(
+                won.insert(user, amount).is_none(),
+                "user {user} got two shares"
+            );
+        }
+    }
+    for t in expiries {
+        let outcome = t.await.unwrap().unwrap();
+        assert_eq!(reply_of(&outcome)["closed"], false);
+        assert!(outcome.ledger.is_empty(), "an early expiry refunds nothing");
+    }
+    assert_eq!(won.len(), 40);
+    let s = assert_escrow_holds(&env, "rp-race").await;
+    assert!(!s.closed);
+    assert_eq!(s.grabbed, won.values().sum::<i64>());
+    assert_eq!((s.grabbed, s.refunded, s.in_packet), (50_000, 0, 0));
+}
+
+#[tokio::test]
+async fn a_create_sent_twice_at_once_with_different_contents_has_one_winner() {
+    let env = TestEnv::new(&[]).await;
+    let w = Arc::new(worker(&env));
+    fund(&env, 1, 1_000_000).await;
+    let mut debited = 0;
+    for round in 0..8 {
+        let id = format!("rp-twice-{round}");
+        let a = decode_create(&create(&id, 1, 10_000, 10, 1, 3600));
+        let b = decode_create(&create(&id, 1, 20_000, 5, 1, 3600));
+        let (ra, rb) = tokio::join!(w.create_red_packet(a), w.create_red_packet(b));
+        let winner = match (ra, rb) {
+            (Ok(o), Err(amqp::HandleError::Invalid(_))) => (o, 10_000),
+            (Err(amqp::HandleError::Invalid(_)), Ok(o)) => (o, 20_000),
+            (a, b) => panic!("round {round}: {a:?} / {b:?}"),
+        };
+        let reply = reply_of(&winner.0);
+        assert_eq!(reply["status"], "ok", "{reply}");
+        assert_eq!(reply["total"], winner.1);
+        debited += winner.1;
+        assert_eq!(balance(&env, 1).await, 1_000_000 - debited);
+        let s = assert_escrow_holds(&env, &id).await;
+        assert_eq!((s.total, s.in_packet), (winner.1, winner.1));
+    }
+}
+
+#[tokio::test]
+async fn closing_refunds_once_and_lets_the_keys_expire() {
+    let env = TestEnv::new(&[]).await;
+    let w = worker(&env);
+    fund(&env, 4, 10_000).await;
+    let created = w
+        .create_red_packet(decode_create(&create("rp-short", 4, 10_000, 5, 1, 1)))
+        .await
+        .unwrap();
+    assert_eq!(reply_of(&created)["status"], "ok");
+    let keys = env.keys("rp-short");
+    let mut conn = env.redis.clone();
+    let amount = grab_share(&mut conn, &env.scripts, &keys, "rp-short", "g-1", 77)
+        .await
+        .expect("a share");
+    // The close step itself checks the stored expiry, whoever calls it.
+    let early = red_packet::close(&mut conn, &env.scripts, &keys)
+        .await
+        .unwrap();
+    let red_packet::Close::Early { expires_at } = early else {
+        panic!("closed early: {early:?}")
+    };
+    assert_eq!(
+        red_packet::wire_time(expires_at),
+        reply_of(&created)["expires_at"]
+    );
+    let expire = decode_expire(&json!({"type": "redpacket.expire", "packet_id": "rp-short"}));
+    // Due in about a second: an early call leaves it open.
+    let early = w.expire_red_packet(expire.clone()).await.unwrap();
+    assert_eq!(reply_of(&early)["closed"], false);
+    assert!(!packet(&env, "rp-short").await.unwrap().closed);
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    // A closer that dies after the Redis step: the next expiry records the
+    // close, refunds and announces it, once.
+    let step = red_packet::close(&mut conn, &env.scripts, &keys)
+        .await
+        .unwrap();
+    assert_eq!(
+        step,
+        red_packet::Close::Closed {
+            refunded: 10_000 - amount,
+            now: true
+        }
+    );
+    let mut announced = 0;
+    for _ in 0..3 {
+        let closed = w.expire_red_packet(expire.clone()).await.unwrap();
+        announced += closed
+            .effects
+            .iter()
+            .filter(|e| e.routing_key == red_packet::CLOSED_EVENT)
+            .count();
+        let reply = reply_of(&closed);
+        assert_eq!(reply["closed"], true, "{reply}");
+        assert_eq!(reply["refunded"], 10_000 - amount);
+        // The refund is re-sent on every replay; its entry id makes it once.
+        assert_eq!(closed.ledger.len(), 1);
+        assert_eq!(closed.ledger[0].entry_id, "redpacket:rp-short:refund");
+        assert_eq!(closed.ledger[0].amount, 10_000 - amount);
+        prizepool::settle::apply(&env.db, &closed.ledger)
+            .await
+            .unwrap();
+    }
+    assert_eq!(announced, 1);
+    assert_eq!(balance(&env, 4).await, 10_000 - amount);
+    let s = assert_escrow_holds(&env, "rp-short").await;
+    assert!(s.closed);
+    assert_eq!(
+        (s.grabbed, s.refunded, s.in_packet),
+        (amount, 10_000 - amount, 0)
+    );
+    for key in [keys.meta(), keys.grabbed()] {
+        let ttl: i64 = redis::cmd("TTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(
+            ttl > 0 && ttl <= red_packet::CLOSED_RETENTION_S as i64,
+            "{key}: {ttl}"
+        );
+    }
+    // Once the retention is over and the keys are gone, a replayed create
+    // answers as first created and stocks nothing again.
+    for key in [keys.meta(), keys.grabbed()] {
+        let _: () = redis::cmd("DEL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let again = w
+        .create_red_packet(decode_create(&create("rp-short", 4, 10_000, 5, 1, 1)))
+        .await
+        .unwrap();
+    assert_eq!(reply_of(&again), reply_of(&created));
+    assert!(packet(&env, "rp-short").await.is_none());
+    let closed = w.expire_red_packet(expire).await.unwrap();
+    assert_eq!(reply_of(&closed)["refunded"], 10_000 - amount);
 }

@@ -16,11 +16,11 @@ use crate::{
     config::Config,
     kinds::{
         lucky_gift::{self, StockError, StockOutcome},
-        red_packet::{self, CreateError},
+        red_packet::{self, Close, CreateError, ExpireReply, RejectedReply},
     },
     messages::{
         decode_typed, with_type, ErrorCode, Invalid, RedPacketCreate, RedPacketExpire,
-        RefillQueueMessage, RefillRequest, SettleRequest,
+        RefillQueueMessage, RefillRequest,
     },
     scripts::{PoolKeys, Scripts},
 };
@@ -148,19 +148,14 @@ impl RefillWorker {
 }
 
 impl RefillWorker {
-    /// Creates a red packet and schedules its expiry.
+    /// Creates a red packet and schedules its expiry. Bad or conflicting
+    /// input (a reused `packet_id` with other content, an id of another
+    /// kind, a number out of bounds) is refused as invalid and moves nothing.
     pub async fn create_red_packet(&self, req: RedPacketCreate) -> Result<Outcome, HandleError> {
+        fn body(value: &impl serde::Serialize) -> Result<Vec<u8>, HandleError> {
+            red_packet::encode(value).map_err(|e| HandleError::Internal(e.into()))
+        }
         let mut conn = self.redis.clone();
-        let rejected = |code: ErrorCode, message: String| {
-            Ok(Outcome {
-                reply: Some(json!({
-                    "type": "redpacket_result", "packet_id": req.packet_id, "status": "rejected",
-                    "error": { "code": code, "message": message },
-                }).to_string().into_bytes()),
-                effects: Vec::new(),
-                ..Outcome::default()
-            })
-        };
         let created = match red_packet::create(
             &self.db,
             &mut conn,
@@ -173,8 +168,14 @@ impl RefillWorker {
             Ok(created) => created,
             Err(CreateError::Invalid(message)) => return Err(Invalid::new(message).into()),
             Err(e @ CreateError::InsufficientFunds { .. }) => {
-                return rejected(ErrorCode::InsufficientFunds, e.to_string())
+                let reply =
+                    RejectedReply::new(&req.packet_id, ErrorCode::InsufficientFunds, e.to_string());
+                return Ok(Outcome {
+                    reply: Some(body(&reply)?),
+                    ..Outcome::default()
+                });
             }
+            Err(CreateError::Internal(message)) => return Err(HandleError::internal(message)),
             Err(CreateError::Db(e)) => return Err(e.into()),
             Err(CreateError::Redis(e)) => return Err(e.into()),
         };
@@ -182,95 +183,107 @@ impl RefillWorker {
             packet_id: created.packet_id.clone(),
             expires_at: Some(created.expires_at),
         };
-        let reply = json!({
-            "type": "redpacket_result", "packet_id": created.packet_id, "status": "ok",
-            "count": created.count, "total": created.total,
-            "expires_at": created.expires_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        });
-        let mut event = reply.clone();
-        event["type"] = "redpacket.created".into();
         Ok(Outcome {
             effects: vec![
-                // A repeated create schedules the expiry again: closing is idempotent.
+                // A repeated create schedules the expiry again: closing is
+                // idempotent, and never early.
                 Outgoing::delayed(
                     remaining_ms(created.expires_at),
-                    &with_type("redpacket.expire", &expire),
+                    &with_type(red_packet::EXPIRE_TYPE, &expire),
                 ),
-                Outgoing::event("redpacket.created", &event),
+                Outgoing::event_raw(red_packet::CREATED_EVENT, body(&created.event())?),
             ],
-            reply: Some(reply.to_string().into_bytes()),
+            reply: Some(body(&created.reply())?),
             ..Outcome::default()
         })
     }
 
-    /// Closes a red packet whose time has come and refunds what is left;
-    /// an early message is delayed again.
+    /// Closes a red packet whose own stored expiry has come and refunds
+    /// what is left. The message's `expires_at` is not trusted: a message
+    /// that comes early (forged or not) closes nothing, is answered with the
+    /// packet still open and is delayed again to the stored expiry.
     pub async fn expire_red_packet(&self, req: RedPacketExpire) -> Result<Outcome, HandleError> {
-        crate::messages::check_id("packet_id", &req.packet_id)?;
-        let expires_at = match req.expires_at {
-            Some(t) => Some(t),
-            None => sqlx::query_as::<_, (chrono::DateTime<chrono::Utc>,)>(
-                "SELECT expires_at FROM red_packets WHERE id = $1",
-            )
-            .bind(&req.packet_id)
-            .fetch_optional(&self.db)
-            .await?
-            .map(|(t,)| t),
-        };
-        let Some(expires_at) = expires_at else {
-            return Err(Invalid::new(format!("no red packet named {}", req.packet_id)).into());
-        };
-        let wait = remaining_ms(expires_at);
-        if wait > 0 {
+        /// The outcome of a closed packet: its answer, its refund entry
+        /// and, when this call closed it, its event.
+        fn closed(
+            id: &str,
+            packet: &red_packet::Stored,
+            refunded: i64,
+            now: bool,
+        ) -> Result<Outcome, HandleError> {
+            let mut effects = Vec::new();
+            let mut ledger = Vec::new();
+            if refunded > 0 {
+                ledger.push(red_packet::refund_entry(
+                    id,
+                    packet.sender,
+                    &packet.asset,
+                    refunded,
+                ));
+            }
+            if now {
+                tracing::info!(packet = %id, refunded, "red packet closed");
+                let event = red_packet::ClosedEvent::new(id, refunded);
+                effects.push(Outgoing::event_raw(red_packet::CLOSED_EVENT, body(&event)?));
+            }
+            Ok(Outcome {
+                reply: Some(body(&ExpireReply::closed(id, refunded))?),
+                effects,
+                ledger,
+                events: Vec::new(),
+            })
+        }
+        /// Answers that packet `id` stays open and sends the expiry again,
+        /// due at `expires_at`.
+        fn expire_later(
+            id: &str,
+            expires_at: chrono::DateTime<chrono::Utc>,
+        ) -> Result<Outcome, HandleError> {
             let again = RedPacketExpire {
-                packet_id: req.packet_id.clone(),
+                packet_id: id.to_owned(),
                 expires_at: Some(expires_at),
             };
-            return Ok(Outcome {
-                reply: None,
+            Ok(Outcome {
+                reply: Some(body(&ExpireReply::open_until(id, expires_at))?),
                 effects: vec![Outgoing::delayed(
-                    wait,
-                    &with_type("redpacket.expire", &again),
+                    remaining_ms(expires_at),
+                    &with_type(red_packet::EXPIRE_TYPE, &again),
                 )],
                 ..Outcome::default()
-            });
+            })
         }
-        let keys = PoolKeys::new(&self.config.redis_prefix, &req.packet_id);
-        let mut conn = self.redis.clone();
-        let Some(closed) =
-            red_packet::close(&self.db, &mut conn, &self.scripts, &keys, &req.packet_id)
-                .await
-                .map_err(HandleError::Transient)?
-        else {
-            return Err(Invalid::new(format!("no red packet named {}", req.packet_id)).into());
+        fn body(value: &impl serde::Serialize) -> Result<Vec<u8>, HandleError> {
+            red_packet::encode(value).map_err(|e| HandleError::Internal(e.into()))
+        }
+        crate::messages::check_id("packet_id", &req.packet_id)?;
+        let id = &req.packet_id;
+        let Some(packet) = red_packet::stored(&self.db, id).await? else {
+            return Err(Invalid::new(format!("no red packet named {id}")).into());
         };
-        let mut effects = Vec::new();
-        let mut ledger = Vec::new();
-        if closed.refunded > 0 {
-            // Sent again on every replay; the ledger applies it once.
-            let refund = SettleRequest::new(
-                format!("redpacket:{}:refund", req.packet_id),
-                closed.sender,
-                &closed.asset,
-                closed.refunded,
-                "red_packet_refund",
-                json!({ "pool": req.packet_id }),
-            );
-            ledger.push(refund);
+        if let Some(refunded) = packet.refunded {
+            // Closed and recorded: answer again, and send the refund again in
+            // case the first send was lost (its entry id makes it once).
+            return closed(id, &packet, refunded, false);
         }
-        let body = json!({"type": "redpacket.closed", "packet_id": req.packet_id, "refunded": closed.refunded});
-        if closed.now {
-            tracing::info!(packet = %req.packet_id, refunded = closed.refunded, "red packet closed");
-            effects.push(Outgoing::event("redpacket.closed", &body));
+        if remaining_ms(packet.expires_at) > 0 {
+            return expire_later(id, packet.expires_at);
         }
-        Ok(Outcome {
-            reply: Some(
-                json!({"type": "redpacket_result", "packet_id": req.packet_id, "status": "ok", "closed": true, "refunded": closed.refunded}).to_string().into_bytes(),
-            ),
-            effects,
-            ledger,
-            events: Vec::new(),
-        })
+        let keys = PoolKeys::new(&self.config.redis_prefix, id);
+        let mut conn = self.redis.clone();
+        match red_packet::close(&mut conn, &self.scripts, &keys).await? {
+            Close::Closed { refunded, .. } => {
+                // Announced by whoever records the close, which the Redis
+                // step's closer may not have lived to do.
+                let first = red_packet::record_closed(&self.db, id, refunded).await?;
+                closed(id, &packet, refunded, first)
+            }
+            // Redis keeps its own copy of the expiry, which the grab script
+            // obeys; closing follows the same clock.
+            Close::Early { expires_at } => expire_later(id, expires_at),
+            Close::Unknown => Err(HandleError::internal(format!(
+                "red packet {id} is open in Postgres but missing from Redis"
+            ))),
+        }
     }
 }
 

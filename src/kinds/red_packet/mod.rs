@@ -4,30 +4,58 @@
 //! Redis layout of packet `id` (hash tag `{id}`): `meta` (sender, total,
 //! expires_at, grabbed, refunded, closed), `shares` (list of
 //! `"<share>:<amount>"`), `grabbed` (hash user → share) and `r:<request_id>`.
-//! Postgres keeps the packet and its shares; the escrow, each grab and the
-//! refund are ledger entries, so at any moment
+//! Postgres keeps the packet, what its create asked for and its shares; the
+//! escrow, each grab and the refund are ledger entries, so at any moment
 //! `escrowed = grabbed + refunded + still in the packet`.
+//!
+//! Nobody who publishes is trusted:
+//! - a `packet_id` is bound to its first create: the same content again
+//!   replays the first answer, other content (sender, total, count, min,
+//!   expires_in_s, asset) or an id that names a lucky-gift pool or lottery
+//!   activity is refused as bad input and moves nothing;
+//! - every number is bounded ([`split`]: total ≤ 10^12, count ≤ 5,000,
+//!   `min × count ≤ total`; `expires_in_s` ≤ [`MAX_EXPIRES_IN_S`]), so all
+//!   arithmetic, Lua's included, is exact;
+//! - a `redpacket.expire` closes a packet only at or after the packet's own
+//!   stored expiry, whatever the message claims (the close step in Lua checks
+//!   it again); an early one is answered `"closed": false` with the stored
+//!   `expires_at` and delayed again to it; one for an unknown id is refused.
+//!
+//! Retention: closing a packet sets an expiry of [`CLOSED_RETENTION_S`]
+//! (7 days) on its `meta` and `grabbed` keys (`shares` is deleted at close,
+//! each `r:<request_id>` has its own TTL). After that a grab answers
+//! `unknown_pool`; Postgres keeps the packet for good, so a replayed create
+//! still answers as first created and stocks nothing again.
 
 mod grab;
 pub mod split;
 
 pub use grab::{grab, grab_call};
 
-use anyhow::Context;
 use chrono::{DateTime, Utc};
 use redis::aio::ConnectionLike;
-use serde_json::json;
+use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::{
-    messages::{RedPacketCreate, SettleRequest},
+    messages::{ErrorBody, ErrorCode, RedPacketCreate, SettleRequest},
     scripts::{PoolKeys, Scripts},
 };
 
 /// Kind label stored in `meta.kind` and in the pool registry.
 pub const KIND: &str = "red_packet";
-/// Longest lifetime of a packet.
+/// Longest lifetime of a packet: 30 days.
 pub const MAX_EXPIRES_IN_S: i64 = 30 * 24 * 3600;
+/// How long a closed packet's Redis keys are kept: 7 days.
+pub const CLOSED_RETENTION_S: u64 = 7 * 24 * 3600;
+/// `type` of every red-packet reply.
+pub const RESULT_TYPE: &str = "redpacket_result";
+/// `type` (and routing key) of the event of a created packet.
+pub const CREATED_EVENT: &str = "redpacket.created";
+/// `type` (and routing key) of the event of a closed packet.
+pub const CLOSED_EVENT: &str = "redpacket.closed";
+/// `type` of the expiry message the refill worker sends itself.
+pub const EXPIRE_TYPE: &str = "redpacket.expire";
 
 /// A packet as created.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,7 +69,8 @@ pub struct Created {
 /// Why a packet was not created.
 #[derive(Debug, thiserror::Error)]
 pub enum CreateError {
-    /// The parameters are impossible (bad input).
+    /// The parameters are impossible, or the id is bound to something else
+    /// (bad input).
     #[error("{0}")]
     Invalid(String),
     /// The sender's balance cannot cover the total.
@@ -52,6 +81,10 @@ pub enum CreateError {
         balance: i64,
         total: i64,
     },
+    /// Stored state contradicts itself (Redis holds another kind under an
+    /// id Postgres gave this packet): retrying cannot help.
+    #[error("{0}")]
+    Internal(String),
     #[error(transparent)]
     Db(#[from] sqlx::Error),
     #[error(transparent)]
@@ -76,9 +109,10 @@ pub fn validate(req: &RedPacketCreate) -> Result<(), CreateError> {
 }
 
 /// Creates a packet: one Postgres transaction registers the id, checks and
-/// escrows the sender's balance and stores the shares; then the shares are
-/// stocked in Redis. A repeated request returns the packet as first created
-/// (and stocks Redis if an earlier attempt stopped before it).
+/// escrows the sender's balance and stores the shares and what was asked;
+/// then the shares are stocked in Redis. A repeated request with the same
+/// content returns the packet as first created (and stocks Redis if an
+/// earlier attempt stopped before it); one with other content is refused.
 pub async fn create<C: ConnectionLike + Send>(
     db: &PgPool,
     redis: &mut C,
@@ -88,6 +122,9 @@ pub async fn create<C: ConnectionLike + Send>(
 ) -> Result<Created, CreateError> {
     validate(req)?;
     let mut tx = db.begin().await?;
+    // The primary key serialises concurrent creates of one id: a second
+    // insert waits for the first transaction, then sees its row (and is
+    // compared with it) or, if it rolled back, takes the id.
     let inserted =
         sqlx::query("INSERT INTO pools (id, kind) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING")
             .bind(&req.packet_id)
@@ -97,7 +134,22 @@ pub async fn create<C: ConnectionLike + Send>(
             .rows_affected();
     if inserted == 0 {
         tx.rollback().await?;
-        return existing(db, redis, scripts, prefix, &req.packet_id).await;
+        return existing(db, redis, scripts, prefix, req).await;
+    }
+    // Postgres is the namespace of ids, but Redis is where the packet will
+    // live: refuse before escrowing if the keys hold something already.
+    let keys = PoolKeys::new(prefix, &req.packet_id);
+    let kind: Option<String> = redis::cmd("HGET")
+        .arg(keys.meta())
+        .arg("kind")
+        .query_async(redis)
+        .await?;
+    if let Some(kind) = kind {
+        tx.rollback().await?;
+        return Err(CreateError::Invalid(format!(
+            "id {} already names a {kind} in Redis",
+            req.packet_id
+        )));
     }
     // Lock the sender's balance row so two packets cannot spend it twice.
     let balance: Option<(i64,)> =
@@ -119,19 +171,23 @@ pub async fn create<C: ConnectionLike + Send>(
     let shares = split::split(req.total, req.count, req.min, &mut rand::rng())
         .map_err(|e| CreateError::Invalid(e.to_string()))?;
     let expires_at = Utc::now() + chrono::Duration::seconds(req.expires_in_s);
+    // `validate` bounds `count` by MAX_SHARES, so it fits an INTEGER.
+    let count = i32::try_from(req.count).map_err(|e| CreateError::Invalid(e.to_string()))?;
     sqlx::query(
-        "INSERT INTO red_packets (id, sender, asset, total, share_count, min_share, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        "INSERT INTO red_packets (id, sender, asset, total, share_count, min_share, expires_at, min_asked, expires_in_s) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
     )
     .bind(&req.packet_id)
     .bind(req.sender)
     .bind(&req.asset)
     .bind(req.total)
-    .bind(req.count as i32)
+    .bind(count)
     .bind(split::floor(req.min))
     .bind(expires_at)
+    .bind(req.min)
+    .bind(req.expires_in_s)
     .execute(&mut *tx)
     .await?;
-    let numbers: Vec<i32> = (1..=shares.len() as i32).collect();
+    let numbers: Vec<i32> = (1..=count).collect();
     sqlx::query("INSERT INTO red_packet_shares (packet_id, share_no, amount) SELECT $1, * FROM unnest($2::int[], $3::bigint[])")
         .bind(&req.packet_id)
         .bind(&numbers)
@@ -144,7 +200,7 @@ pub async fn create<C: ConnectionLike + Send>(
         &req.asset,
         -req.total,
         "red_packet_escrow",
-        json!({ "pool": req.packet_id }),
+        ledger_ref(&req.packet_id),
     );
     crate::settle::apply_in(&mut tx, std::slice::from_ref(&escrow)).await?;
     tx.commit().await?;
@@ -166,6 +222,26 @@ pub async fn create<C: ConnectionLike + Send>(
         total: req.total,
         expires_at,
     })
+}
+
+/// The `ref` of a packet's ledger entries.
+pub fn ledger_ref(packet_id: &str) -> serde_json::Value {
+    let mut map = serde_json::Map::new();
+    map.insert("pool".into(), packet_id.into());
+    serde_json::Value::Object(map)
+}
+
+/// The refund of what was left in a closed packet, as a ledger entry whose
+/// id makes it apply once however often it is sent.
+pub fn refund_entry(packet_id: &str, sender: i64, asset: &str, amount: i64) -> SettleRequest {
+    SettleRequest::new(
+        format!("redpacket:{packet_id}:refund"),
+        sender,
+        asset,
+        amount,
+        "red_packet_refund",
+        ledger_ref(packet_id),
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -198,49 +274,305 @@ async fn stock<C: ConnectionLike + Send>(
         .invoke_async(redis)
         .await?;
     if status == "kind" {
-        return Err(CreateError::Invalid(format!(
-            "id {packet_id} already names another pool"
+        return Err(CreateError::Internal(format!(
+            "packet {packet_id} is in Postgres but its Redis keys hold another kind"
         )));
     }
     Ok(())
 }
 
-/// A packet that exists already: returns it as created, making sure Redis has it.
+/// A packet as Postgres keeps it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stored {
+    pub sender: i64,
+    pub asset: String,
+    pub total: i64,
+    pub count: i64,
+    /// The smallest share handed out (`max(min, 1)`).
+    pub min_share: i64,
+    /// `min` as the create asked it (`None` before this was recorded).
+    pub min_asked: Option<i64>,
+    /// `expires_in_s` as the create asked it (`None` before this was recorded).
+    pub expires_in_s: Option<i64>,
+    pub expires_at: DateTime<Utc>,
+    /// What the close refunded, once it is recorded.
+    pub refunded: Option<i64>,
+}
+
+type StoredRow = (
+    i64,
+    String,
+    i64,
+    i32,
+    i64,
+    Option<i64>,
+    Option<i64>,
+    DateTime<Utc>,
+    Option<DateTime<Utc>>,
+    Option<i64>,
+);
+
+/// Reads packet `packet_id` from Postgres.
+pub async fn stored(db: &PgPool, packet_id: &str) -> Result<Option<Stored>, sqlx::Error> {
+    let row: Option<StoredRow> = sqlx::query_as(
+        "SELECT sender, asset, total, share_count, min_share, min_asked, expires_in_s, expires_at, closed_at, refunded FROM red_packets WHERE id = $1",
+    )
+    .bind(packet_id)
+    .fetch_optional(db)
+    .await?;
+    Ok(row.map(
+        |(
+            sender,
+            asset,
+            total,
+            count,
+            min_share,
+            min_asked,
+            expires_in_s,
+            expires_at,
+            closed_at,
+            refunded,
+        )| {
+            Stored {
+                sender,
+                asset,
+                total,
+                count: i64::from(count),
+                min_share,
+                min_asked,
+                expires_in_s,
+                expires_at,
+                refunded: closed_at.and(refunded),
+            }
+        },
+    ))
+}
+
+impl Stored {
+    /// The fields of `req` that differ from what the packet's first create
+    /// asked (empty when it asks the same).
+    pub fn differences(&self, req: &RedPacketCreate) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        if self.sender != req.sender {
+            out.push("sender");
+        }
+        if self.asset != req.asset {
+            out.push("asset");
+        }
+        if self.total != req.total {
+            out.push("total");
+        }
+        if self.count != req.count {
+            out.push("count");
+        }
+        let same_min = match self.min_asked {
+            Some(min) => min == req.min,
+            None => self.min_share == split::floor(req.min),
+        };
+        if !same_min {
+            out.push("min");
+        }
+        if self.expires_in_s.is_some_and(|e| e != req.expires_in_s) {
+            out.push("expires_in_s");
+        }
+        out
+    }
+}
+
+/// A packet id that exists already: returns the packet as created, making
+/// sure Redis has it, if `req` asks what its first create asked.
 async fn existing<C: ConnectionLike + Send>(
     db: &PgPool,
     redis: &mut C,
     scripts: &Scripts,
     prefix: &str,
-    packet_id: &str,
+    req: &RedPacketCreate,
 ) -> Result<Created, CreateError> {
-    let row: Option<(i64, String, i64, i32, DateTime<Utc>)> = sqlx::query_as(
-        "SELECT sender, asset, total, share_count, expires_at FROM red_packets WHERE id = $1",
-    )
-    .bind(packet_id)
-    .fetch_optional(db)
-    .await?;
-    let Some((sender, asset, total, count, expires_at)) = row else {
+    let packet_id = &req.packet_id;
+    let Some(packet) = stored(db, packet_id).await? else {
+        let kind: Option<(String,)> = sqlx::query_as("SELECT kind FROM pools WHERE id = $1")
+            .bind(packet_id)
+            .fetch_optional(db)
+            .await?;
+        let kind = kind.map_or_else(|| "pool".to_owned(), |(k,)| k);
         return Err(CreateError::Invalid(format!(
-            "id {packet_id} already names a pool or activity"
+            "id {packet_id} already names a {kind}"
         )));
     };
-    let shares: Vec<(i64,)> = sqlx::query_as(
-        "SELECT amount FROM red_packet_shares WHERE packet_id = $1 ORDER BY share_no",
-    )
-    .bind(packet_id)
-    .fetch_all(db)
-    .await?;
-    let shares: Vec<i64> = shares.into_iter().map(|(a,)| a).collect();
-    stock(
-        redis, scripts, prefix, packet_id, sender, &asset, total, expires_at, &shares,
-    )
-    .await?;
+    let differences = packet.differences(req);
+    if !differences.is_empty() {
+        return Err(CreateError::Invalid(format!(
+            "packet {packet_id} was created with another {}; a packet id stays bound to its first request",
+            differences.join(", ")
+        )));
+    }
+    // A closed packet is never stocked again, even once its Redis keys have
+    // expired: its shares were grabbed or refunded. Nor is one long past its
+    // expiry whose close is not recorded yet (its keys may be gone).
+    let retention = chrono::Duration::seconds(i64::try_from(CLOSED_RETENTION_S).unwrap_or(0));
+    if packet.refunded.is_none() && Utc::now() < packet.expires_at + retention {
+        let shares: Vec<(i64,)> = sqlx::query_as(
+            "SELECT amount FROM red_packet_shares WHERE packet_id = $1 ORDER BY share_no",
+        )
+        .bind(packet_id)
+        .fetch_all(db)
+        .await?;
+        let shares: Vec<i64> = shares.into_iter().map(|(a,)| a).collect();
+        stock(
+            redis,
+            scripts,
+            prefix,
+            packet_id,
+            packet.sender,
+            &packet.asset,
+            packet.total,
+            packet.expires_at,
+            &shares,
+        )
+        .await?;
+    }
     Ok(Created {
-        packet_id: packet_id.to_owned(),
-        count: i64::from(count),
-        total,
-        expires_at,
+        packet_id: packet_id.clone(),
+        count: packet.count,
+        total: packet.total,
+        expires_at: packet.expires_at,
     })
+}
+
+/// Whether a reply reports success or refusal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Ok,
+    Rejected,
+}
+
+/// A reply or event as the JSON bytes the wire carries.
+pub fn encode(value: &impl Serialize) -> Result<Vec<u8>, serde_json::Error> {
+    serde_json::to_vec(value)
+}
+
+/// A time as the wire carries it: RFC 3339, whole seconds, `Z`.
+pub fn wire_time(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// The answer to a create (`redpacket_result`), and with `type`
+/// `redpacket.created` its event.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CreatedReply {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub packet_id: String,
+    pub status: Status,
+    pub count: i64,
+    pub total: i64,
+    pub expires_at: String,
+}
+
+impl Created {
+    /// The `redpacket_result` of this packet.
+    pub fn reply(&self) -> CreatedReply {
+        CreatedReply {
+            kind: RESULT_TYPE,
+            packet_id: self.packet_id.clone(),
+            status: Status::Ok,
+            count: self.count,
+            total: self.total,
+            expires_at: wire_time(self.expires_at),
+        }
+    }
+
+    /// The `redpacket.created` event of this packet.
+    pub fn event(&self) -> CreatedReply {
+        CreatedReply {
+            kind: CREATED_EVENT,
+            ..self.reply()
+        }
+    }
+}
+
+/// A refused request's `redpacket_result`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RejectedReply {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub packet_id: String,
+    pub status: Status,
+    pub error: ErrorBody,
+}
+
+impl RejectedReply {
+    /// A refusal of packet `packet_id` with `code`.
+    pub fn new(packet_id: &str, code: ErrorCode, message: String) -> Self {
+        Self {
+            kind: RESULT_TYPE,
+            packet_id: packet_id.to_owned(),
+            status: Status::Rejected,
+            error: ErrorBody { code, message },
+        }
+    }
+}
+
+/// The answer to an expiry: closed with its refund, or still open until
+/// its stored `expires_at`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ExpireReply {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub packet_id: String,
+    pub status: Status,
+    pub closed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refunded: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+}
+
+impl ExpireReply {
+    /// The packet is closed and `refunded` went back to the sender.
+    pub fn closed(packet_id: &str, refunded: i64) -> Self {
+        Self {
+            kind: RESULT_TYPE,
+            packet_id: packet_id.to_owned(),
+            status: Status::Ok,
+            closed: true,
+            refunded: Some(refunded),
+            expires_at: None,
+        }
+    }
+
+    /// The packet stays open until `expires_at`.
+    pub fn open_until(packet_id: &str, expires_at: DateTime<Utc>) -> Self {
+        Self {
+            kind: RESULT_TYPE,
+            packet_id: packet_id.to_owned(),
+            status: Status::Ok,
+            closed: false,
+            refunded: None,
+            expires_at: Some(wire_time(expires_at)),
+        }
+    }
+}
+
+/// The `redpacket.closed` event.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ClosedEvent {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub packet_id: String,
+    pub refunded: i64,
+}
+
+impl ClosedEvent {
+    /// Packet `packet_id` closed, refunding `refunded`.
+    pub fn new(packet_id: &str, refunded: i64) -> Self {
+        Self {
+            kind: CLOSED_EVENT,
+            packet_id: packet_id.to_owned(),
+            refunded,
+        }
+    }
 }
 
 fn parse_share(text: &str) -> Option<(u32, i64)> {
@@ -248,51 +580,71 @@ fn parse_share(text: &str) -> Option<(u32, i64)> {
     Some((share.parse().ok()?, amount.parse().ok()?))
 }
 
-/// What closing a packet did.
+/// What a close step did.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Closed {
-    pub sender: i64,
-    pub asset: String,
-    /// The amount refunded to the sender (by this close or an earlier one).
-    pub refunded: i64,
-    /// Whether this call closed it.
-    pub now: bool,
+pub enum Close {
+    /// Closed by this call (`now`) or an earlier one; `refunded` is what the
+    /// close took out of the packet for the sender.
+    Closed { refunded: i64, now: bool },
+    /// Not due: the packet's own expiry is later.
+    Early { expires_at: DateTime<Utc> },
+    /// Redis holds no such packet.
+    Unknown,
 }
 
-/// Closes the packet atomically in Redis, then records it in Postgres.
+/// Closes the packet atomically in Redis if its own stored expiry has
+/// passed, and sets the retention expiry on its keys. Record the refund in
+/// Postgres with [`record_closed`] afterwards.
 pub async fn close<C: ConnectionLike + Send>(
-    db: &PgPool,
     redis: &mut C,
     scripts: &Scripts,
     keys: &PoolKeys,
-    packet_id: &str,
-) -> anyhow::Result<Option<Closed>> {
-    let (status, refunded, _removed): (String, i64, i64) = scripts
+) -> Result<Close, redis::RedisError> {
+    let (status, figure, _removed): (String, i64, i64) = scripts
         .close_red_packet
         .key(keys.meta())
         .key(keys.shares())
+        .key(keys.grabbed())
+        .arg(crate::scripts::now_ms())
+        .arg(CLOSED_RETENTION_S)
         .invoke_async(redis)
         .await?;
-    if status == "unknown" {
-        return Ok(None);
-    }
-    let (sender, asset): (i64, String) =
-        sqlx::query_as("SELECT sender, asset FROM red_packets WHERE id = $1")
-            .bind(packet_id)
-            .fetch_one(db)
-            .await
-            .context("reading the packet")?;
-    sqlx::query("UPDATE red_packets SET closed_at = coalesce(closed_at, now()), refunded = $2 WHERE id = $1")
-        .bind(packet_id)
-        .bind(refunded)
-        .execute(db)
-        .await?;
-    Ok(Some(Closed {
-        sender,
-        asset,
-        refunded,
-        now: status == "closed",
-    }))
+    Ok(match status.as_str() {
+        "closed" | "already" => Close::Closed {
+            refunded: figure,
+            now: status == "closed",
+        },
+        "early" => match DateTime::from_timestamp_millis(figure) {
+            Some(expires_at) => Close::Early { expires_at },
+            None => {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Parse,
+                    "packet expiry out of range",
+                    figure.to_string(),
+                )))
+            }
+        },
+        _ => Close::Unknown,
+    })
+}
+
+/// Records in Postgres that the packet closed, refunding `refunded`.
+/// Returns whether this call recorded it (the first to do so announces the
+/// close, so a crash between the Redis step and this one loses no event).
+pub async fn record_closed(
+    db: &PgPool,
+    packet_id: &str,
+    refunded: i64,
+) -> Result<bool, sqlx::Error> {
+    let recorded = sqlx::query(
+        "UPDATE red_packets SET closed_at = now(), refunded = $2 WHERE id = $1 AND closed_at IS NULL",
+    )
+    .bind(packet_id)
+    .bind(refunded)
+    .execute(db)
+    .await?
+    .rows_affected();
+    Ok(recorded == 1)
 }
 
 /// A packet's counters, for checks and operators.
@@ -345,4 +697,102 @@ pub async fn status<C: ConnectionLike + Send>(
         shares_left: shares.len(),
         closed: closed.as_deref() == Some("1"),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> RedPacketCreate {
+        RedPacketCreate {
+            packet_id: "rp-1".into(),
+            sender: 7,
+            total: 10_000,
+            count: 10,
+            min: 0,
+            expires_in_s: 3600,
+            asset: "coin".into(),
+        }
+    }
+
+    fn stored_as(req: &RedPacketCreate) -> Stored {
+        Stored {
+            sender: req.sender,
+            asset: req.asset.clone(),
+            total: req.total,
+            count: req.count,
+            min_share: split::floor(req.min),
+            min_asked: Some(req.min),
+            expires_in_s: Some(req.expires_in_s),
+            expires_at: Utc::now(),
+            refunded: None,
+        }
+    }
+
+    #[test]
+    fn every_asked_field_binds_the_id() {
+        let first = request();
+        let stored = stored_as(&first);
+        assert!(stored.differences(&first).is_empty());
+        type Change = fn(&mut RedPacketCreate);
+        let changes: [(&str, Change); 6] = [
+            ("sender", |r| r.sender = 8),
+            ("asset", |r| r.asset = "gem".into()),
+            ("total", |r| r.total += 1),
+            ("count", |r| r.count += 1),
+            ("min", |r| r.min = 1),
+            ("expires_in_s", |r| r.expires_in_s += 1),
+        ];
+        for (field, change) in changes {
+            let mut other = first.clone();
+            change(&mut other);
+            assert_eq!(stored.differences(&other), vec![field]);
+        }
+        // A packet stored before `min` and `expires_in_s` were kept is
+        // compared on what it has: the smallest share it hands out.
+        let old = Stored {
+            min_asked: None,
+            expires_in_s: None,
+            ..stored
+        };
+        let mut other = first.clone();
+        other.min = 1;
+        other.expires_in_s = 60;
+        assert!(old.differences(&other).is_empty());
+        other.min = 2;
+        assert_eq!(old.differences(&other), vec!["min"]);
+    }
+
+    #[test]
+    fn replies_keep_the_wire_shapes() {
+        let created = Created {
+            packet_id: "rp-1".into(),
+            count: 10,
+            total: 10_000,
+            expires_at: DateTime::from_timestamp(1_795_000_000, 123_000_000).unwrap_or_default(),
+        };
+        let reply = serde_json::to_value(created.reply()).unwrap_or_default();
+        assert_eq!(
+            reply,
+            serde_json::json!({"type": "redpacket_result", "packet_id": "rp-1", "status": "ok",
+                               "count": 10, "total": 10_000, "expires_at": "2026-11-18T11:06:40Z"})
+        );
+        let event = serde_json::to_value(created.event()).unwrap_or_default();
+        assert_eq!(event["type"], "redpacket.created");
+        let rejected = RejectedReply::new("rp-1", ErrorCode::InsufficientFunds, "short".into());
+        assert_eq!(
+            serde_json::to_value(rejected).unwrap_or_default(),
+            serde_json::json!({"type": "redpacket_result", "packet_id": "rp-1", "status": "rejected",
+                               "error": {"code": "insufficient_funds", "message": "short"}})
+        );
+        assert_eq!(
+            serde_json::to_value(ExpireReply::closed("rp-1", 5)).unwrap_or_default(),
+            serde_json::json!({"type": "redpacket_result", "packet_id": "rp-1", "status": "ok",
+                               "closed": true, "refunded": 5})
+        );
+        assert_eq!(
+            serde_json::to_value(ClosedEvent::new("rp-1", 5)).unwrap_or_default(),
+            serde_json::json!({"type": "redpacket.closed", "packet_id": "rp-1", "refunded": 5})
+        );
+    }
 }
