@@ -10,6 +10,14 @@
 //! never acknowledged early, and an entry Postgres itself can never take is
 //! dead-lettered alone while the rest lands.
 //!
+//! Metrics: `prizepool_settle_batch_entries` (histogram, entries per
+//! batch), `prizepool_settle_commit_seconds` (histogram, one ledger
+//! transaction), `prizepool_settle_entries_total{outcome}` (`applied`,
+//! `duplicate`, `conflict`, `invalid`, `insufficient_funds`, `overflow`,
+//! `internal`), `prizepool_ledger_entries_total` (entries written) and
+//! `prizepool_settle_lag_seconds` (gauge: how long the oldest message of the
+//! last batch waited, when its publisher set the AMQP `timestamp`).
+//!
 //! The ledger API lives in [`crate::ledger`]; the re-exports below keep the
 //! older paths working.
 
