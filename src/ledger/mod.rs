@@ -515,6 +515,22 @@ impl DatabaseError for Refused {
     }
 }
 
+/// Whether a ledger write failed for good: Postgres refused the entries
+/// themselves (SQLSTATE class 22, data exception; 23, integrity violation;
+/// 54, a program limit), or the ledger did ([`Refused`] carries such a
+/// code). Retrying cannot help: the caller should give up on the entry.
+/// Everything else, including the errors of a server shutting down or
+/// refusing connections (57P01, 55000, class 08), a deadlock (40P01) and a
+/// serialisation failure (40001), is an outage: keep the entries and retry.
+pub fn is_permanent(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(e) => e
+            .code()
+            .is_some_and(|c| c.starts_with("22") || c.starts_with("23") || c.starts_with("54")),
+        _ => false,
+    }
+}
+
 /// One account's balance in one asset.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
 pub struct Balance {
@@ -587,6 +603,24 @@ mod tests {
         assert!(check_movement("topup", 0).is_err());
         assert!(check_movement("topup", MAX_AMOUNT + 1).is_err());
         assert!(check_movement("withdrawal", i64::MIN).is_err());
+    }
+
+    #[test]
+    fn a_refusal_is_a_permanent_database_error_with_its_sqlstate() {
+        let entry = SettleRequest::new("e", 1, "coin", 5, "topup", Value::Null);
+        for (verdict, code) in [
+            (Verdict::Conflict, "23505"),
+            (Verdict::InsufficientFunds { balance: 0 }, "23514"),
+            (Verdict::Overflow { balance: 0 }, "22003"),
+        ] {
+            let error = sqlx::Error::from(Refused::new(&entry, &verdict));
+            assert!(is_permanent(&error), "{error}");
+            let sqlx::Error::Database(e) = &error else {
+                panic!("{error}")
+            };
+            assert_eq!(e.code().as_deref(), Some(code));
+        }
+        assert!(!is_permanent(&sqlx::Error::PoolTimedOut));
     }
 
     #[test]

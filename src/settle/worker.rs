@@ -376,7 +376,7 @@ async fn book(
         };
         match outcome {
             Ok(()) => {}
-            Err(error) if refuses_data(&error) => {
+            Err(error) if ledger::is_permanent(&error) => {
                 tracing::warn!(%error, "batch refused by Postgres; booking its entries one by one");
                 alone = true;
             }
@@ -414,7 +414,7 @@ async fn book_alone(
             Ok(mut verdicts) => {
                 fates[k] = verdicts.pop().map(Fate::Judged);
             }
-            Err(error) if refuses_data(&error) => {
+            Err(error) if ledger::is_permanent(&error) => {
                 fates[k] = Some(Fate::Failed(format!("refused by the ledger: {error}")));
             }
             Err(error) => return Err(error),
@@ -480,19 +480,5 @@ fn dead_letter_copy(
         body,
         properties,
         mandatory: true,
-    }
-}
-
-/// Whether Postgres refused the entries themselves: SQLSTATE class 22 (data
-/// exception), 23 (integrity violation) or 54 (a program limit). Everything
-/// else, including the errors a server shutting down or refusing
-/// connections reports (57P01, 55000, class 08), is an outage: keep the
-/// batch and retry.
-fn refuses_data(error: &sqlx::Error) -> bool {
-    match error {
-        sqlx::Error::Database(e) => e
-            .code()
-            .is_some_and(|c| c.starts_with("22") || c.starts_with("23") || c.starts_with("54")),
-        _ => false,
     }
 }
