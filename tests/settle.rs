@@ -187,6 +187,76 @@ async fn one_id_twice_with_different_amounts_inside_one_worker_transaction() {
     assert!(letters[0].body.contains("700"), "{letters:?}");
 }
 
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+#[tokio::test]
+async fn the_worker_counts_batches_commits_outcomes_and_lag() {
+    let env = TestEnv::new(&[]).await;
+    let addr = format!("127.0.0.1:{}", common::free_port());
+    let _worker = common::KillOnDrop(
+        std::process::Command::new(env!("CARGO_BIN_EXE_settle-worker"))
+            .envs(env.env())
+            .env("METRICS_ADDR", &addr)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let bodies = [
+        entry("m-1", 80, 10, "topup", "m"),
+        entry("m-1", 80, 10, "topup", "m"),
+        entry("m-1", 80, 99, "topup", "m"),
+        entry("m-2", 80, -99, "withdrawal", "m"),
+    ];
+    let mut replies = Replies::publish(&env, &bodies).await;
+    let answers = replies.collect(bodies.len()).await;
+    replies.close().await;
+    assert_eq!(answers[&3][0]["error"]["code"], "insufficient_funds");
+    let deadline = tokio::time::Instant::now() + T;
+    let text = loop {
+        let text = metrics_text(&addr).await;
+        if text.contains("prizepool_settle_lag_seconds") || tokio::time::Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for line in [
+        r#"prizepool_settle_entries_total{outcome="applied",reason="none"} 1"#,
+        r#"prizepool_settle_entries_total{outcome="duplicate",reason="none"} 1"#,
+        r#"prizepool_settle_entries_total{outcome="refused",reason="conflict"} 1"#,
+        r#"prizepool_settle_entries_total{outcome="refused",reason="insufficient_funds"} 1"#,
+    ] {
+        assert!(text.contains(line), "{line} missing from\n{text}");
+    }
+    for name in [
+        "prizepool_settle_batch_entries",
+        "prizepool_settle_commit_seconds",
+        "prizepool_settle_lag_seconds",
+    ] {
+        assert!(text.contains(name), "{name} missing from\n{text}");
+    }
+}
+
+/// The worker's `/metrics` page (empty while the endpoint is not up).
+async fn metrics_text(addr: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
+        return String::new();
+    };
+    stream
+        .write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut text = String::new();
+    let _ = stream.read_to_string(&mut text).await;
+    text
+}
+
 /// Messages published with replies to a private queue, for tests that
 /// count every answer.
 struct Replies {
@@ -245,7 +315,8 @@ impl Replies {
                     BasicProperties::default()
                         .with_content_type("application/json".into())
                         .with_reply_to(queue.name().clone())
-                        .with_correlation_id(i.to_string().into()),
+                        .with_correlation_id(i.to_string().into())
+                        .with_timestamp(now_secs()),
                 )
                 .await
                 .unwrap();

@@ -12,9 +12,10 @@
 //!
 //! Metrics: `prizepool_settle_batch_entries` (histogram, entries per
 //! batch), `prizepool_settle_commit_seconds` (histogram, one ledger
-//! transaction), `prizepool_settle_entries_total{outcome}` (`applied`,
-//! `duplicate`, `conflict`, `invalid`, `insufficient_funds`, `overflow`,
-//! `internal`), `prizepool_ledger_entries_total` (entries written) and
+//! transaction), `prizepool_settle_entries_total{outcome, reason}`
+//! (`outcome`: `applied`, `duplicate` or `refused`; a refusal's `reason`:
+//! `conflict`, `invalid`, `insufficient_funds`, `overflow` or `internal`),
+//! `prizepool_ledger_entries_total` (entries written) and
 //! `prizepool_settle_lag_seconds` (gauge: how long the oldest message of the
 //! last batch waited, when its publisher set the AMQP `timestamp`).
 //!

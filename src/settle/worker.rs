@@ -167,10 +167,13 @@ impl Fate {
         matches!(self, Self::Judged(v) if v.landed())
     }
 
-    fn label(&self) -> &'static str {
+    /// The `outcome` and `reason` labels of the entries counter.
+    fn labels(&self) -> (&'static str, &'static str) {
         match self {
-            Self::Judged(v) => v.label(),
-            Self::Failed(_) => "internal",
+            Self::Judged(Verdict::Applied) => ("applied", "none"),
+            Self::Judged(Verdict::Duplicate) => ("duplicate", "none"),
+            Self::Judged(v) => ("refused", v.label()),
+            Self::Failed(_) => ("refused", "internal"),
         }
     }
 
@@ -213,7 +216,7 @@ async fn settle_batch(
                         Ok(entry) => owned.push(Owned { entry, at }),
                         Err(bad) => {
                             tracing::warn!(reason = %bad.invalid, "bad entry in a settle batch; dead-lettering it");
-                            metrics::counter!("prizepool_settle_entries_total", "outcome" => "invalid")
+                            metrics::counter!("prizepool_settle_entries_total", "outcome" => "refused", "reason" => "invalid")
                                 .increment(1);
                             let id = bad.body.get("entry_id").cloned().unwrap_or(Value::Null);
                             bad_parts.push((at, id, bad.invalid.message.clone()));
@@ -233,7 +236,9 @@ async fn settle_batch(
 
     let fates = book(db, &owned, shutdown).await?;
     for fate in &fates {
-        metrics::counter!("prizepool_settle_entries_total", "outcome" => fate.label()).increment(1);
+        let (outcome, reason) = fate.labels();
+        metrics::counter!("prizepool_settle_entries_total", "outcome" => outcome, "reason" => reason)
+            .increment(1);
     }
     let applied = fates
         .iter()
