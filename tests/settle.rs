@@ -115,6 +115,23 @@ async fn a_duplicate_with_other_content_is_refused_dead_lettered_and_moves_nothi
             .all(|l| l.code.as_deref() == Some("invalid_request") && l.body.contains("bound-1")),
         "{letters:?}"
     );
+    // The direct API refuses the same way, all or nothing.
+    let conflicting = prizepool::messages::SettleRequest::new(
+        "bound-1",
+        20,
+        "coin",
+        7,
+        "topup",
+        json!({"pool": "bound"}),
+    );
+    let fresh =
+        prizepool::messages::SettleRequest::new("bound-2", 20, "coin", 1, "topup", json!({}));
+    let error = prizepool::settle::apply(&env.db, [&fresh, &conflicting])
+        .await
+        .unwrap_err();
+    assert!(prizepool::ledger::is_permanent(&error), "{error}");
+    assert!(rows(&env, "bound-2").await.is_empty());
+    assert_eq!(balance(&env, 20).await, 100);
     // An account that never held anything has no balance row either.
     assert!(prizepool::settle::balances(&env.db, 21)
         .await
@@ -634,6 +651,8 @@ fn ops() -> impl proptest::strategy::Strategy<Value = Vec<Op>> {
 fn random_mixes_of_entries_keep_balances_equal_to_the_accepted_entries() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let mut env = rt.block_on(TestEnv::new(&[("SETTLE_BATCH_SIZE", "16")]));
+    // Two workers: their batches race for the same ids and balances.
+    rt.block_on(env.start_settle_worker());
     rt.block_on(env.start_settle_worker());
     let case = std::sync::atomic::AtomicI64::new(0);
     let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
