@@ -25,6 +25,7 @@ pub mod config;
 pub mod db;
 pub mod draw;
 pub mod kinds;
+pub mod ledger;
 pub mod messages;
 pub mod ops;
 pub mod pools;

@@ -454,15 +454,14 @@ impl SettleMessage {
 }
 
 impl SettleRequest {
-    /// Checks ids and the asset name.
+    /// Checks ids, the asset name and the movement: a known reason, the
+    /// sign its direction asks for and a bounded amount (the ledger's rules,
+    /// [`crate::ledger::check_movement`]).
     pub fn validate(&self) -> Result<(), Invalid> {
         check_id("entry_id", &self.entry_id)?;
         check_id("asset", &self.asset)?;
         check_account("account", self.account)?;
-        if self.amount == 0 {
-            return Err(Invalid::new("`amount` must not be zero"));
-        }
-        Ok(())
+        crate::ledger::check_movement(&self.reason, self.amount).map_err(Invalid::new)
     }
 }
 

@@ -9,16 +9,17 @@ use futures_util::StreamExt;
 use lapin::{
     message::Delivery,
     options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions},
-    types::FieldTable,
+    types::{AMQPValue, FieldTable},
 };
-use serde_json::json;
+use serde_json::{json, Value};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
     amqp::{self, publish_dead_letter, publish_dead_letter_part, Outgoing, Publisher},
     config::Config,
-    messages::{decode_envelope, Invalid, SettleMessage, SettleRequest},
+    ledger::{self, Verdict},
+    messages::{decode_envelope, rejected_reply, ErrorCode, Invalid, SettleMessage, SettleRequest},
     ops::Health,
 };
 
@@ -145,25 +146,63 @@ struct Owned {
 enum Kind {
     /// A `settle`: the reply names its entry.
     One,
-    /// A `settle.batch`: the reply counts the entries that landed; a bad or
-    /// refused entry is dead-lettered on its own.
+    /// A `settle.batch`: the reply counts the entries that landed and lists
+    /// the refused ones; a bad or refused entry is dead-lettered on its own.
     Batch,
     /// Dead-lettered whole, and answered then.
     Answered,
 }
 
+/// What became of one entry.
+enum Fate {
+    /// The ledger's verdict.
+    Judged(Verdict),
+    /// Postgres refused the entry itself, alone in its transaction: it can
+    /// never be booked.
+    Failed(String),
+}
+
+impl Fate {
+    fn landed(&self) -> bool {
+        matches!(self, Self::Judged(v) if v.landed())
+    }
+
+    /// The `outcome` and `reason` labels of the entries counter.
+    fn labels(&self) -> (&'static str, &'static str) {
+        match self {
+            Self::Judged(Verdict::Applied) => ("applied", "none"),
+            Self::Judged(Verdict::Duplicate) => ("duplicate", "none"),
+            Self::Judged(v) => ("refused", v.label()),
+            Self::Failed(_) => ("refused", "internal"),
+        }
+    }
+
+    /// The error code and reason of a refusal.
+    fn refusal(&self, entry: &SettleRequest) -> Option<(ErrorCode, String)> {
+        match self {
+            Self::Judged(v) => v.code().map(|code| (code, v.describe(entry))),
+            Self::Failed(why) => Some((ErrorCode::Internal, why.clone())),
+        }
+    }
+}
+
 /// Applies one batch of deliveries: dead-letters bad messages and bad
 /// entries, commits the good entries (with retries while Postgres is
-/// unreachable), replies when asked, then acks the whole batch with one
-/// `multiple` ack.
+/// unreachable), answers refusals (a dead letter for bad input and for what
+/// can never be booked, a `rejected` reply when asked), replies when asked,
+/// then acks the whole batch with one `multiple` ack.
 async fn settle_batch(
     db: &PgPool,
     publisher: &Publisher,
     batch: Vec<Delivery>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
+    record_lag(&batch);
     let mut owned = Vec::with_capacity(batch.len());
     let mut kinds = Vec::with_capacity(batch.len());
+    // A `settle.batch` entry that does not decode: dead-lettered, and named
+    // in its batch's reply.
+    let mut bad_parts: Vec<(usize, Value, String)> = Vec::new();
     for (at, delivery) in batch.iter().enumerate() {
         match decode_envelope(&delivery.data).and_then(|v| SettleMessage::decode(&v)) {
             Ok(SettleMessage::One(entry)) => {
@@ -177,6 +216,10 @@ async fn settle_batch(
                         Ok(entry) => owned.push(Owned { entry, at }),
                         Err(bad) => {
                             tracing::warn!(reason = %bad.invalid, "bad entry in a settle batch; dead-lettering it");
+                            metrics::counter!("prizepool_settle_entries_total", "outcome" => "refused", "reason" => "invalid")
+                                .increment(1);
+                            let id = bad.body.get("entry_id").cloned().unwrap_or(Value::Null);
+                            bad_parts.push((at, id, bad.invalid.message.clone()));
                             dead_letter_entry(publisher, delivery, &bad.body, &bad.invalid).await?;
                         }
                     }
@@ -189,45 +232,158 @@ async fn settle_batch(
             }
         }
     }
+    metrics::histogram!("prizepool_settle_batch_entries").record(owned.len() as f64);
 
+    let fates = book(db, &owned, shutdown).await?;
+    for fate in &fates {
+        let (outcome, reason) = fate.labels();
+        metrics::counter!("prizepool_settle_entries_total", "outcome" => outcome, "reason" => reason)
+            .increment(1);
+    }
+    let applied = fates
+        .iter()
+        .filter(|f| matches!(f, Fate::Judged(Verdict::Applied)))
+        .count();
+    metrics::counter!("prizepool_ledger_entries_total").increment(applied as u64);
+
+    // Dead letters and replies, all confirmed before the ack.
+    let mut out = Vec::new();
+    let mut refused_in: Vec<Vec<Value>> = vec![Vec::new(); batch.len()];
+    for (at, id, why) in bad_parts {
+        refused_in[at]
+            .push(json!({"entry_id": id, "code": ErrorCode::InvalidRequest, "message": why}));
+    }
+    for (o, fate) in owned.iter().zip(&fates) {
+        let Some((code, why)) = fate.refusal(&o.entry) else {
+            continue;
+        };
+        let delivery = &batch[o.at];
+        tracing::warn!(entry = %o.entry.entry_id, %code, reason = %why, "settle entry refused");
+        // Bad input and what can never be booked go to the dead-letter
+        // queue; a short balance is an answer, not a fault.
+        let dead = code != ErrorCode::InsufficientFunds;
+        match kinds[o.at] {
+            Kind::Batch => {
+                if dead {
+                    out.push(dead_letter_copy(
+                        delivery,
+                        serde_json::to_vec(&o.entry)?,
+                        code,
+                        &why,
+                        false,
+                    ));
+                }
+                refused_in[o.at]
+                    .push(json!({"entry_id": o.entry.entry_id, "code": code, "message": why}));
+            }
+            Kind::One => {
+                if dead {
+                    out.push(dead_letter_copy(
+                        delivery,
+                        delivery.data.clone(),
+                        code,
+                        &why,
+                        true,
+                    ));
+                }
+                if let Some(to) = delivery.properties.reply_to() {
+                    let request = decode_envelope(&delivery.data).ok();
+                    let reply = rejected_reply(request.as_ref(), code, &why);
+                    out.push(Outgoing::reply(
+                        to.as_str(),
+                        delivery.properties.correlation_id().as_ref(),
+                        serde_json::to_vec(&reply)?,
+                    ));
+                }
+            }
+            Kind::Answered => {}
+        }
+    }
+
+    // The `ok` replies: one per delivery that asked and was not answered.
+    for (at, d) in batch.iter().enumerate() {
+        let Some(to) = d.properties.reply_to().as_ref() else {
+            continue;
+        };
+        let body = match kinds[at] {
+            Kind::Answered => continue,
+            Kind::One => {
+                let Some((o, _)) = owned
+                    .iter()
+                    .zip(&fates)
+                    .find(|(o, f)| o.at == at && f.landed())
+                else {
+                    continue;
+                };
+                json!({"type": "settle_result", "entry_id": o.entry.entry_id, "status": "ok"})
+            }
+            Kind::Batch => {
+                let n = owned
+                    .iter()
+                    .zip(&fates)
+                    .filter(|(o, f)| o.at == at && f.landed())
+                    .count();
+                let mut body = json!({"type": "settle_result", "status": "ok", "entries": n});
+                if !refused_in[at].is_empty() {
+                    body["refused"] = Value::Array(std::mem::take(&mut refused_in[at]));
+                }
+                body
+            }
+        };
+        out.push(Outgoing::reply(
+            to.as_str(),
+            d.properties.correlation_id().as_ref(),
+            serde_json::to_vec(&body)?,
+        ));
+    }
+    if !out.is_empty() {
+        publisher.publish_all(out).await?;
+    }
+    if let Some(last) = batch.iter().max_by_key(|d| d.delivery_tag) {
+        last.acker.ack(BasicAckOptions { multiple: true }).await?;
+    }
+    Ok(())
+}
+
+/// Books `owned` in one transaction and returns each entry's fate. While
+/// Postgres is unreachable the batch waits and retries with backoff; when
+/// Postgres refuses the batch's data (an error that will never go away),
+/// the entries are booked one by one so that only the culprits fail.
+async fn book(
+    db: &PgPool,
+    owned: &[Owned],
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Vec<Fate>> {
+    let mut fates: Vec<Option<Fate>> = owned.iter().map(|_| None).collect();
     let mut delays = ExponentialBuilder::default()
         .with_jitter()
         .with_min_delay(Duration::from_millis(100))
         .with_max_delay(Duration::from_secs(5))
         .without_max_times()
         .build();
-    // Entries applied so far (the replies are built from them).
-    let mut landed = Vec::with_capacity(owned.len());
-    while !owned.is_empty() {
-        match super::apply(db, owned.iter().map(|o| &o.entry)).await {
-            Ok(applied) => {
-                metrics::counter!("prizepool_ledger_entries_total")
-                    .increment(applied.inserted.unsigned_abs());
-                landed.append(&mut owned);
-            }
-            Err(error) if refuses_data(&error) => {
-                // The data itself is refused (not an outage): find the culprits
-                // one by one so the rest of the batch still lands.
-                tracing::warn!(%error, "batch refused by Postgres; applying entries one by one");
-                let mut keep = Vec::new();
-                for o in owned.drain(..) {
-                    match super::apply(db, [&o.entry]).await {
-                        Ok(_) => landed.push(o),
-                        Err(e) if refuses_data(&e) => {
-                            let invalid = Invalid::new(format!("refused by the ledger: {e}"));
-                            let delivery = &batch[o.at];
-                            if kinds[o.at] == Kind::Batch {
-                                dead_letter_entry(publisher, delivery, &o.entry, &invalid).await?;
-                            } else {
-                                publish_dead_letter(publisher, delivery, amqp::SETTLE, &invalid)
-                                    .await?;
-                                kinds[o.at] = Kind::Answered;
-                            }
-                        }
-                        Err(_) => keep.push(o),
-                    }
+    // Positions still to book.
+    let mut pending: Vec<usize> = (0..owned.len()).collect();
+    let mut alone = false;
+    while !pending.is_empty() {
+        let outcome = if alone {
+            book_alone(db, owned, &mut pending, &mut fates).await
+        } else {
+            let entries: Vec<&SettleRequest> = pending.iter().map(|&k| &owned[k].entry).collect();
+            let started = std::time::Instant::now();
+            let result = ledger::apply_each(db, &entries).await;
+            metrics::histogram!("prizepool_settle_commit_seconds")
+                .record(started.elapsed().as_secs_f64());
+            result.map(|verdicts| {
+                for (k, v) in pending.drain(..).zip(verdicts) {
+                    fates[k] = Some(Fate::Judged(v));
                 }
-                owned = keep;
+            })
+        };
+        match outcome {
+            Ok(()) => {}
+            Err(error) if ledger::is_permanent(&error) => {
+                tracing::warn!(%error, "batch refused by Postgres; booking its entries one by one");
+                alone = true;
             }
             Err(error) => {
                 let delay = delays.next().unwrap_or(Duration::from_secs(5));
@@ -240,41 +396,53 @@ async fn settle_batch(
             }
         }
     }
+    fates
+        .into_iter()
+        .map(|f| f.ok_or_else(|| anyhow::anyhow!("a settle entry was not booked")))
+        .collect()
+}
 
-    // One reply per delivery that asked and was not answered already.
-    let replies: Vec<Outgoing> = batch
-        .iter()
-        .enumerate()
-        .filter_map(|(at, d)| {
-            let to = d.properties.reply_to().as_ref()?;
-            let body = match kinds[at] {
-                Kind::Answered => return None,
-                Kind::One => {
-                    let entry = &landed.iter().find(|o| o.at == at)?.entry;
-                    json!({"type": "settle_result", "entry_id": entry.entry_id, "status": "ok"})
-                }
-                Kind::Batch => {
-                    let n = landed.iter().filter(|o| o.at == at).count();
-                    json!({"type": "settle_result", "status": "ok", "entries": n})
-                }
-            };
-            Some(Outgoing::reply(
-                to.as_str(),
-                d.properties.correlation_id().as_ref(),
-                serde_json::to_vec(&body).unwrap_or_default(),
-            ))
-        })
-        .collect();
-    if !replies.is_empty() {
-        publisher.publish_all(replies).await?;
-    }
-    if let Some(last) = batch.iter().max_by_key(|d| d.delivery_tag) {
-        last.acker.ack(BasicAckOptions { multiple: true }).await?;
+/// Books the `pending` entries one transaction each, taking the booked and
+/// the failed ones off `pending`; stops at the first outage.
+async fn book_alone(
+    db: &PgPool,
+    owned: &[Owned],
+    pending: &mut Vec<usize>,
+    fates: &mut [Option<Fate>],
+) -> Result<(), sqlx::Error> {
+    while let Some(&k) = pending.first() {
+        let started = std::time::Instant::now();
+        let result = ledger::apply_each(db, &[&owned[k].entry]).await;
+        metrics::histogram!("prizepool_settle_commit_seconds")
+            .record(started.elapsed().as_secs_f64());
+        match result {
+            Ok(mut verdicts) => {
+                fates[k] = verdicts.pop().map(Fate::Judged);
+            }
+            Err(error) if ledger::is_permanent(&error) => {
+                fates[k] = Some(Fate::Failed(format!("refused by the ledger: {error}")));
+            }
+            Err(error) => return Err(error),
+        }
+        pending.remove(0);
     }
     Ok(())
 }
 
-/// Dead-letters one entry of a `settle.batch` as a `settle` message of its own.
+/// Records how long the oldest message of the batch waited since it was
+/// published, when its publisher stamped it (`timestamp`, in seconds).
+fn record_lag(batch: &[Delivery]) {
+    let Some(oldest) = batch.iter().filter_map(|d| *d.properties.timestamp()).min() else {
+        return;
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    metrics::gauge!("prizepool_settle_lag_seconds").set(now.saturating_sub(oldest) as f64);
+}
+
+/// Dead-letters one entry of a `settle.batch` that does not decode, as a
+/// `settle` message of its own.
 async fn dead_letter_entry(
     publisher: &Publisher,
     delivery: &Delivery,
@@ -286,15 +454,36 @@ async fn dead_letter_entry(
     Ok(())
 }
 
-/// Whether Postgres refused the entries themselves (SQLSTATE class 22, data
-/// exception, or 23, integrity violation). Everything else, including the
-/// errors a server shutting down or refusing connections reports (57P01,
-/// 55000, class 08), is an outage: keep the batch and retry.
-fn refuses_data(error: &sqlx::Error) -> bool {
-    match error {
-        sqlx::Error::Database(e) => e
-            .code()
-            .is_some_and(|c| c.starts_with("22") || c.starts_with("23")),
-        _ => false,
+/// A copy of `delivery` with `body` for the settle dead-letter queue, with
+/// the error code and reason headers. A part of a batch drops the reply
+/// properties: replaying it must not answer the batch's requester.
+fn dead_letter_copy(
+    delivery: &Delivery,
+    body: Vec<u8>,
+    code: ErrorCode,
+    reason: &str,
+    whole: bool,
+) -> Outgoing {
+    let mut headers = delivery.properties.headers().clone().unwrap_or_default();
+    headers.insert(
+        amqp::ERROR_CODE_HEADER.into(),
+        AMQPValue::LongString(code.as_str().into()),
+    );
+    headers.insert(
+        amqp::ERROR_HEADER.into(),
+        AMQPValue::LongString(reason.into()),
+    );
+    let mut properties = delivery.properties.clone().with_headers(headers);
+    if !whole {
+        properties = properties
+            .with_reply_to("".into())
+            .with_correlation_id("".into());
+    }
+    Outgoing {
+        exchange: amqp::DLX.into(),
+        routing_key: amqp::SETTLE.queue.into(),
+        body,
+        properties,
+        mandatory: true,
     }
 }

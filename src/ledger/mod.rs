@@ -1,0 +1,645 @@
+//! The Postgres ledger: every movement of value is one entry with a unique
+//! `entry_id`, and balances per account and asset follow from the entries.
+//! Prize kinds and the settle worker both write through this module.
+//!
+//! Rules the ledger keeps, whoever writes:
+//!
+//! - An `entry_id` is bound to its content (account, asset, amount, reason):
+//!   the same entry again is a [`Verdict::Duplicate`] and moves nothing, the
+//!   same id with other content is a [`Verdict::Conflict`] and moves nothing.
+//! - Only the reasons of [`DEBIT_REASONS`] may carry a negative amount, only
+//!   those of [`CREDIT_REASONS`] a positive one; a debit never takes a balance
+//!   below zero ([`Verdict::InsufficientFunds`]).
+//! - Every amount and balance stays within [`MAX_AMOUNT`] (2^53 − 1), so
+//!   every figure is exact in any JSON reader and no sum can overflow.
+//!
+//! A batch is written in one transaction: its new entries are inserted
+//! first (which serialises concurrent writers of one id), the balances they
+//! touch are locked in a fixed order, each entry is judged in batch order
+//! against its running balance, and the refused ones are taken out again
+//! before the commit.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use serde_json::Value;
+use sqlx::{
+    error::{DatabaseError, ErrorKind},
+    PgConnection, PgPool,
+};
+
+use crate::messages::{ErrorCode, SettleRequest};
+
+/// Reasons whose entries add to a balance (`amount > 0`).
+pub const CREDIT_REASONS: &[&str] = &[
+    "topup",
+    "lucky_gift",
+    "red_packet",
+    "red_packet_refund",
+    "lottery",
+];
+
+/// Reasons whose entries take from a balance (`amount < 0`).
+/// `red_packet_escrow` is what creating a red packet takes from its sender.
+pub const DEBIT_REASONS: &[&str] = &["withdrawal", "purchase", "red_packet_escrow"];
+
+/// The largest magnitude of an amount, and the largest balance: 2^53 − 1,
+/// the largest integer every JSON reader (and Lua) holds exactly.
+pub const MAX_AMOUNT: i64 = (1 << 53) - 1;
+
+/// Checks that `amount` may be booked under `reason`: a known reason, the
+/// sign its direction asks for, a magnitude of 1 to [`MAX_AMOUNT`].
+pub fn check_movement(reason: &str, amount: i64) -> Result<(), String> {
+    if amount == 0 {
+        return Err("`amount` must not be zero".into());
+    }
+    if amount.unsigned_abs() > MAX_AMOUNT.unsigned_abs() {
+        return Err(format!(
+            "`amount` must be between -{MAX_AMOUNT} and {MAX_AMOUNT}, got {amount}"
+        ));
+    }
+    let debit = amount < 0;
+    if DEBIT_REASONS.contains(&reason) {
+        if !debit {
+            return Err(format!(
+                "reason {reason:?} is a debit: `amount` must be negative"
+            ));
+        }
+    } else if CREDIT_REASONS.contains(&reason) {
+        if debit {
+            return Err(format!(
+                "reason {reason:?} is a credit: `amount` must be positive"
+            ));
+        }
+    } else {
+        return Err(format!(
+            "unknown reason {reason:?}; credits: {}; debits: {}",
+            CREDIT_REASONS.join(", "),
+            DEBIT_REASONS.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// What the ledger made of one entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Written now; the balance moved.
+    Applied,
+    /// The same entry (id and content) is in the ledger already.
+    Duplicate,
+    /// The id is in the ledger (or earlier in the batch) with other content.
+    Conflict,
+    /// A debit larger than the balance it would take from.
+    InsufficientFunds { balance: i64 },
+    /// A credit that would take the balance above [`MAX_AMOUNT`].
+    Overflow { balance: i64 },
+    /// The entry breaks [`check_movement`].
+    Invalid(String),
+}
+
+impl Verdict {
+    /// Whether the entry is in the ledger after this batch.
+    pub fn landed(&self) -> bool {
+        matches!(self, Self::Applied | Self::Duplicate)
+    }
+
+    /// A short name for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Applied => "applied",
+            Self::Duplicate => "duplicate",
+            Self::Conflict => "conflict",
+            Self::InsufficientFunds { .. } => "insufficient_funds",
+            Self::Overflow { .. } => "overflow",
+            Self::Invalid(_) => "invalid",
+        }
+    }
+
+    /// The wire error code of a refusal: the request is wrong
+    /// (`invalid_request`), the account is short (`insufficient_funds`), or
+    /// it can never be booked (`internal`).
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            Self::Applied | Self::Duplicate => None,
+            Self::Conflict | Self::Invalid(_) => Some(ErrorCode::InvalidRequest),
+            Self::InsufficientFunds { .. } => Some(ErrorCode::InsufficientFunds),
+            Self::Overflow { .. } => Some(ErrorCode::Internal),
+        }
+    }
+
+    /// Why `entry` was refused, for a reply or a dead letter.
+    pub fn describe(&self, entry: &SettleRequest) -> String {
+        let SettleRequest {
+            entry_id,
+            account,
+            asset,
+            amount,
+            ..
+        } = entry;
+        match self {
+            Self::Applied => format!("entry {entry_id} applied"),
+            Self::Duplicate => format!("entry {entry_id} was applied before"),
+            Self::Conflict => format!(
+                "refused by the ledger: entry_id {entry_id} is already bound to other content"
+            ),
+            Self::InsufficientFunds { balance } => format!(
+                "account {account} holds {balance} {asset}, the debit needs {}",
+                amount.unsigned_abs()
+            ),
+            Self::Overflow { balance } => format!(
+                "refused by the ledger: account {account} holds {balance} {asset}; \
+                 {amount} more would overflow the limit of {MAX_AMOUNT}"
+            ),
+            Self::Invalid(why) => format!("refused by the ledger: {why}"),
+        }
+    }
+}
+
+/// What one batch changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Applied {
+    /// Entries written now (duplicates excluded).
+    pub inserted: i64,
+}
+
+/// Writes `entries` to the ledger in one transaction, all or nothing:
+/// duplicates are skipped, and any refused entry fails the whole call with
+/// a [`Refused`] database error (nothing is written then).
+pub async fn apply<'a>(
+    db: &PgPool,
+    entries: impl IntoIterator<Item = &'a SettleRequest>,
+) -> Result<Applied, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    let applied = apply_in(&mut tx, entries).await?;
+    tx.commit().await?;
+    Ok(applied)
+}
+
+/// [`apply`] inside the caller's transaction (red-packet escrow uses this to
+/// debit the sender atomically with the packet's creation). On a refusal the
+/// caller must roll back.
+pub async fn apply_in<'a>(
+    conn: &mut PgConnection,
+    entries: impl IntoIterator<Item = &'a SettleRequest>,
+) -> Result<Applied, sqlx::Error> {
+    let entries: Vec<&SettleRequest> = entries.into_iter().collect();
+    let verdicts = apply_each_in(conn, &entries).await?;
+    let mut inserted = 0;
+    for (entry, verdict) in entries.iter().zip(&verdicts) {
+        match verdict {
+            Verdict::Applied => inserted += 1,
+            Verdict::Duplicate => {}
+            refused => return Err(Refused::new(entry, refused).into()),
+        }
+    }
+    Ok(Applied { inserted })
+}
+
+/// Writes what it can of `entries` in one transaction and returns one
+/// verdict per entry, in order: the settle worker's call, where each entry
+/// has its own fate.
+pub async fn apply_each(
+    db: &PgPool,
+    entries: &[&SettleRequest],
+) -> Result<Vec<Verdict>, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    let verdicts = apply_each_in(&mut tx, entries).await?;
+    tx.commit().await?;
+    Ok(verdicts)
+}
+
+/// [`apply_each`] inside the caller's transaction.
+pub async fn apply_each_in(
+    conn: &mut PgConnection,
+    entries: &[&SettleRequest],
+) -> Result<Vec<Verdict>, sqlx::Error> {
+    let mut verdicts: Vec<Option<Verdict>> = vec![None; entries.len()];
+    // The entries the ledger may take at all, as parallel columns; `at`
+    // maps a column position back to the entry.
+    let mut columns = Columns::default();
+    let mut at = Vec::with_capacity(entries.len());
+    for (i, entry) in entries.iter().enumerate() {
+        match check_movement(&entry.reason, entry.amount) {
+            Ok(()) => {
+                columns.push(entry);
+                at.push(i);
+            }
+            Err(why) => verdicts[i] = Some(Verdict::Invalid(why)),
+        }
+    }
+    if !at.is_empty() {
+        judge(conn, entries, &columns, &at, &mut verdicts).await?;
+    }
+    verdicts
+        .into_iter()
+        .map(|v| v.ok_or_else(|| sqlx::Error::Protocol("an entry got no verdict".into())))
+        .collect()
+}
+
+/// Inserts, compares, checks balances and fills `verdicts` for the entries
+/// at `at` (whose columns are `columns`).
+async fn judge(
+    conn: &mut PgConnection,
+    entries: &[&SettleRequest],
+    columns: &Columns,
+    at: &[usize],
+    verdicts: &mut [Option<Verdict>],
+) -> Result<(), sqlx::Error> {
+    let written: Vec<(i64,)> = sqlx::query_as(include_str!("insert.sql"))
+        .bind(&columns.ids)
+        .bind(&columns.accounts)
+        .bind(&columns.assets)
+        .bind(&columns.amounts)
+        .bind(&columns.reasons)
+        .bind(&columns.refs)
+        .fetch_all(&mut *conn)
+        .await?;
+    let mut is_written = vec![false; at.len()];
+    for (n,) in written {
+        *position(&mut is_written, n)? = true;
+    }
+
+    // Entries not written: the same entry again, or the id with other content.
+    if is_written.iter().any(|w| !w) {
+        let stored: Vec<(i64, bool)> = sqlx::query_as(include_str!("compare.sql"))
+            .bind(&columns.ids)
+            .bind(&columns.accounts)
+            .bind(&columns.assets)
+            .bind(&columns.amounts)
+            .bind(&columns.reasons)
+            .fetch_all(&mut *conn)
+            .await?;
+        for (n, same) in stored {
+            let k = usize::try_from(n - 1).unwrap_or(usize::MAX);
+            if !*position(&mut is_written, n)? {
+                verdicts[at[k]] = Some(if same {
+                    Verdict::Duplicate
+                } else {
+                    Verdict::Conflict
+                });
+            }
+        }
+    }
+
+    // Balances of the written entries, locked, then each entry in batch order.
+    let mut pairs = (Vec::new(), Vec::new());
+    for (k, _) in is_written.iter().enumerate().filter(|(_, w)| **w) {
+        pairs.0.push(columns.accounts[k]);
+        pairs.1.push(columns.assets[k].clone());
+    }
+    let locked: Vec<(i64, String, i64, bool)> = if pairs.0.is_empty() {
+        Vec::new()
+    } else {
+        sqlx::query_as(include_str!("lock.sql"))
+            .bind(&pairs.0)
+            .bind(&pairs.1)
+            .fetch_all(&mut *conn)
+            .await?
+    };
+    let mut balances: HashMap<(i64, &str), Running> = locked
+        .iter()
+        .map(|(account, asset, balance, created)| {
+            let running = Running {
+                balance: *balance,
+                created: *created,
+                moved: false,
+            };
+            ((*account, asset.as_str()), running)
+        })
+        .collect();
+    // The verdict of each id written now, for later entries of the batch
+    // that repeat it.
+    let mut refused_ids: HashMap<&str, Verdict> = HashMap::new();
+    for (k, _) in is_written.iter().enumerate().filter(|(_, w)| **w) {
+        let entry = entries[at[k]];
+        let running = balances
+            .get_mut(&(entry.account, entry.asset.as_str()))
+            .ok_or_else(|| sqlx::Error::Protocol("a balance was not locked".into()))?;
+        let verdict = running.take(entry.amount);
+        if !verdict.landed() {
+            refused_ids.insert(entry.entry_id.as_str(), verdict.clone());
+        }
+        verdicts[at[k]] = Some(verdict);
+    }
+    if refused_ids.is_empty() && balances.values().all(|r| r.moved) {
+        return write_balances(conn, &balances).await;
+    }
+
+    // A refused entry leaves the ledger again, and a later repeat of it in
+    // this batch shares its fate: a reply never promises what is not booked.
+    for k in 0..at.len() {
+        if is_written[k] {
+            continue;
+        }
+        let i = at[k];
+        if let (Some(Verdict::Duplicate), Some(verdict)) =
+            (&verdicts[i], refused_ids.get(entries[i].entry_id.as_str()))
+        {
+            verdicts[i] = Some(verdict.clone());
+        }
+    }
+    let ids: Vec<&str> = refused_ids.keys().copied().collect();
+    if !ids.is_empty() {
+        sqlx::query("DELETE FROM ledger_entries WHERE entry_id = ANY($1)")
+            .bind(&ids)
+            .execute(&mut *conn)
+            .await?;
+    }
+    write_balances(conn, &balances).await
+}
+
+/// The 0-based slot of 1-based position `n` in `slots`.
+fn position(slots: &mut [bool], n: i64) -> Result<&mut bool, sqlx::Error> {
+    usize::try_from(n - 1)
+        .ok()
+        .and_then(|k| slots.get_mut(k))
+        .ok_or_else(|| sqlx::Error::Protocol(format!("position {n} out of range")))
+}
+
+/// A locked balance while a batch is judged.
+struct Running {
+    balance: i64,
+    /// Whether locking created the row (at zero).
+    created: bool,
+    moved: bool,
+}
+
+impl Running {
+    /// Judges a movement of `amount` against the running balance and books
+    /// it when it passes.
+    fn take(&mut self, amount: i64) -> Verdict {
+        let Some(next) = self.balance.checked_add(amount) else {
+            return Verdict::Overflow {
+                balance: self.balance,
+            };
+        };
+        // A debit may not take a balance below zero; a credit may not take
+        // it above the exact range. A movement towards the range is always
+        // allowed (a balance from before these rules may lie outside it).
+        if amount < 0 && next < 0 {
+            return Verdict::InsufficientFunds {
+                balance: self.balance,
+            };
+        }
+        if amount > 0 && next > MAX_AMOUNT {
+            return Verdict::Overflow {
+                balance: self.balance,
+            };
+        }
+        self.balance = next;
+        self.moved = true;
+        Verdict::Applied
+    }
+}
+
+/// Stores the moved balances and removes the rows created for nothing.
+async fn write_balances(
+    conn: &mut PgConnection,
+    balances: &HashMap<(i64, &str), Running>,
+) -> Result<(), sqlx::Error> {
+    let mut moved = (Vec::new(), Vec::new(), Vec::new());
+    let mut unused = (Vec::new(), Vec::new());
+    for ((account, asset), running) in balances {
+        if running.moved {
+            moved.0.push(*account);
+            moved.1.push(*asset);
+            moved.2.push(running.balance);
+        } else if running.created {
+            unused.0.push(*account);
+            unused.1.push(*asset);
+        }
+    }
+    if !moved.0.is_empty() {
+        sqlx::query(
+            "UPDATE balances AS b SET balance = v.balance, updated_at = now() \
+             FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS v(account, asset, balance) \
+             WHERE b.account = v.account AND b.asset = v.asset",
+        )
+        .bind(&moved.0)
+        .bind(&moved.1)
+        .bind(&moved.2)
+        .execute(&mut *conn)
+        .await?;
+    }
+    if !unused.0.is_empty() {
+        sqlx::query(
+            "DELETE FROM balances AS b USING unnest($1::bigint[], $2::text[]) AS v(account, asset) \
+             WHERE b.account = v.account AND b.asset = v.asset",
+        )
+        .bind(&unused.0)
+        .bind(&unused.1)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Entries as the columns the `unnest` statements bind.
+#[derive(Default)]
+struct Columns {
+    ids: Vec<String>,
+    accounts: Vec<i64>,
+    assets: Vec<String>,
+    amounts: Vec<i64>,
+    reasons: Vec<String>,
+    refs: Vec<Value>,
+}
+
+impl Columns {
+    fn push(&mut self, e: &SettleRequest) {
+        self.ids.push(e.entry_id.clone());
+        self.accounts.push(e.account);
+        self.assets.push(e.asset.clone());
+        self.amounts.push(e.amount);
+        self.reasons.push(e.reason.clone());
+        self.refs.push(e.reference.clone().unwrap_or(Value::Null));
+    }
+}
+
+/// An entry the ledger refused, as the database error [`apply`] and
+/// [`apply_in`] return: it carries the SQLSTATE a constraint would have
+/// raised (23505 for a conflicting id, 23514 for a short balance or a bad
+/// movement, 22003 for an overflow), so callers classify it like one.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct Refused {
+    /// The refused entry's id.
+    pub entry_id: String,
+    /// What the ledger made of it.
+    pub verdict: Verdict,
+    message: String,
+}
+
+impl Refused {
+    fn new(entry: &SettleRequest, verdict: &Verdict) -> Self {
+        Self {
+            entry_id: entry.entry_id.clone(),
+            verdict: verdict.clone(),
+            message: verdict.describe(entry),
+        }
+    }
+}
+
+impl DatabaseError for Refused {
+    fn message(&self) -> &str {
+        &self.message
+    }
+
+    fn code(&self) -> Option<Cow<'_, str>> {
+        Some(Cow::Borrowed(match self.verdict {
+            Verdict::Conflict => "23505",
+            Verdict::Overflow { .. } => "22003",
+            _ => "23514",
+        }))
+    }
+
+    fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        self
+    }
+
+    fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+        self
+    }
+
+    fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+        self
+    }
+
+    fn kind(&self) -> ErrorKind {
+        match self.verdict {
+            Verdict::Conflict => ErrorKind::UniqueViolation,
+            Verdict::Overflow { .. } => ErrorKind::Other,
+            _ => ErrorKind::CheckViolation,
+        }
+    }
+}
+
+/// Whether a ledger write failed for good: Postgres refused the entries
+/// themselves (SQLSTATE class 22, data exception; 23, integrity violation;
+/// 54, a program limit), or the ledger did ([`Refused`] carries such a
+/// code). Retrying cannot help: the caller should give up on the entry.
+/// Everything else, including the errors of a server shutting down or
+/// refusing connections (57P01, 55000, class 08), a deadlock (40P01) and a
+/// serialisation failure (40001), is an outage: keep the entries and retry.
+pub fn is_permanent(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(e) => e
+            .code()
+            .is_some_and(|c| c.starts_with("22") || c.starts_with("23") || c.starts_with("54")),
+        _ => false,
+    }
+}
+
+/// One account's balance in one asset.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
+pub struct Balance {
+    pub asset: String,
+    pub balance: i64,
+}
+
+/// The balances of `account`, by asset.
+pub async fn balances(db: &PgPool, account: i64) -> Result<Vec<Balance>, sqlx::Error> {
+    sqlx::query_as("SELECT asset, balance FROM balances WHERE account = $1 ORDER BY asset")
+        .bind(account)
+        .fetch_all(db)
+        .await
+}
+
+/// Sum of the entries of `asset` whose `ref.pool` is `pool`: what a pool,
+/// packet or activity has moved through the ledger.
+pub async fn pool_total(db: &PgPool, pool: &str, asset: &str) -> Result<i64, sqlx::Error> {
+    let (total,): (i64,) = sqlx::query_as(
+        "SELECT coalesce(sum(amount), 0)::bigint FROM ledger_entries WHERE ref->>'pool' = $1 AND asset = $2",
+    )
+    .bind(pool)
+    .bind(asset)
+    .fetch_one(db)
+    .await?;
+    Ok(total)
+}
+
+/// Sum of the credits (positive entries) of `asset` whose `ref.pool` is one
+/// of `pools`: what draws and grabs paid out, without a packet's escrow.
+pub async fn credited(db: &PgPool, pools: &[String], asset: &str) -> Result<i64, sqlx::Error> {
+    let (total,): (i64,) = sqlx::query_as(
+        "SELECT coalesce(sum(amount), 0)::bigint FROM ledger_entries \
+         WHERE ref->>'pool' = ANY($1) AND asset = $2 AND amount > 0",
+    )
+    .bind(pools)
+    .bind(asset)
+    .fetch_one(db)
+    .await?;
+    Ok(total)
+}
+
+/// Sum of every entry for `reason` (or all reasons), per asset.
+pub async fn totals(
+    db: &PgPool,
+    reason: Option<&str>,
+) -> Result<Vec<(String, i64, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT asset, coalesce(sum(amount), 0)::bigint, count(*) FROM ledger_entries \
+         WHERE $1::text IS NULL OR reason = $1 GROUP BY asset ORDER BY asset",
+    )
+    .bind(reason)
+    .fetch_all(db)
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn movements_follow_their_reason() {
+        assert!(check_movement("topup", 1).is_ok());
+        assert!(check_movement("withdrawal", -1).is_ok());
+        assert!(check_movement("red_packet_escrow", -MAX_AMOUNT).is_ok());
+        assert!(check_movement("topup", -1).is_err());
+        assert!(check_movement("lottery", -5).is_err());
+        assert!(check_movement("purchase", 5).is_err());
+        assert!(check_movement("bonus", 5).is_err());
+        assert!(check_movement("topup", 0).is_err());
+        assert!(check_movement("topup", MAX_AMOUNT + 1).is_err());
+        assert!(check_movement("withdrawal", i64::MIN).is_err());
+    }
+
+    #[test]
+    fn a_refusal_is_a_permanent_database_error_with_its_sqlstate() {
+        let entry = SettleRequest::new("e", 1, "coin", 5, "topup", Value::Null);
+        for (verdict, code) in [
+            (Verdict::Conflict, "23505"),
+            (Verdict::InsufficientFunds { balance: 0 }, "23514"),
+            (Verdict::Overflow { balance: 0 }, "22003"),
+        ] {
+            let error = sqlx::Error::from(Refused::new(&entry, &verdict));
+            assert!(is_permanent(&error), "{error}");
+            let sqlx::Error::Database(e) = &error else {
+                panic!("{error}")
+            };
+            assert_eq!(e.code().as_deref(), Some(code));
+        }
+        assert!(!is_permanent(&sqlx::Error::PoolTimedOut));
+    }
+
+    #[test]
+    fn a_running_balance_refuses_overdrafts_and_overflows() {
+        let mut r = Running {
+            balance: 10,
+            created: false,
+            moved: false,
+        };
+        assert_eq!(r.take(-11), Verdict::InsufficientFunds { balance: 10 });
+        assert_eq!(r.take(-10), Verdict::Applied);
+        assert_eq!(r.take(MAX_AMOUNT), Verdict::Applied);
+        assert_eq!(
+            r.take(1),
+            Verdict::Overflow {
+                balance: MAX_AMOUNT
+            }
+        );
+        assert_eq!(r.balance, MAX_AMOUNT);
+        assert!(r.moved);
+    }
+}
