@@ -545,7 +545,7 @@ async fn an_entry_the_ledger_refuses_is_dead_lettered_and_its_batch_still_lands(
     let entry = |id: &str, amount: i64| json!(topup(id, 66, amount, "refused"));
     // The second credit would overflow the balance (SQLSTATE 22003).
     for (id, amount) in [
-        ("big", i64::MAX - 5),
+        ("big", prizepool::ledger::MAX_AMOUNT - 5),
         ("overflow", 10),
         ("small-1", 1),
         ("small-2", 2),
@@ -553,7 +553,7 @@ async fn an_entry_the_ledger_refuses_is_dead_lettered_and_its_batch_still_lands(
         client.send("settle", &entry(id, amount)).await.unwrap();
     }
     env.start_settle_worker().await;
-    let expected = i64::MAX - 5 + 3;
+    let expected = prizepool::ledger::MAX_AMOUNT - 5 + 3;
     assert_eq!(env.wait_ledger("refused", expected).await, expected);
     let deadline = tokio::time::Instant::now() + T;
     while env.queue_depth(amqp::SETTLE.dlq).await < 1 && tokio::time::Instant::now() < deadline {
@@ -584,7 +584,7 @@ async fn a_settle_batch_lands_without_its_bad_entries_which_are_dead_lettered_al
                 {"type": "settle", "entry_id": "b-missing-fields"},
                 entry("b-2", 20),
                 entry("b-1", 10),
-                entry("b-huge", i64::MAX - 100),
+                entry("b-huge", prizepool::ledger::MAX_AMOUNT - 100),
                 entry("b-overflow", 100),
                 entry("b-3", 30),
             ]}),
@@ -606,7 +606,7 @@ async fn a_settle_batch_lands_without_its_bad_entries_which_are_dead_lettered_al
         .unwrap();
     assert_eq!(bad["status"], "rejected", "{bad}");
 
-    let expected = i64::MAX - 40;
+    let expected = prizepool::ledger::MAX_AMOUNT - 40;
     let total = env.wait_ledger("batched", expected).await;
     assert_eq!(total, expected);
     let deadline = tokio::time::Instant::now() + T;
