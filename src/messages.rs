@@ -192,6 +192,9 @@ pub struct SettleRequest {
     pub reason: String,
     #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
     pub reference: Option<Value>,
+    /// The fleet's seal on its own entries (see [`crate::ledger::Sealer`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seal: Option<String>,
 }
 
 /// The only `type` the settle queue accepts.
@@ -219,6 +222,7 @@ impl SettleRequest {
             amount,
             reason: reason.into(),
             reference: Some(reference),
+            seal: None,
         }
     }
 }

@@ -337,3 +337,41 @@ async fn a_forged_refill_stocks_nothing() {
     assert_eq!(wait_depth(&env, amqp::REFILL.dlq, 4).await, 4);
     env.stop_workers().await;
 }
+
+#[tokio::test]
+async fn forged_ledger_entries_move_nothing_and_cannot_squat_a_reward() {
+    let mut env = TestEnv::new(&[]).await;
+    env.load(&pool_toml("sq", "", &[("a", &[(7, 50)])])).await;
+    env.start_settle_worker().await;
+    let client = env.client().await;
+    let forged = [
+        // A reward the fleet never granted.
+        json!({"type": "settle", "entry_id": "draw:never", "account": 9, "asset": "coin",
+               "amount": 1_000_000, "reason": "lucky_gift"}),
+        // The id a real draw will use, taken first under an upstream reason.
+        json!({"type": "settle", "entry_id": "draw:squat", "account": 9, "asset": "coin",
+               "amount": 1, "reason": "topup"}),
+        // An escrow debit from someone else's balance.
+        json!({"type": "settle", "entry_id": "x-escrow", "account": 3, "asset": "coin",
+               "amount": -5, "reason": "red_packet_escrow"}),
+        // A seal that is not the fleet's.
+        json!({"type": "settle", "entry_id": "lottery:l1", "account": 9, "asset": "item:x",
+               "amount": 1, "reason": "lottery", "seal": "00".repeat(32)}),
+    ];
+    for body in &forged {
+        let reply = client.call("settle", body, T).await.unwrap();
+        assert_eq!(reply["status"], "rejected", "{body} -> {reply}");
+        assert_eq!(code(&reply), "invalid_request", "{body} -> {reply}");
+    }
+    assert_eq!(coins(&env, 9).await, 0);
+    // The real draw under the squatted id is paid in full.
+    env.start_draw_worker().await;
+    let reply = client
+        .call("draw", &draw_as("squat", "sq", 9, 3), T)
+        .await
+        .unwrap();
+    assert_eq!(reply["reward"], 210, "{reply}");
+    assert_eq!(env.wait_ledger("sq", 210).await, 210);
+    assert_eq!(coins(&env, 9).await, 210);
+    env.stop_workers().await;
+}

@@ -41,6 +41,8 @@ pub struct DrawWorker {
     /// pool and generation is in flight at a time, however many draws find
     /// the pool short.
     urgent: Mutex<HashMap<String, (u64, Instant)>>,
+    /// Seals the entries this worker sends to the ledger.
+    sealer: crate::ledger::FleetSealer,
 }
 
 /// Most pools whose last urgent refill a worker remembers.
@@ -54,6 +56,7 @@ impl DrawWorker {
             config,
             kinds,
             urgent: Mutex::new(HashMap::new()),
+            sealer: crate::ledger::FleetSealer::default(),
         }
     }
 
@@ -329,10 +332,16 @@ impl Handler for DrawWorker {
         envelope: &Value,
         publisher: &Publisher,
     ) -> Result<Outcome, HandleError> {
-        match decode_typed::<DrawQueueMessage>(envelope)? {
+        let mut outcome = match decode_typed::<DrawQueueMessage>(envelope)? {
             DrawQueueMessage::Draw(req) => self.draw(req, publisher).await,
             DrawQueueMessage::Grant(grant) => self.grant(grant).await,
-        }
+        }?;
+        let mut conn = self.kinds.redis();
+        outcome.ledger = self
+            .sealer
+            .seal_all(&mut conn, &self.config.redis_prefix, outcome.ledger)
+            .await?;
+        Ok(outcome)
     }
 }
 

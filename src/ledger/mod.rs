@@ -19,6 +19,12 @@
 //! against its running balance, and the refused ones are taken out again
 //! before the commit.
 
+mod seal;
+
+pub use seal::{
+    FleetSealer, Sealer, INTERNAL_ID_PREFIXES, INTERNAL_REASONS, KEY_VAR as SEAL_KEY_VAR,
+};
+
 use std::borrow::Cow;
 use std::collections::HashMap;
 

@@ -32,6 +32,8 @@ pub struct RefillWorker {
     redis: RedisConn,
     db: PgPool,
     scripts: Scripts,
+    /// Seals the refunds this worker sends to the ledger.
+    sealer: crate::ledger::FleetSealer,
 }
 
 impl RefillWorker {
@@ -42,6 +44,7 @@ impl RefillWorker {
             redis,
             db,
             scripts: Scripts::new(),
+            sealer: crate::ledger::FleetSealer::default(),
         }
     }
 
@@ -305,11 +308,17 @@ impl Handler for RefillWorker {
         envelope: &Value,
         _publisher: &Publisher,
     ) -> Result<Outcome, HandleError> {
-        match decode_typed::<RefillQueueMessage>(envelope)? {
+        let mut outcome = match decode_typed::<RefillQueueMessage>(envelope)? {
             RefillQueueMessage::Refill(req) => self.refill(req).await,
             RefillQueueMessage::RedPacketCreate(req) => self.create_red_packet(req).await,
             RefillQueueMessage::RedPacketExpire(req) => self.expire_red_packet(req).await,
-        }
+        }?;
+        let mut conn = self.redis.clone();
+        outcome.ledger = self
+            .sealer
+            .seal_all(&mut conn, &self.config.redis_prefix, outcome.ledger)
+            .await?;
+        Ok(outcome)
     }
 }
 

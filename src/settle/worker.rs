@@ -19,7 +19,9 @@ use crate::{
     amqp::{self, publish_dead_letter, publish_dead_letter_part, Outgoing, Publisher},
     config::Config,
     ledger::{self, Verdict},
-    messages::{decode_envelope, rejected_reply, ErrorCode, Invalid, SettleMessage, SettleRequest},
+    messages::{
+        decode_envelope, rejected_reply, BadEntry, ErrorCode, Invalid, SettleMessage, SettleRequest,
+    },
     ops::Health,
 };
 
@@ -70,6 +72,9 @@ async fn session(
     health: &Health,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
+    // The seal key of the fleet, to tell its own entries from forgeries.
+    let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
+    let sealer = crate::ledger::Sealer::load(&mut redis, &config.redis_prefix).await?;
     let conn = amqp::connect(&config.amqp_url, "settle-worker").await?;
     let channel = conn.create_channel().await?;
     amqp::declare_topology(&channel, config.delivery_limit).await?;
@@ -114,7 +119,7 @@ async fn session(
                 },
             }
         }
-        if let Err(e) = settle_batch(db, &publisher, batch, shutdown).await {
+        if let Err(e) = settle_batch(db, &sealer, &publisher, batch, shutdown).await {
             break Err(e);
         }
         if let Some(e) = failed {
@@ -193,6 +198,7 @@ impl Fate {
 /// then acks the whole batch with one `multiple` ack.
 async fn settle_batch(
     db: &PgPool,
+    sealer: &crate::ledger::Sealer,
     publisher: &Publisher,
     batch: Vec<Delivery>,
     shutdown: &CancellationToken,
@@ -204,7 +210,29 @@ async fn settle_batch(
     // in its batch's reply.
     let mut bad_parts: Vec<(usize, Value, String)> = Vec::new();
     for (at, delivery) in batch.iter().enumerate() {
-        match decode_envelope(&delivery.data).and_then(|v| SettleMessage::decode(&v)) {
+        let decoded = decode_envelope(&delivery.data)
+            .and_then(|v| SettleMessage::decode(&v))
+            .and_then(|message| match message {
+                SettleMessage::One(entry) => {
+                    sealer.check(&entry).map(|()| SettleMessage::One(entry))
+                }
+                SettleMessage::Batch(entries) => Ok(SettleMessage::Batch(
+                    entries
+                        .into_iter()
+                        .map(|entry| {
+                            let entry = entry?;
+                            match sealer.check(&entry) {
+                                Ok(()) => Ok(entry),
+                                Err(invalid) => Err(BadEntry {
+                                    body: serde_json::to_value(&entry).unwrap_or_default(),
+                                    invalid,
+                                }),
+                            }
+                        })
+                        .collect(),
+                )),
+            });
+        match decoded {
             Ok(SettleMessage::One(entry)) => {
                 kinds.push(Kind::One);
                 owned.push(Owned { entry, at });
