@@ -484,3 +484,133 @@ async fn a_graceful_stop_mid_stream_answers_every_draw_exactly_once() {
         "{DRAWS} draws, {at_stop} answered before the stop, all answered once in {elapsed:?}"
     );
 }
+
+fn rabbitmqctl(args: &[&str]) {
+    let out = std::process::Command::new("rabbitmqctl")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "rabbitmqctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A draw whose ledger entry the broker refuses is not answered: it is
+/// requeued, and answered once, when its entry is finally confirmed. A reply
+/// published alongside the entry would go out on every failed attempt.
+#[tokio::test]
+async fn a_draw_is_answered_only_once_the_ledger_entry_it_promises_is_confirmed() {
+    const DRAWS: usize = 5;
+    let mut env = TestEnv::new(&[("DELIVERY_LIMIT", "10000")]).await;
+    env.load(&pool_toml("led", "", &[("a", &[(1, 500)])])).await;
+    env.start_draw_worker().await;
+    let (conn, ch) = channel(&env).await;
+    // The settle queue takes nothing more: a quorum queue refuses a publish
+    // once it is at its length limit, so it holds one entry (of another
+    // pool) and may hold none.
+    let filler = prizepool::messages::SettleRequest::new(
+        "filler",
+        1,
+        "coin",
+        1,
+        "topup",
+        json!({"pool": "filler"}),
+    );
+    publish_raw(
+        &ch,
+        amqp::EXCHANGE,
+        amqp::SETTLE.routing_key,
+        &serde_json::to_vec(&filler).unwrap(),
+        BasicProperties::default(),
+    )
+    .await;
+    rabbitmqctl(&[
+        "set_policy",
+        "-p",
+        &env.vhost,
+        "settle-full",
+        "^prizepool\\.settle$",
+        r#"{"max-length":0}"#,
+        "--apply-to",
+        "queues",
+    ]);
+    let reply_queue = "test.replies";
+    ch.queue_declare(
+        reply_queue.into(),
+        Default::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    let replies: Replies = Arc::default();
+    let collector = tokio::spawn(collect_replies(
+        conn.create_channel().await.unwrap(),
+        reply_queue,
+        replies.clone(),
+    ));
+    let requests: Vec<Value> = (0..DRAWS).map(|i| draw("led", i as i64, 2)).collect();
+    for request in &requests {
+        let properties = BasicProperties::default()
+            .with_content_type("application/json".into())
+            .with_reply_to(reply_queue.into())
+            .with_correlation_id(request["request_id"].as_str().unwrap().into());
+        publish_raw(
+            &ch,
+            amqp::EXCHANGE,
+            "draw",
+            &serde_json::to_vec(request).unwrap(),
+            properties,
+        )
+        .await;
+    }
+    // Every draw took its prizes...
+    let deadline = Instant::now() + T;
+    while env.status("led").await.drawn < (DRAWS * 2) as u64 {
+        assert!(Instant::now() < deadline, "the draws did not run");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // ...and keeps failing to publish its ledger entry for a while (each
+    // failed attempt would have answered, were the reply not last).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(env.queue_depth(amqp::SETTLE.queue).await, 1);
+    assert_eq!(
+        answered(&replies),
+        0,
+        "answered before the ledger took the entry"
+    );
+
+    // The requeued draws spin through the worker as fast as the broker
+    // redelivers them; stop it, let the ledger take entries again, and
+    // start over.
+    env.stop_workers().await;
+    assert_eq!(answered(&replies), 0, "answered while stopping");
+    rabbitmqctl(&["clear_policy", "-p", &env.vhost, "settle-full"]);
+    env.start_draw_worker().await;
+    env.start_settle_worker().await;
+    wait_answered(&replies, DRAWS, T).await;
+    let rewards: i64 = replies
+        .lock()
+        .unwrap()
+        .values()
+        .map(|answers| answers[0]["reward"].as_i64().unwrap())
+        .sum();
+    assert_eq!(rewards, (DRAWS * 2 * 10) as i64);
+    assert_eq!(env.wait_ledger("led", rewards).await, rewards);
+    env.stop_workers().await;
+    assert_eq!(env.status("led").await.drawn, (DRAWS * 2) as u64);
+
+    publish_raw(
+        &ch,
+        "",
+        reply_queue,
+        &serde_json::to_vec(&json!(SENTINEL)).unwrap(),
+        BasicProperties::default(),
+    )
+    .await;
+    tokio::time::timeout(T, collector).await.unwrap().unwrap();
+    for (id, answers) in replies.lock().unwrap().iter() {
+        assert_eq!(answers.len(), 1, "{id} answered {} times", answers.len());
+    }
+}
