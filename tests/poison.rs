@@ -614,3 +614,88 @@ async fn a_draw_is_answered_only_once_the_ledger_entry_it_promises_is_confirmed(
         assert_eq!(answers.len(), 1, "{id} answered {} times", answers.len());
     }
 }
+
+fn is_transient(e: impl Into<HandleError>) -> bool {
+    match e.into() {
+        HandleError::Transient(_) => true,
+        HandleError::Internal(_) => false,
+        HandleError::Invalid(invalid) => panic!("a server error is not bad input: {invalid}"),
+    }
+}
+
+/// The classification of errors as a live Redis and Postgres raise them.
+#[tokio::test]
+async fn server_errors_are_classified_as_they_arrive() {
+    let env = TestEnv::new(&[]).await;
+    let mut redis = env.redis.clone();
+    // A script that fails fails again: internal.
+    for script in [
+        "return error('boom')",
+        "return redis.error_reply('BADPOOL corrupt')",
+        "return redis.call('INCR', KEYS[1])",
+    ] {
+        let key = format!("{}:{{classify}}:text", env.config.redis_prefix);
+        let _: () = redis::cmd("SET")
+            .arg(&key)
+            .arg("not a number")
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        let e = redis::Script::new(script)
+            .key(&key)
+            .invoke_async::<i64>(&mut redis)
+            .await
+            .unwrap_err();
+        assert!(!is_transient(e), "{script}");
+    }
+    // A reply of the wrong shape: internal.
+    let e = redis::cmd("PING")
+        .query_async::<i64>(&mut redis)
+        .await
+        .unwrap_err();
+    assert!(!is_transient(e));
+    // Nobody listening: transient.
+    let port = common::free_port();
+    let e = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_err();
+    assert!(is_transient(e));
+
+    // Postgres: a statement that fails fails again; a connection that
+    // cannot be made, or is cut, may work later.
+    for sql in [
+        "SELECT 1 / 0",
+        "SELECT * FROM no_such_table",
+        "INSERT INTO ledger_entries (entry_id) VALUES (NULL)",
+    ] {
+        let e = sqlx::query(sql).execute(&env.db).await.unwrap_err();
+        assert!(!is_transient(e), "{sql}");
+    }
+    let e = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_secs(2))
+        .connect(&format!("postgres://postgres@127.0.0.1:{port}/test"))
+        .await
+        .unwrap_err();
+    assert!(is_transient(e));
+    // The administrator ends the session (SQLSTATE 57P01).
+    let mut conn = sqlx::Connection::connect(&env.config.database_url)
+        .await
+        .map(|c: sqlx::PgConnection| c)
+        .unwrap();
+    let (pid,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    let _: (bool,) = sqlx::query_as("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(&env.db)
+        .await
+        .unwrap();
+    let e = sqlx::query("SELECT 1")
+        .execute(&mut conn)
+        .await
+        .unwrap_err();
+    assert!(is_transient(e));
+}
