@@ -4,8 +4,11 @@
 //! handler produced (effects and reply) with confirms, and only then acks
 //! (coalesced into `multiple` acks, see [`super::acks`]).
 //! Bad input is dead-lettered with its reason in a header and answered with a
-//! `rejected` reply; transient failures are retried with backoff and, if they
+//! `rejected` reply; so is a permanent failure (`internal`), a handler's
+//! panic included. Transient failures are retried with backoff and, if they
 //! persist, the delivery is requeued (the queue's delivery limit bounds that).
+//! The reply is published last, after everything it implies is confirmed, so
+//! a request that fails half-way and comes back is still answered once.
 //! A lost connection is re-established; on shutdown the loop stops consuming,
 //! lets in-flight deliveries finish within the grace period, makes sure the
 //! broker has processed their acks, and closes channels before the connection.
@@ -297,7 +300,13 @@ async fn session<H: Handler>(
                     ))
                     .catch_unwind()
                     .await
-                    .unwrap_or(Settle::Reject);
+                    .unwrap_or_else(|panic| {
+                        tracing::error!(
+                            panic = panic_message(&*panic),
+                            "handling a delivery panicked; rejecting it"
+                        );
+                        Settle::Reject
+                    });
                     acks.finish(tag, how);
                     drop(permit);
                 });
