@@ -476,18 +476,80 @@ impl RefillRequest {
     }
 }
 
+/// The idempotency-id fields, in the order a reply looks for them.
+const ID_FIELDS: [&str; 4] = ["request_id", "grant_id", "packet_id", "entry_id"];
+
+/// Largest body [`request_ids`] still reads for ids: well past
+/// [`MAX_MESSAGE_BYTES`], so an oversize request is answered with its id, but
+/// bounded, so a huge body cannot make the worker parse megabytes for a reply.
+pub const MAX_ID_SCAN_BYTES: usize = 4 * 1024 * 1024;
+
 /// The idempotency id a message carries, whatever its type, for echoing in a
-/// rejected reply even when the rest of the message is unusable.
+/// rejected reply even when the rest of the message is unusable. Only a
+/// string of at most [`MAX_ID_LEN`] bytes counts: anything else could not
+/// name a request, and echoing it would only make the reply bigger.
 pub fn idempotency_id(value: &Value) -> Option<(&'static str, String)> {
-    ["request_id", "grant_id", "packet_id", "entry_id"]
+    ID_FIELDS
         .into_iter()
         .find_map(|field| match value.get(field) {
-            Some(Value::String(s)) => Some((field, s.clone())),
+            Some(Value::String(s)) if s.len() <= MAX_ID_LEN => Some((field, s.clone())),
             _ => None,
         })
 }
 
-/// The reply `type` for a request `type`.
+/// What a reply to bad input can still learn from `body` when the envelope
+/// does not decode (no `type`, a `type` that is not a string, oversize, not
+/// an object for the typed decoder): a JSON object holding only the request's
+/// string `type` and its id fields, if the body is a JSON object of at most
+/// [`MAX_ID_SCAN_BYTES`]. The body is scanned without building it: every
+/// other field is skipped.
+pub fn request_ids(body: &[u8]) -> Option<Value> {
+    if body.len() > MAX_ID_SCAN_BYTES {
+        return None;
+    }
+    let IdFields(fields) = serde_json::from_slice(body).ok()?;
+    Some(Value::Object(fields))
+}
+
+/// The `type` and id fields of a JSON object, others skipped (see
+/// [`request_ids`]).
+struct IdFields(serde_json::Map<String, Value>);
+
+impl<'de> Deserialize<'de> for IdFields {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = IdFields;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<IdFields, A::Error> {
+                let mut fields = serde_json::Map::new();
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    if key == "type" || ID_FIELDS.contains(&key.as_ref()) {
+                        // Only strings are kept: a number where an id
+                        // belongs names nothing.
+                        if let Value::String(s) = map.next_value::<Value>()? {
+                            fields.insert(key.into_owned(), Value::String(s));
+                        }
+                    } else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+                Ok(IdFields(fields))
+            }
+        }
+        deserializer.deserialize_map(Visit)
+    }
+}
+
+/// The reply `type` for a request `type`; `draw_result` when the request
+/// type is unknown or missing (the draw queue's reply is the common case).
 pub fn reply_type(request_type: Option<&str>) -> &'static str {
     match request_type {
         Some("lottery.grant") => "grant_result",
@@ -499,6 +561,9 @@ pub fn reply_type(request_type: Option<&str>) -> &'static str {
 }
 
 /// Builds a `rejected` reply for a request that could not be processed.
+/// `request` is the decoded envelope, or what [`request_ids`] found in a
+/// body that did not decode: the reply carries the request's id whenever it
+/// had a usable one, and its `type` follows the request's.
 pub fn rejected_reply(request: Option<&Value>, code: ErrorCode, message: &str) -> Value {
     let request_type = request.and_then(|v| v.get("type")).and_then(Value::as_str);
     let mut reply = serde_json::json!({
@@ -510,6 +575,13 @@ pub fn rejected_reply(request: Option<&Value>, code: ErrorCode, message: &str) -
         reply[field] = Value::String(id);
     }
     reply
+}
+
+/// The rejected reply to the raw `body` of a request: its envelope when it
+/// decodes, else whatever ids [`request_ids`] can still find in it.
+pub fn rejected_reply_to(body: &[u8], code: ErrorCode, message: &str) -> Value {
+    let request = decode_envelope(body).ok().or_else(|| request_ids(body));
+    rejected_reply(request.as_ref(), code, message)
 }
 
 /// `body` (a struct without a `type` field) serialised as a JSON object
@@ -602,6 +674,91 @@ mod tests {
         assert_eq!(reply["type"], "grant_result");
         assert_eq!(reply["grant_id"], "g-1");
         assert_eq!(reply["error"]["code"], "invalid_request");
+    }
+
+    /// The rejected reply a worker sends for `body`, given how decoding failed.
+    fn reply_for(body: &[u8]) -> Value {
+        let invalid = decode_envelope(body)
+            .and_then(|v| decode_typed::<DrawQueueMessage>(&v).map(|_| ()))
+            .expect_err("bad input");
+        rejected_reply_to(body, ErrorCode::InvalidRequest, &invalid.message)
+    }
+
+    #[test]
+    fn a_rejected_reply_to_a_request_without_a_type_carries_its_id() {
+        let reply = reply_for(br#"{"request_id":"r-1","pool":"g","user_id":1,"count":1}"#);
+        assert_eq!(reply["request_id"], "r-1");
+        assert_eq!(reply["type"], "draw_result");
+        assert_eq!(reply["status"], "rejected");
+        assert_eq!(reply["error"]["code"], "invalid_request");
+    }
+
+    #[test]
+    fn a_rejected_reply_to_a_request_whose_type_is_not_a_string_carries_its_id() {
+        let reply = reply_for(br#"{"type":7,"grant_id":"g-1","activity":"a"}"#);
+        assert_eq!(reply["grant_id"], "g-1");
+        assert_eq!(reply["type"], "draw_result");
+        let reply = reply_for(br#"{"type":"teleport","packet_id":"rp-1"}"#);
+        assert_eq!(reply["packet_id"], "rp-1");
+        assert_eq!(reply["type"], "draw_result");
+    }
+
+    #[test]
+    fn a_rejected_reply_to_an_oversize_request_carries_its_id_and_type() {
+        let body = format!(
+            r#"{{"type":"lottery.grant","pad":"{}","grant_id":"g-big","activity":"a","nested":{{"request_id":"inner"}}}}"#,
+            "x".repeat(MAX_MESSAGE_BYTES)
+        );
+        let reply = reply_for(body.as_bytes());
+        assert!(reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("limit"));
+        assert_eq!(reply["grant_id"], "g-big");
+        assert_eq!(reply["type"], "grant_result");
+        // Only top-level ids count.
+        assert!(reply.get("request_id").is_none(), "{reply}");
+    }
+
+    #[test]
+    fn a_body_past_the_scan_cap_is_answered_without_an_id() {
+        let body = format!(
+            r#"{{"request_id":"r-huge","pad":"{}"}}"#,
+            "x".repeat(MAX_ID_SCAN_BYTES)
+        );
+        let reply = reply_for(body.as_bytes());
+        assert!(reply.get("request_id").is_none());
+        assert_eq!(reply["type"], "draw_result");
+    }
+
+    #[test]
+    fn a_rejected_reply_to_a_request_that_fails_typed_decoding_carries_its_id() {
+        let reply = reply_for(
+            br#"{"type":"draw","request_id":"r-2","pool":"g","user_id":"one","count":1}"#,
+        );
+        assert_eq!(reply["request_id"], "r-2");
+        assert_eq!(reply["type"], "draw_result");
+        let reply = reply_for(br#"{"type":"lottery.grant","grant_id":"g-2","chances":"x"}"#);
+        assert_eq!(reply["grant_id"], "g-2");
+        assert_eq!(reply["type"], "grant_result");
+    }
+
+    #[test]
+    fn unusable_ids_are_not_echoed() {
+        for body in [
+            &b"{oops"[..],
+            br#"["draw","r-3"]"#,
+            br#"{"request_id":42,"type":"draw"}"#,
+            br#"{"request_id":null}"#,
+        ] {
+            let reply = reply_for(body);
+            for field in ID_FIELDS {
+                assert!(reply.get(field).is_none(), "{body:?}: {reply}");
+            }
+            assert_eq!(reply["type"], "draw_result");
+        }
+        let long = format!(r#"{{"request_id":"{}"}}"#, "r".repeat(MAX_ID_LEN + 1));
+        assert!(reply_for(long.as_bytes()).get("request_id").is_none());
     }
 
     #[test]

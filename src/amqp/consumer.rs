@@ -4,16 +4,19 @@
 //! handler produced (effects and reply) with confirms, and only then acks
 //! (coalesced into `multiple` acks, see [`super::acks`]).
 //! Bad input is dead-lettered with its reason in a header and answered with a
-//! `rejected` reply; transient failures are retried with backoff and, if they
+//! `rejected` reply; so is a permanent failure (`internal`), a handler's
+//! panic included. Transient failures are retried with backoff and, if they
 //! persist, the delivery is requeued (the queue's delivery limit bounds that).
+//! The reply is published last, after everything it implies is confirmed, so
+//! a request that fails half-way and comes back is still answered once.
 //! A lost connection is re-established; on shutdown the loop stops consuming,
 //! lets in-flight deliveries finish within the grace period, makes sure the
 //! broker has processed their acks, and closes channels before the connection.
 
-use std::{future::Future, sync::Arc, time::Instant};
+use std::{future::Future, panic::AssertUnwindSafe, sync::Arc, time::Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use lapin::{
     message::Delivery,
     options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions},
@@ -28,7 +31,7 @@ use tracing::{info_span, Instrument};
 use super::{
     acks::{Acks, Settle},
     grouped::{self, Grouper},
-    publish::{with_header, Outgoing, Publisher},
+    publish::{with_header, without_expiration, Outgoing, Publisher},
     Route, DLX, ERROR_CODE_HEADER, ERROR_HEADER,
 };
 use crate::{
@@ -77,16 +80,103 @@ impl HandleError {
     }
 }
 
+/// Redis errors are classified where they enter the handler: a server that
+/// is away, busy or moving slots is transient; anything the same request
+/// would hit again (a script's `error()`, a reply of an unexpected shape, a
+/// command Redis refuses) is internal.
 impl From<redis::RedisError> for HandleError {
     fn from(e: redis::RedisError) -> Self {
-        Self::Transient(e.into())
+        if redis_is_transient(&e) {
+            Self::Transient(e.into())
+        } else {
+            Self::Internal(e.into())
+        }
     }
 }
 
+/// Whether retrying later may succeed: the connection (refused, reset,
+/// timed out, any I/O), the cluster (slots moving, a failover, a node down)
+/// or the server's state (loading a dump, busy with a slow script, out of
+/// memory, unable to persist) is at fault, not the request.
+fn redis_is_transient(e: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    if e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+        || e.is_cluster_error()
+    {
+        return true;
+    }
+    match e.kind() {
+        ErrorKind::Io
+        | ErrorKind::ClusterConnectionNotFound
+        // Credentials being rotated: a property of the connection, and
+        // dead-lettering every request until they work would empty the
+        // queue into its DLQ.
+        | ErrorKind::AuthenticationFailed
+        | ErrorKind::MasterNameNotFoundBySentinel
+        | ErrorKind::NoValidReplicasFoundBySentinel => true,
+        ErrorKind::Server(kind) => matches!(
+            kind,
+            ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::BusyLoading
+                | ServerErrorKind::ReadOnly
+        ),
+        // Codes redis-rs has no kind for.
+        ErrorKind::Extension => matches!(
+            e.code(),
+            Some("BUSY" | "LOADING" | "OOM" | "MISCONF" | "NOREPLICAS" | "UNBLOCKED")
+        ),
+        _ => false,
+    }
+}
+
+/// sqlx errors are classified like Redis errors: the connection, the pool
+/// and the server's state are transient, the statement is internal.
 impl From<sqlx::Error> for HandleError {
     fn from(e: sqlx::Error) -> Self {
-        Self::Transient(e.into())
+        if sqlx_is_transient(&e) {
+            Self::Transient(e.into())
+        } else {
+            Self::Internal(e.into())
+        }
     }
+}
+
+/// Whether retrying later may succeed (see [`From<sqlx::Error>`]).
+fn sqlx_is_transient(e: &sqlx::Error) -> bool {
+    match e {
+        // The connection broke or could not be made, or the pool had none
+        // to give (all busy, or closing for a shutdown). A protocol error
+        // means the connection lost its footing; the pool replaces it.
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| sqlstate_is_transient(&code)),
+        _ => false,
+    }
+}
+
+/// Whether a Postgres SQLSTATE names a condition that passes: connection
+/// exceptions (class 08), serialization failures and deadlocks (40001,
+/// 40P01), insufficient resources (class 53), an administrator's shutdown or
+/// a server still starting (57P01–57P03), a statement timeout (57014), a
+/// lock not available (55P03), a read-only server after a failover (25006).
+fn sqlstate_is_transient(code: &str) -> bool {
+    code.starts_with("08")
+        || code.starts_with("53")
+        || matches!(
+            code,
+            "40001" | "40P01" | "57P01" | "57P02" | "57P03" | "57014" | "55P03" | "25006"
+        )
 }
 
 impl From<super::publish::PublishError> for HandleError {
@@ -201,7 +291,22 @@ async fn session<H: Handler>(
                 let groupers = groupers.clone();
                 tracker.spawn(async move {
                     let tag = delivery.delivery_tag;
-                    let how = process(&config, &*handler, &publisher, &groupers, delivery).await;
+                    // `process` does not panic (a handler's panic is caught
+                    // inside it); should a bug make it, the broker
+                    // dead-letters the delivery rather than it staying
+                    // unsettled.
+                    let how = AssertUnwindSafe(process(
+                        &config, &*handler, &publisher, &groupers, delivery,
+                    ))
+                    .catch_unwind()
+                    .await
+                    .unwrap_or_else(|panic| {
+                        tracing::error!(
+                            panic = panic_message(&*panic),
+                            "handling a delivery panicked; rejecting it"
+                        );
+                        Settle::Reject
+                    });
                     acks.finish(tag, how);
                     drop(permit);
                 });
@@ -265,12 +370,14 @@ async fn process<H: Handler>(
     let started = Instant::now();
     let route = handler.route();
     let envelope = messages::decode_envelope(&delivery.data);
-    let request_id = envelope
-        .as_ref()
-        .ok()
-        .and_then(messages::idempotency_id)
-        .map(|(_, id)| id)
-        .unwrap_or_default();
+    let request_id = match &envelope {
+        Ok(value) => messages::idempotency_id(value),
+        Err(_) => messages::request_ids(&delivery.data)
+            .as_ref()
+            .and_then(messages::idempotency_id),
+    }
+    .map(|(_, id)| id)
+    .unwrap_or_default();
     let span = info_span!("delivery", queue = route.queue, request.id = %request_id);
     async move {
         let outcome = match envelope {
@@ -329,7 +436,7 @@ async fn handle_with_retry<H: Handler>(
         .without_max_times()
         .build();
     loop {
-        match handler.handle(&value, publisher).await {
+        match handle_caught(handler, &value, publisher).await {
             Err(HandleError::Transient(error)) => match delays.next() {
                 Some(delay) => {
                     tracing::warn!(
@@ -347,35 +454,80 @@ async fn handle_with_retry<H: Handler>(
     }
 }
 
-/// Publishes the outcome's effects and reply; the delivery may be acked once
-/// they are confirmed.
+/// Calls the handler, turning a panic into an internal failure: a message
+/// that makes the handler panic is dead-lettered and answered like any other
+/// permanent failure, instead of ending the delivery's task with the
+/// delivery never settled (which would hold its prefetch slot until the
+/// connection closes, and then redeliver the poison to the next worker).
+async fn handle_caught<H: Handler>(
+    handler: &H,
+    value: &Value,
+    publisher: &Publisher,
+) -> Result<Outcome, HandleError> {
+    // Unwind safety: the handler shares nothing with this task that a
+    // half-finished call could leave inconsistent for the next delivery
+    // other than through Redis and Postgres, whose steps are atomic.
+    match AssertUnwindSafe(handler.handle(value, publisher))
+        .catch_unwind()
+        .await
+    {
+        Ok(result) => result,
+        Err(panic) => {
+            metrics::counter!("prizepool_handler_panics_total").increment(1);
+            Err(HandleError::Internal(anyhow::anyhow!(
+                "the handler panicked: {}",
+                panic_message(&*panic)
+            )))
+        }
+    }
+}
+
+/// The text a panic was raised with (`panic!("…")`), when it has one.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&'static str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a non-text panic payload")
+}
+
+/// Publishes the outcome: first its effects, ledger entries and events, and
+/// only once the broker has confirmed them all, the reply. The delivery may
+/// be acked once the reply is confirmed too.
+///
+/// The order makes the reply the last thing a request causes: if anything
+/// before it fails, nothing was answered, the delivery is requeued and its
+/// redelivery (being idempotent) republishes the same outcome and answers
+/// once. A reply sent alongside effects that then failed would be sent again
+/// by that redelivery: two replies to one request.
 async fn finish(
     publisher: &Publisher,
     groupers: &Groupers,
     delivery: &Delivery,
     outcome: Outcome,
 ) -> (&'static str, Settle) {
-    // The reply first: the requester is waiting for it, while the effects
-    // only have to be confirmed before the ack.
-    let mut messages = Vec::with_capacity(outcome.effects.len() + 1);
-    if let (Some(reply), Some(reply_to)) = (outcome.reply, delivery.properties.reply_to()) {
-        messages.push(Outgoing::reply(
-            reply_to.as_str(),
-            delivery.properties.correlation_id().as_ref(),
-            reply,
-        ));
-    }
-    messages.extend(outcome.effects);
     let (published, settled, told) = tokio::join!(
-        publisher.publish_all(messages),
+        publisher.publish_all(outcome.effects),
         groupers.ledger.settle(&outcome.ledger),
         groupers.events.publish(outcome.events),
     );
-    match published
+    let mut result = published
         .map_err(anyhow::Error::from)
         .and(settled)
-        .and(told)
-    {
+        .and(told);
+    if result.is_ok() {
+        if let (Some(reply), Some(reply_to)) = (outcome.reply, delivery.properties.reply_to()) {
+            result = publisher
+                .publish(Outgoing::reply(
+                    reply_to.as_str(),
+                    delivery.properties.correlation_id().as_ref(),
+                    reply,
+                ))
+                .await
+                .map_err(anyhow::Error::from);
+        }
+    }
+    match result {
         Ok(()) => ("acked", Settle::Ack),
         Err(error) => {
             // Nothing is acked: the request is redelivered and, being
@@ -390,7 +542,7 @@ async fn finish(
 }
 
 /// Moves a bad message to its dead-letter queue with the reason in headers
-/// and answers the requester; the original may then be acked.
+/// and answers the requester, in that order; the original may then be acked.
 async fn dead_letter(
     publisher: &Publisher,
     delivery: &Delivery,
@@ -399,18 +551,53 @@ async fn dead_letter(
     invalid: &Invalid,
 ) -> (&'static str, Settle) {
     tracing::warn!(reason = %invalid, %code, "dead-lettering");
-    match publish_dead_letter_as(publisher, delivery, route, code, invalid).await {
+    let copy = dead_letter_message(delivery, delivery.data.clone(), route, code, invalid);
+    let (label, how) = match publisher.publish(copy).await {
         Ok(()) => ("dead_lettered", Settle::Ack),
         Err(error) => {
             // Let the broker dead-letter it natively instead (no reason header).
             tracing::error!(%error, "could not publish the dead letter; rejecting");
             ("rejected", Settle::Reject)
         }
+    };
+    // Either way the request is never delivered again (acked, or moved to
+    // the DLQ by the broker), so this is its one answer.
+    let Some(reply) = rejected_reply_message(delivery, code, invalid) else {
+        return (label, how);
+    };
+    match publisher.publish(reply).await {
+        Ok(()) => (label, how),
+        Err(error) if how == Settle::Ack => {
+            // The request must be answered: it comes back, is dead-lettered
+            // again (a second copy in the DLQ) and answered then.
+            tracing::error!(%error, "could not publish the rejected reply; requeueing");
+            ("requeued", Settle::Requeue)
+        }
+        Err(error) => {
+            tracing::error!(%error, "could not publish the rejected reply");
+            (label, how)
+        }
     }
 }
 
+/// The `rejected` reply to `delivery`, when it asked for one.
+fn rejected_reply_message(
+    delivery: &Delivery,
+    code: ErrorCode,
+    invalid: &Invalid,
+) -> Option<Outgoing> {
+    let reply_to = delivery.properties.reply_to().as_ref()?;
+    let reply = messages::rejected_reply_to(&delivery.data, code, &invalid.message);
+    Some(Outgoing::reply(
+        reply_to.as_str(),
+        delivery.properties.correlation_id().as_ref(),
+        serde_json::to_vec(&reply).unwrap_or_default(),
+    ))
+}
+
 /// The copy of `delivery` that goes to its dead-letter queue: same body and
-/// properties, plus the reason headers.
+/// properties, plus the reason headers, but no `expiration`: a dead letter
+/// stays until someone looks at it, whatever TTL its publisher gave it.
 fn dead_letter_message(
     delivery: &Delivery,
     body: Vec<u8>,
@@ -420,7 +607,7 @@ fn dead_letter_message(
 ) -> Outgoing {
     let properties: BasicProperties = with_header(
         with_header(
-            delivery.properties.clone(),
+            without_expiration(&delivery.properties),
             ERROR_CODE_HEADER,
             code.as_str(),
         ),
@@ -457,6 +644,10 @@ pub async fn publish_dead_letter(
 
 /// [`publish_dead_letter`] with the error `code` of the headers and reply
 /// (`internal` for a permanent failure).
+///
+/// The dead letter is confirmed before the reply is published, so a request
+/// is never answered while its dead letter may still be lost; the reply
+/// carries the request's id whenever the body had a usable one.
 pub async fn publish_dead_letter_as(
     publisher: &Publisher,
     delivery: &Delivery,
@@ -464,23 +655,19 @@ pub async fn publish_dead_letter_as(
     code: ErrorCode,
     invalid: &Invalid,
 ) -> Result<(), super::publish::PublishError> {
-    let mut messages = vec![dead_letter_message(
-        delivery,
-        delivery.data.clone(),
-        route,
-        code,
-        invalid,
-    )];
-    if let Some(reply_to) = delivery.properties.reply_to() {
-        let request = messages::decode_envelope(&delivery.data).ok();
-        let reply = messages::rejected_reply(request.as_ref(), code, &invalid.message);
-        messages.push(Outgoing::reply(
-            reply_to.as_str(),
-            delivery.properties.correlation_id().as_ref(),
-            serde_json::to_vec(&reply).unwrap_or_default(),
-        ));
+    publisher
+        .publish(dead_letter_message(
+            delivery,
+            delivery.data.clone(),
+            route,
+            code,
+            invalid,
+        ))
+        .await?;
+    if let Some(reply) = rejected_reply_message(delivery, code, invalid) {
+        publisher.publish(reply).await?;
     }
-    publisher.publish_all(messages).await
+    Ok(())
 }
 
 /// Dead-letters one part of `delivery` (an entry of a batch) as a message of
@@ -500,4 +687,161 @@ pub async fn publish_dead_letter_part(
         .with_reply_to("".into())
         .with_correlation_id("".into());
     publisher.publish(message).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::{borrow::Cow, io};
+
+    fn transient(e: impl Into<HandleError>) -> bool {
+        match e.into() {
+            HandleError::Transient(_) => true,
+            HandleError::Internal(_) => false,
+            HandleError::Invalid(i) => panic!("a server error is never bad input: {i}"),
+        }
+    }
+
+    fn io_error(kind: io::ErrorKind) -> redis::RedisError {
+        io::Error::new(kind, "test").into()
+    }
+
+    #[test]
+    fn redis_connection_and_cluster_errors_are_transient() {
+        for kind in [
+            io::ErrorKind::ConnectionRefused,
+            io::ErrorKind::ConnectionReset,
+            io::ErrorKind::BrokenPipe,
+            io::ErrorKind::TimedOut,
+            io::ErrorKind::UnexpectedEof,
+            io::ErrorKind::Other,
+        ] {
+            assert!(transient(io_error(kind)), "{kind:?}");
+        }
+        for kind in [
+            redis::ServerErrorKind::Moved,
+            redis::ServerErrorKind::Ask,
+            redis::ServerErrorKind::TryAgain,
+            redis::ServerErrorKind::ClusterDown,
+            redis::ServerErrorKind::MasterDown,
+            redis::ServerErrorKind::BusyLoading,
+            redis::ServerErrorKind::ReadOnly,
+        ] {
+            let e = redis::RedisError::from((redis::ErrorKind::Server(kind), "test"));
+            assert!(transient(e), "{kind:?}");
+        }
+        assert!(transient(redis::RedisError::from((
+            redis::ErrorKind::ClusterConnectionNotFound,
+            "test"
+        ))));
+        for code in ["BUSY", "LOADING", "OOM", "MISCONF"] {
+            let e = redis::make_extension_error(code.into(), Some("test".into()));
+            assert!(transient(e), "{code}");
+        }
+    }
+
+    #[test]
+    fn redis_script_type_and_parse_errors_are_internal() {
+        for kind in [
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            redis::ErrorKind::Server(redis::ServerErrorKind::ExecAbort),
+            redis::ErrorKind::Server(redis::ServerErrorKind::NoScript),
+            redis::ErrorKind::Server(redis::ServerErrorKind::CrossSlot),
+            redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm),
+            redis::ErrorKind::UnexpectedReturnType,
+            redis::ErrorKind::Parse,
+            redis::ErrorKind::Client,
+            redis::ErrorKind::InvalidClientConfig,
+        ] {
+            let e = redis::RedisError::from((kind, "test"));
+            assert!(!transient(e), "{kind:?}");
+        }
+        // A script's `redis.error_reply("…")` with a code of its own.
+        let e = redis::make_extension_error("BADPOOL".into(), Some("corrupt".into()));
+        assert!(!transient(e));
+    }
+
+    /// A Postgres error with only a SQLSTATE, as the driver would report it.
+    #[derive(Debug)]
+    struct Sqlstate(&'static str);
+
+    impl std::fmt::Display for Sqlstate {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "SQLSTATE {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Sqlstate {}
+
+    impl sqlx::error::DatabaseError for Sqlstate {
+        fn message(&self) -> &str {
+            "test"
+        }
+        fn code(&self) -> Option<Cow<'_, str>> {
+            Some(Cow::Borrowed(self.0))
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    fn database(code: &'static str) -> sqlx::Error {
+        sqlx::Error::Database(Box::new(Sqlstate(code)))
+    }
+
+    #[test]
+    fn sqlx_connection_pool_and_passing_server_states_are_transient() {
+        for e in [
+            sqlx::Error::Io(io::Error::new(io::ErrorKind::ConnectionReset, "test")),
+            sqlx::Error::Tls("handshake".into()),
+            sqlx::Error::Protocol("unexpected message".into()),
+            sqlx::Error::PoolTimedOut,
+            sqlx::Error::PoolClosed,
+            sqlx::Error::WorkerCrashed,
+        ] {
+            let text = e.to_string();
+            assert!(transient(e), "{text}");
+        }
+        for code in [
+            "08000", "08003", "08006", "08001", "08004", "40001", "40P01", "53000", "53100",
+            "53200", "53300", "57P01", "57P02", "57P03", "57014", "55P03", "25006",
+        ] {
+            assert!(transient(database(code)), "{code}");
+        }
+    }
+
+    #[test]
+    fn sqlx_statement_and_decoding_errors_are_internal() {
+        for e in [
+            sqlx::Error::RowNotFound,
+            sqlx::Error::ColumnNotFound("x".into()),
+            sqlx::Error::Decode("bad".into()),
+            sqlx::Error::Configuration("bad".into()),
+        ] {
+            let text = e.to_string();
+            assert!(!transient(e), "{text}");
+        }
+        for code in [
+            "23505", "23503", "22012", "22003", "42P01", "42703", "P0001", "XX000", "40002",
+        ] {
+            assert!(!transient(database(code)), "{code}");
+        }
+    }
+
+    #[test]
+    fn a_panic_message_is_kept() {
+        let caught = std::panic::catch_unwind(|| panic!("boom {}", 7)).unwrap_err();
+        assert_eq!(panic_message(&*caught), "boom 7");
+        let caught = std::panic::catch_unwind(|| panic!("static")).unwrap_err();
+        assert_eq!(panic_message(&*caught), "static");
+    }
 }

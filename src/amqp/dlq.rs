@@ -1,7 +1,11 @@
 //! Dead-letter queues: list what is there and why, and move messages back.
 
+use anyhow::Context;
 use lapin::{
-    options::{BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions},
+    options::{
+        BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
+        QueueDeclareOptions,
+    },
     types::{AMQPValue, FieldTable},
     Connection,
 };
@@ -79,28 +83,63 @@ pub async fn list(
 pub struct Replay {
     /// Messages moved back to the work queue (0 on a dry run).
     pub moved: usize,
+    /// Messages the dead-letter queue held when the replay began.
+    pub found: usize,
     /// The messages concerned.
     pub messages: Vec<DeadLetter>,
+}
+
+/// Messages ready in `queue` now (a passive declare: nothing is created).
+async fn ready_messages(conn: &Connection, queue: &str) -> anyhow::Result<usize> {
+    // A passive declare of a missing queue closes its channel, so it gets
+    // one of its own.
+    let channel = conn.create_channel().await?;
+    let declared = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .with_context(|| format!("looking up {queue}"))?;
+    let _ = channel.close(200, "counted".into()).await;
+    Ok(declared.message_count() as usize)
 }
 
 /// Moves up to `limit` dead letters of `route` back to its work queue,
 /// keeping their properties and headers. Each one is acked on the DLQ only
 /// after the broker confirmed its republication. A dry run only lists.
+///
+/// A replay moves at most the messages the DLQ held when it began, then
+/// ends: a replayed message that fails again is dead-lettered behind them,
+/// and taking it once more would loop for as long as it keeps failing.
 pub async fn replay(
     conn: &Connection,
     route: Route,
     limit: usize,
     dry_run: bool,
 ) -> anyhow::Result<Replay> {
+    let found = ready_messages(conn, route.dlq).await?;
+    let limit = limit.min(found);
     if dry_run {
         let messages = list(conn, route, limit).await?;
-        return Ok(Replay { moved: 0, messages });
+        return Ok(Replay {
+            moved: 0,
+            found,
+            messages,
+        });
     }
     let channel = conn.create_channel().await?;
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await?;
-    let mut report = Replay::default();
+    let mut report = Replay {
+        found,
+        ..Replay::default()
+    };
     while report.moved < limit {
         let Some(msg) = channel
             .basic_get(route.dlq.into(), BasicGetOptions { no_ack: false })

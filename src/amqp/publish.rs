@@ -194,3 +194,82 @@ pub(crate) fn header_text(headers: Option<&FieldTable>, name: &str) -> Option<St
         other => Some(format!("{other:?}")),
     }
 }
+
+/// `properties` without an `expiration`: a message republished from them
+/// (a dead letter) keeps everything else but never expires.
+pub(crate) fn without_expiration(properties: &BasicProperties) -> BasicProperties {
+    // The properties' fields are private and have setters only, so the copy
+    // is rebuilt field by field.
+    let mut out = BasicProperties::default();
+    if let Some(v) = properties.content_type() {
+        out = out.with_content_type(v.clone());
+    }
+    if let Some(v) = properties.content_encoding() {
+        out = out.with_content_encoding(v.clone());
+    }
+    if let Some(v) = properties.headers() {
+        out = out.with_headers(v.clone());
+    }
+    if let Some(v) = properties.delivery_mode() {
+        out = out.with_delivery_mode(*v);
+    }
+    if let Some(v) = properties.priority() {
+        out = out.with_priority(*v);
+    }
+    if let Some(v) = properties.correlation_id() {
+        out = out.with_correlation_id(v.clone());
+    }
+    if let Some(v) = properties.reply_to() {
+        out = out.with_reply_to(v.clone());
+    }
+    if let Some(v) = properties.message_id() {
+        out = out.with_message_id(v.clone());
+    }
+    if let Some(v) = properties.timestamp() {
+        out = out.with_timestamp(*v);
+    }
+    if let Some(v) = properties.kind() {
+        out = out.with_type(v.clone());
+    }
+    if let Some(v) = properties.user_id() {
+        out = out.with_user_id(v.clone());
+    }
+    if let Some(v) = properties.app_id() {
+        out = out.with_app_id(v.clone());
+    }
+    if let Some(v) = properties.cluster_id() {
+        out = out.with_cluster_id(v.clone());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_expiration_keeps_every_other_property() {
+        let mut headers = FieldTable::default();
+        headers.insert("h".into(), AMQPValue::LongString(b"v".to_vec().into()));
+        let full = BasicProperties::default()
+            .with_content_type("application/json".into())
+            .with_content_encoding("identity".into())
+            .with_headers(headers)
+            .with_delivery_mode(2)
+            .with_priority(3)
+            .with_correlation_id("c".into())
+            .with_reply_to("r".into())
+            .with_expiration("1000".into())
+            .with_message_id("m".into())
+            .with_timestamp(7)
+            .with_type("t".into())
+            .with_user_id("guest".into())
+            .with_app_id("a".into())
+            .with_cluster_id("k".into());
+        let stripped = without_expiration(&full);
+        assert_eq!(stripped.expiration(), &None);
+        // Setting the expiration again gives back the original: nothing
+        // else was lost.
+        assert_eq!(stripped.with_expiration("1000".into()), full);
+    }
+}

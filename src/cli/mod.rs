@@ -110,7 +110,9 @@ enum DlqCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Move dead letters back to their work queue.
+    /// Move dead letters back to their work queue: at most the messages
+    /// the DLQ holds when the replay starts, so messages that fail again
+    /// are not replayed twice in one run.
     Replay {
         queue: String,
         #[arg(long, default_value_t = usize::MAX)]
@@ -371,7 +373,10 @@ async fn dlq_command(config: &Config, command: DlqCommand) -> anyhow::Result<()>
             } else {
                 report.moved
             };
-            println!("{verb} {n} messages from {} to {}", route.dlq, route.queue);
+            println!(
+                "{verb} {n} of the {} messages in {} to {}",
+                report.found, route.dlq, route.queue
+            );
             for l in report.messages {
                 println!(
                     "- {}: {}",

@@ -352,3 +352,32 @@ pub fn redis_server(port: u16, dir: &std::path::Path, extra: &[&str]) -> KillOnD
             .unwrap(),
     )
 }
+
+impl TestEnv {
+    /// Spawns the shared consume loop (`amqp::run`) around `handler`, as a
+    /// worker of this test's own, and waits until it consumes. It stops with
+    /// the other workers.
+    pub async fn start_handler<H: prizepool::amqp::Handler>(&mut self, handler: H) {
+        let handler = std::sync::Arc::new(handler);
+        self.start(move |config, health, shutdown| async move {
+            prizepool::amqp::run(&config, handler, health, shutdown).await
+        })
+        .await;
+    }
+
+    /// Waits until `queue` holds `n` ready messages.
+    pub async fn wait_depth(&self, queue: &str, n: u32) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let depth = self.queue_depth(queue).await;
+            if depth == n {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{queue} holds {depth} messages, not {n}"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
