@@ -287,3 +287,62 @@ async fn the_wheel_script_picks_exactly_as_the_reference_model() {
         .unwrap();
     assert_eq!(stored, None);
 }
+
+/// The second strategy, end to end: `ladder` awards prizes in the listed
+/// order until each runs out, and with no consolation a draw after the last
+/// prize answers `sold_out` without spending a chance. Its awards are paid.
+#[tokio::test]
+async fn the_ladder_strategy_awards_prizes_in_order_through_the_fleet() {
+    let mut env = TestEnv::new(&[]).await;
+    let now = Utc::now();
+    env.load_activities(&format!(
+        "[[activities]]\nid = \"steps\"\nstrategy = \"ladder\"\nstarts_at = \"{}\"\nends_at = \"{}\"\nprizes = [ {{ id = \"gold\", weight = 1, stock = 2 }}, {{ id = \"silver\", weight = 1, stock = 1 }} ]\n",
+        (now - Days::hours(1)).to_rfc3339(),
+        (now + Days::hours(1)).to_rfc3339(),
+    ))
+    .await;
+    env.start_draw_worker().await;
+    env.start_settle_worker().await;
+    let client = env.client().await;
+    let granted = client
+        .call("draw", &grant("lg-1", "steps", 5, 10), T)
+        .await
+        .unwrap();
+    assert_eq!(granted["chances_left"], 10, "{granted}");
+    let mut won = Vec::new();
+    for _ in 0..3 {
+        let reply = client.call("draw", &draw("steps", 5, 1), T).await.unwrap();
+        assert_eq!(reply["status"], "ok", "{reply}");
+        won.push(reply["prizes"][0]["prize"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(won, ["gold", "gold", "silver"]);
+    let reply = client.call("draw", &draw("steps", 5, 1), T).await.unwrap();
+    assert_eq!(reply["error"]["code"], "sold_out", "{reply}");
+    let again = client.call("draw", &draw("steps", 5, 1), T).await.unwrap();
+    assert_eq!(again["error"]["code"], "sold_out");
+    let mut redis = env.redis.clone();
+    let left: i64 = redis::cmd("HGET")
+        .arg(env.keys("steps").chances())
+        .arg(5)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(left, 7, "three chances spent, none for sold_out");
+    // The ledger pays each award once, as one unit of its item.
+    let deadline = tokio::time::Instant::now() + T;
+    let balances = loop {
+        let b = prizepool::settle::balances(&env.db, 5).await.unwrap();
+        if b.iter().map(|b| b.balance).sum::<i64>() == 3 || tokio::time::Instant::now() > deadline {
+            break b;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let of = |asset: &str| {
+        balances
+            .iter()
+            .find(|b| b.asset == asset)
+            .map_or(0, |b| b.balance)
+    };
+    assert_eq!((of("item:gold"), of("item:silver")), (2, 1));
+    env.stop_workers().await;
+}

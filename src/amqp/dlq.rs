@@ -109,6 +109,22 @@ async fn ready_messages(conn: &Connection, queue: &str) -> anyhow::Result<usize>
     Ok(declared.message_count() as usize)
 }
 
+/// Messages ready in `queue` once the count holds still: messages another
+/// client just released (a `dlq list` closing its channel) return to the
+/// queue a moment later, and a count taken meanwhile would miss them.
+async fn settled_count(conn: &Connection, queue: &str) -> anyhow::Result<usize> {
+    let mut last = ready_messages(conn, queue).await?;
+    for _ in 0..20 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let now = ready_messages(conn, queue).await?;
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    Ok(last)
+}
+
 /// Moves up to `limit` dead letters of `route` back to its work queue,
 /// keeping their properties and headers. Each one is acked on the DLQ only
 /// after the broker confirmed its republication. A dry run only lists.
@@ -122,7 +138,7 @@ pub async fn replay(
     limit: usize,
     dry_run: bool,
 ) -> anyhow::Result<Replay> {
-    let found = ready_messages(conn, route.dlq).await?;
+    let found = settled_count(conn, route.dlq).await?;
     let limit = limit.min(found);
     if dry_run {
         let messages = list(conn, route, limit).await?;

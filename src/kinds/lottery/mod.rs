@@ -7,6 +7,7 @@
 //! `g:<grant_id>`, `r:<request_id>`, `pv:YYYYMMDD`, `uv:YYYYMMDD` (HyperLogLog).
 
 pub mod config;
+mod ladder;
 mod wheel;
 
 use rand::Rng;
@@ -147,11 +148,9 @@ fn award(ask: &Ask<'_>, body: &str, replayed: bool) -> Result<Award, HandleError
     })
 }
 
-static WHEEL: wheel::Wheel = wheel::Wheel;
-
 /// Every registered strategy. A new one is a module and a line here.
-fn registry() -> [&'static dyn Strategy; 1] {
-    [&WHEEL]
+fn registry() -> [&'static dyn Strategy; 2] {
+    [&wheel::Wheel, &ladder::Ladder]
 }
 
 /// The strategy registered under `label`.

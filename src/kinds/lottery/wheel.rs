@@ -32,21 +32,32 @@ impl Strategy for Wheel {
         ask: &Ask<'_>,
         random: &str,
     ) -> redis::ScriptInvocation<'a> {
-        let day = crate::scripts::utc_day();
-        let mut call = scripts.draw_wheel.prepare_invoke();
-        call.key(keys.meta())
-            .key(keys.chances())
-            .key(keys.stock())
-            .key(keys.awarded())
-            .key(keys.result(ask.request_id))
-            .key(keys.pv(&day))
-            .key(keys.uv(&day))
-            .arg(ask.user)
-            .arg(crate::scripts::now_ms())
-            .arg(random)
-            .arg(ask.result_ttl_s)
-            .arg(super::STATS_TTL_S)
-            .arg(ask.fingerprint);
-        call
+        call(&scripts.draw_wheel, keys, ask, random)
     }
+}
+
+/// The call of a lottery draw script with the keys and arguments
+/// `draw_wheel.lua` lists (other strategies' scripts take the same).
+pub(super) fn call<'a>(
+    script: &'a redis::Script,
+    keys: &PoolKeys,
+    ask: &Ask<'_>,
+    random: &str,
+) -> redis::ScriptInvocation<'a> {
+    let day = crate::scripts::utc_day();
+    let mut call = script.prepare_invoke();
+    call.key(keys.meta())
+        .key(keys.chances())
+        .key(keys.stock())
+        .key(keys.awarded())
+        .key(keys.result(ask.request_id))
+        .key(keys.pv(&day))
+        .key(keys.uv(&day))
+        .arg(ask.user)
+        .arg(crate::scripts::now_ms())
+        .arg(random)
+        .arg(ask.result_ttl_s)
+        .arg(super::STATS_TTL_S)
+        .arg(ask.fingerprint);
+    call
 }

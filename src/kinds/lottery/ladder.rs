@@ -1,0 +1,38 @@
+//! The `ladder` strategy: prizes are awarded in the order the activity
+//! lists them, each until its stock runs out, then the consolation prize
+//! (if any); without one, a draw after every prize is gone answers
+//! `sold_out` and spends no chance. Deterministic: the first users to draw
+//! get the first prizes.
+
+use super::{ActivityConfig, Strategy};
+use crate::{
+    kinds::Ask,
+    scripts::{PoolKeys, Scripts},
+};
+
+/// The ladder strategy.
+#[derive(Debug)]
+pub(super) struct Ladder;
+
+impl Strategy for Ladder {
+    fn label(&self) -> &'static str {
+        "ladder"
+    }
+
+    fn validate(&self, activity: &ActivityConfig) -> Result<(), String> {
+        if activity.prizes.is_empty() {
+            return Err("the ladder needs at least one prize".into());
+        }
+        Ok(())
+    }
+
+    fn invocation<'a>(
+        &self,
+        scripts: &'a Scripts,
+        keys: &PoolKeys,
+        ask: &Ask<'_>,
+        random: &str,
+    ) -> redis::ScriptInvocation<'a> {
+        super::wheel::call(&scripts.draw_ladder, keys, ask, random)
+    }
+}
