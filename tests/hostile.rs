@@ -375,3 +375,53 @@ async fn forged_ledger_entries_move_nothing_and_cannot_squat_a_reward() {
     assert_eq!(coins(&env, 9).await, 210);
     env.stop_workers().await;
 }
+
+#[tokio::test]
+async fn a_reload_takes_effect_at_once_and_a_replay_pays_what_it_first_said() {
+    let mut env = TestEnv::new(&[]).await;
+    let combos: &[(&str, &[(u64, u64)])] = &[("a", &[(3, 200)])];
+    env.load(&pool_toml("re", "", combos)).await;
+    env.start_draw_worker().await;
+    env.start_settle_worker().await;
+    let client = env.client().await;
+    let first = client
+        .call("draw", &draw_as("re-1", "re", 4, 2), T)
+        .await
+        .unwrap();
+    assert_eq!(
+        (first["asset"].as_str(), first["reward"].as_i64()),
+        (Some("coin"), Some(60))
+    );
+    // A new version pays in another asset at another price, for every worker at once.
+    env.load(
+        &pool_toml("re", "asset = \"gem\"", combos).replace("unit_price = 10", "unit_price = 20"),
+    )
+    .await;
+    let second = client
+        .call("draw", &draw_as("re-2", "re", 4, 2), T)
+        .await
+        .unwrap();
+    assert_eq!(
+        (second["asset"].as_str(), second["reward"].as_i64()),
+        (Some("gem"), Some(120))
+    );
+    // The first request, replayed, still says and pays what it first said.
+    let again = client
+        .call("draw", &draw_as("re-1", "re", 4, 2), T)
+        .await
+        .unwrap();
+    assert_eq!(again, first);
+    let deadline = tokio::time::Instant::now() + T;
+    let of = |b: &[prizepool::settle::Balance], asset: &str| {
+        b.iter().find(|b| b.asset == asset).map_or(0, |b| b.balance)
+    };
+    loop {
+        let b = prizepool::settle::balances(&env.db, 4).await.unwrap();
+        if (of(&b, "coin"), of(&b, "gem")) == (60, 120) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "ledger {b:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    env.stop_workers().await;
+}

@@ -204,7 +204,8 @@ pub(super) fn draw_body(pool: &str, i: u64, users: u64, count: u32) -> Vec<u8> {
 /// The body of a draw of `count` prizes from `pool` for `user`.
 pub(super) fn request_body(pool: &str, user: i64, count: u32) -> Vec<u8> {
     let request = DrawRequest {
-        request_id: ulid::Ulid::new().to_string(),
+        // Named after the run, so the run's cleanup finds its id claims.
+        request_id: super::unique("r"),
         pool: pool.to_owned(),
         user_id: user,
         count,

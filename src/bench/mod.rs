@@ -143,9 +143,13 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}-{}-{n}", run_id())
 }
 
-/// The pattern every Redis key of this run matches.
-fn run_keys(config: &Config) -> String {
-    format!("{}:{{*-{}-*", config.redis_prefix, run_id())
+/// The patterns the Redis keys of this run match: its pools' keys and the
+/// claims of its request ids.
+fn run_keys(config: &Config) -> [String; 2] {
+    [
+        format!("{}:{{*-{}-*", config.redis_prefix, run_id()),
+        format!("{}:rq:{{*-{}-*", config.redis_prefix, run_id()),
+    ]
 }
 
 /// Keys looked at per `SCAN` step of the cleanup. A step of 10,000 kept
@@ -164,28 +168,31 @@ async fn remove_run_keys(config: &Config) -> anyhow::Result<Option<u64>> {
     let RedisConn::Single(mut conn) = crate::redis_conn::connect(&config.redis_url).await? else {
         return Ok(None);
     };
-    let pattern = run_keys(config);
-    let (mut cursor, mut removed) = (0u64, 0u64);
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(CLEANUP_SCAN_COUNT)
-            .query_async(&mut conn)
-            .await?;
-        if !keys.is_empty() {
-            removed += redis::cmd("UNLINK")
-                .arg(&keys)
-                .query_async::<u64>(&mut conn)
+    let mut removed = 0u64;
+    for pattern in run_keys(config) {
+        let mut cursor = 0u64;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(CLEANUP_SCAN_COUNT)
+                .query_async(&mut conn)
                 .await?;
+            if !keys.is_empty() {
+                removed += redis::cmd("UNLINK")
+                    .arg(&keys)
+                    .query_async::<u64>(&mut conn)
+                    .await?;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
         }
-        if next == 0 {
-            return Ok(Some(removed));
-        }
-        cursor = next;
     }
+    Ok(Some(removed))
 }
 
 /// Runs the benchmark and writes its reports.
@@ -201,7 +208,7 @@ pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
         Ok(Some(n)) => println!("removed the run's {n} Redis keys"),
         Ok(None) => println!(
             "on a Redis Cluster the run's keys stay: delete the keys matching {} on each node",
-            run_keys(config)
+            run_keys(config).join(" and ")
         ),
         Err(error) => eprintln!("could not remove the run's Redis keys: {error:#}"),
     }
