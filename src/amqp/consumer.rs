@@ -428,27 +428,40 @@ async fn handle_with_retry<H: Handler>(
     publisher: &Publisher,
     value: Value,
 ) -> Result<Outcome, HandleError> {
+    // A transient failure is a server that is away: the delivery is kept and
+    // tried again, with backoff, for as long as it takes. Requeueing it
+    // instead would count towards the queue's delivery limit, and a long
+    // outage would then dead-letter work whose effect may already have
+    // happened in Redis (a drawn prize, a closed packet) unpaid. Past
+    // `TRANSIENT_RETRY_MS` the failure is logged as an error on every try.
+    let started = std::time::Instant::now();
     let mut delays = ExponentialBuilder::default()
         .with_jitter()
         .with_min_delay(std::time::Duration::from_millis(50))
-        .with_max_delay(std::time::Duration::from_secs(2))
-        .with_total_delay(Some(config.transient_retry))
+        .with_max_delay(std::time::Duration::from_secs(5))
         .without_max_times()
         .build();
     loop {
         match handle_caught(handler, &value, publisher).await {
-            Err(HandleError::Transient(error)) => match delays.next() {
-                Some(delay) => {
+            Err(HandleError::Transient(error)) => {
+                let delay = delays.next().unwrap_or(std::time::Duration::from_secs(5));
+                if started.elapsed() < config.transient_retry {
                     tracing::warn!(
                         error = format!("{error:#}"),
                         ?delay,
                         "transient failure; retrying"
                     );
-                    metrics::counter!("prizepool_retries_total").increment(1);
-                    tokio::time::sleep(delay).await;
+                } else {
+                    tracing::error!(
+                        error = format!("{error:#}"),
+                        ?delay,
+                        waited = ?started.elapsed(),
+                        "a dependency is still failing; keeping the delivery and retrying"
+                    );
                 }
-                None => return Err(HandleError::Transient(error)),
-            },
+                metrics::counter!("prizepool_retries_total").increment(1);
+                tokio::time::sleep(delay).await;
+            }
             other => return other,
         }
     }
