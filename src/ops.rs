@@ -208,38 +208,37 @@ fn startup_backoff() -> ExponentialBuilder {
         .without_max_times()
 }
 
-/// Waits until every server in `needs` answers, one after the other.
-/// Returns `false` when `shutdown` came first.
+/// Waits until every server in `needs` answers. The servers are awaited
+/// side by side, so the log names every one that is away, not only the
+/// first. Returns `false` when `shutdown` came first.
 pub async fn wait_for(
     config: &Config,
     service: &str,
     needs: &[Dependency],
     shutdown: &CancellationToken,
 ) -> bool {
-    for &dependency in needs {
+    let waits = needs.iter().map(|&dependency| async move {
         let attempt = || ping_once(config, service, dependency);
-        let waited =
-            attempt
-                .retry(startup_backoff())
-                .notify(|error: &anyhow::Error, delay: Duration| {
-                    tracing::warn!(
-                        dependency = dependency.name(),
-                        error = crate::db::redact_text(&format!("{error:#}")),
-                        ?delay,
-                        "waiting for a dependency"
-                    );
-                });
-        tokio::select! {
-            _ = shutdown.cancelled() => return false,
-            result = waited => {
-                // Infinite retries: only success ends the wait.
-                if result.is_ok() {
-                    tracing::info!(dependency = dependency.name(), "dependency reachable");
-                }
-            }
+        let result = attempt
+            .retry(startup_backoff())
+            .notify(|error: &anyhow::Error, delay: Duration| {
+                tracing::warn!(
+                    dependency = dependency.name(),
+                    error = crate::db::redact_text(&format!("{error:#}")),
+                    ?delay,
+                    "waiting for a dependency"
+                );
+            })
+            .await;
+        // Retries without end: only success ends the wait.
+        if result.is_ok() {
+            tracing::info!(dependency = dependency.name(), "dependency reachable");
         }
+    });
+    tokio::select! {
+        _ = shutdown.cancelled() => false,
+        _ = futures_util::future::join_all(waits) => true,
     }
-    true
 }
 
 /// One connection attempt (and, for Redis and Postgres, one round trip).
@@ -256,13 +255,20 @@ async fn ping_once(config: &Config, service: &str, dependency: Dependency) -> an
             Dependency::Redis => {
                 let mut redis =
                     crate::redis_conn::connect_with(&config.redis_url, &config.tls).await?;
-                ping_redis(&mut redis).await
+                ping_redis(&mut redis).await.with_context(|| {
+                    format!("reaching Redis at {}", crate::db::redact(&config.redis_url))
+                })
             }
             Dependency::Postgres => {
                 let pool = ping_pool(&config.database_url)?;
                 let pinged = ping_postgres(&pool).await;
                 pool.close().await;
-                pinged
+                pinged.with_context(|| {
+                    format!(
+                        "reaching Postgres at {}",
+                        crate::db::redact(&config.database_url)
+                    )
+                })
             }
         }
     };
