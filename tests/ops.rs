@@ -431,3 +431,133 @@ fn tempdir(tag: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+
+/// A private Postgres run by the `postgres` user (initdb refuses root),
+/// stopped and removed when dropped.
+struct PrivatePostgres {
+    dir: std::path::PathBuf,
+    port: u16,
+}
+
+fn as_postgres(command: &str) {
+    let out = Command::new("su")
+        .args(["postgres", "-c", command])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{command}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl PrivatePostgres {
+    fn init() -> Self {
+        let dir = tempdir("pg");
+        let chown = Command::new("chown")
+            .args(["postgres:postgres"])
+            .arg(&dir)
+            .status()
+            .unwrap();
+        assert!(chown.success());
+        as_postgres(&format!(
+            "{PG_BIN}/initdb -D {}/data -U postgres --auth=trust -N >/dev/null",
+            dir.display()
+        ));
+        Self {
+            dir,
+            port: free_port(),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    fn start(&self) {
+        let d = self.dir.display();
+        as_postgres(&format!(
+            "{PG_BIN}/pg_ctl -D {d}/data -l {d}/log -w -o \"-p {} -k {d} \
+             -c listen_addresses=127.0.0.1\" start >/dev/null",
+            self.port
+        ));
+    }
+
+    fn stop(&self) {
+        as_postgres(&format!(
+            "{PG_BIN}/pg_ctl -D {}/data -m immediate -w stop >/dev/null",
+            self.dir.display()
+        ));
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let _ = Command::new("su")
+            .args([
+                "postgres",
+                "-c",
+                &format!(
+                    "{PG_BIN}/pg_ctl -D {}/data -m immediate -w stop",
+                    self.dir.display()
+                ),
+            ])
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// As for Redis: start-up waits for Postgres, and readiness drops while
+/// Postgres is down and returns with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_waits_for_postgres_and_readiness_follows_it() {
+    use prizepool::ops::{self, Dependency, Health};
+    use tokio_util::sync::CancellationToken;
+
+    let pg = PrivatePostgres::init();
+    let url = pg.url();
+    let config = prizepool::config::Config::from_lookup(|n| match n {
+        "DATABASE_URL" => Some(url.clone()),
+        "HEALTH_CHECK_INTERVAL_MS" => Some("100".into()),
+        _ => None,
+    })
+    .unwrap();
+    let shutdown = CancellationToken::new();
+    let waiting = {
+        let (config, shutdown) = (config.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            ops::wait_for(&config, "test", &[Dependency::Postgres], &shutdown).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(!waiting.is_finished(), "start-up went on without Postgres");
+    pg.start();
+    let waited = tokio::time::timeout(Duration::from_secs(15), waiting)
+        .await
+        .expect("start-up noticed Postgres")
+        .unwrap();
+    assert!(waited);
+
+    let health = Health::default();
+    health.set_ready(true);
+    ops::watch(&config, &[Dependency::Postgres], &health, &shutdown).await;
+    let until = |want: bool| {
+        let health = health.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while health.is_ready() != want {
+                assert!(Instant::now() < deadline, "readiness never became {want}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    until(true).await;
+    pg.stop();
+    until(false).await;
+    assert_eq!(health.not_ready_because(), Some("postgres unreachable"));
+    pg.start();
+    until(true).await;
+    shutdown.cancel();
+}
