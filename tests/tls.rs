@@ -73,10 +73,12 @@ impl Pki {
                 ],
             );
         }
+        // `clientAuth` too: Redis Cluster nodes present their server
+        // certificate when they connect to each other's bus.
         std::fs::write(
             dir.join("server.ext"),
             "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
-             keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
+             keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\n",
         )
         .unwrap();
         std::fs::write(
@@ -501,4 +503,118 @@ async fn rabbitmq_over_tls_needs_the_right_ca() {
     pki.trusting("ca").install();
     let conn = prizepool::amqp::connect(&url, "tls-test").await.unwrap();
     conn.close(200, "done".into()).await.unwrap();
+}
+
+fn tls_redis_cli(pki: &Pki) -> Command {
+    let mut cmd = Command::new("redis-cli");
+    cmd.args(["--tls", "--cacert"]).arg(pki.path("ca.pem"));
+    cmd
+}
+
+/// A three-node Redis Cluster that speaks TLS only, on clients and on its
+/// bus; the cluster client reaches every node through `rediss://` with the
+/// right CA and none with a wrong one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_cluster_over_tls_needs_the_right_ca() {
+    let pki = Pki::new("tls-cluster");
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let path = |n: &str| pki.path(n).display().to_string();
+    let (cert, key, ca) = (path("server.pem"), path("server.key"), path("ca.pem"));
+    let mut nodes = Vec::new();
+    for port in &ports {
+        let (port, conf) = (port.to_string(), format!("nodes-{port}.conf"));
+        // The bus port defaults to the port + 10000, which may not exist.
+        let bus = free_port().to_string();
+        nodes.push(redis_server(
+            0,
+            &pki.dir,
+            &[
+                "--port",
+                "0",
+                "--tls-port",
+                &port,
+                "--tls-cert-file",
+                &cert,
+                "--tls-key-file",
+                &key,
+                "--tls-ca-cert-file",
+                &ca,
+                "--tls-auth-clients",
+                "no",
+                "--tls-cluster",
+                "yes",
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                &conf,
+                "--cluster-port",
+                &bus,
+            ],
+        ));
+        wait_port(&port);
+    }
+    let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let out = tls_redis_cli(&pki)
+        .arg("--cluster")
+        .arg("create")
+        .args(&addrs)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cluster create: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for port in &ports {
+        loop {
+            let info = tls_redis_cli(&pki)
+                .args(["-p", &port.to_string(), "cluster", "info"])
+                .output()
+                .unwrap();
+            if String::from_utf8_lossy(&info.stdout).contains("cluster_state:ok") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "cluster not ok on {port}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let url = ports
+        .iter()
+        .map(|p| format!("rediss://127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",");
+
+    let mut conn = prizepool::redis_conn::connect_with(&url, &pki.trusting("ca"))
+        .await
+        .unwrap();
+    // Keys under many hash tags land on every node.
+    for i in 0..30 {
+        let key = format!("pp:{{tls-{i}}}:k");
+        let _: () = redis::cmd("SET")
+            .arg(&key)
+            .arg(i)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let got: i64 = redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(got, i);
+    }
+
+    let wrong = tokio::time::timeout(
+        Duration::from_secs(20),
+        prizepool::redis_conn::connect_with(&url, &pki.trusting("other-ca")),
+    )
+    .await;
+    assert!(
+        !matches!(wrong, Ok(Ok(_))),
+        "a cluster signed by an untrusted CA was accepted"
+    );
+    drop(nodes);
 }
