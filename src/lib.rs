@@ -10,7 +10,8 @@
 //! | [`amqp`] | topology, publishing with confirms, the shared consume loop, coalesced acks, grouped ledger entries, dead letters |
 //! | [`messages`] | the wire contract: payloads, validation, error codes |
 //! | [`scripts`] | the Lua scripts of `lua/` and the Redis key names |
-//! | [`kinds`] | one module per prize kind (`lucky_gift`, …) |
+//! | [`kinds`] | the seam: one dispatch and one vocabulary (award, refuse, short) for every prize kind, each kind in its own folder; request fingerprints and stored answers |
+//! | [`ledger`] | the Postgres ledger: apply entries, balances, totals, and the seals on the fleet's own entries |
 //! | [`draw`], [`refill`], [`settle`] | the three workers |
 //! | [`pools`], [`db`] | the pool registry and the Postgres connection |
 //! | [`cli`] | the `prizepool` subcommands, including `demo` |
@@ -35,17 +36,3 @@ pub mod scripts;
 pub mod settle;
 pub mod shutdown;
 pub mod telemetry;
-
-/// Starts the ops endpoint when `METRICS_ADDR` is set; logs and carries on
-/// if it cannot (a worker without metrics still does its job).
-pub async fn start_ops(
-    config: &config::Config,
-    health: &ops::Health,
-    shutdown: &tokio_util::sync::CancellationToken,
-) {
-    if let Some(addr) = &config.metrics_addr {
-        if let Err(error) = ops::serve(addr, health.clone(), shutdown.clone()).await {
-            tracing::warn!(error = format!("{error:#}"), "ops endpoint not started");
-        }
-    }
-}

@@ -1,31 +1,97 @@
-//! The operations endpoint each worker serves: `/metrics` (Prometheus),
-//! `/healthz` (the process is alive) and `/readyz` (it is consuming).
+//! The operations side of a worker: its start-up sequence ([`run_worker`]:
+//! log the configuration, bind the ops endpoint, wait for every dependency,
+//! then consume), the endpoint itself — `/metrics` (Prometheus), `/healthz`
+//! (the process is alive) and `/readyz` (it is consuming and its servers
+//! answer) — and the periodic pings that keep `/readyz` honest.
 
-use std::sync::{
-    atomic::{AtomicBool, Ordering},
-    Arc,
+use std::{
+    future::Future,
+    process::ExitCode,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
 };
 
 use anyhow::Context;
 use axum::{extract::State, http::StatusCode, routing::get, Router};
+use backon::{ExponentialBuilder, Retryable};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 
-/// Readiness shared between a worker and its ops endpoint.
+use crate::{config::Config, redis_conn::RedisConn};
+
+/// A server a worker depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dependency {
+    /// RabbitMQ (`AMQP_URL`).
+    Broker,
+    /// Redis (`REDIS_URL`).
+    Redis,
+    /// Postgres (`DATABASE_URL`).
+    Postgres,
+}
+
+impl Dependency {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Broker => "broker",
+            Self::Redis => "redis",
+            Self::Postgres => "postgres",
+        }
+    }
+}
+
+/// Readiness shared between a worker, its dependency pings and its ops
+/// endpoint. Ready means: the consumer runs, and no pinged server is down.
+/// A fresh `Health` is not ready (nothing consumes yet) and counts every
+/// server as up until a ping says otherwise.
 #[derive(Clone, Debug, Default)]
 pub struct Health {
-    ready: Arc<AtomicBool>,
+    inner: Arc<HealthFlags>,
+}
+
+#[derive(Debug, Default)]
+struct HealthFlags {
+    consuming: AtomicBool,
+    redis_down: AtomicBool,
+    postgres_down: AtomicBool,
 }
 
 impl Health {
     /// Marks the worker ready (consuming) or not.
     pub fn set_ready(&self, ready: bool) {
-        self.ready.store(ready, Ordering::Relaxed);
+        self.inner.consuming.store(ready, Ordering::Relaxed);
     }
 
-    /// Whether the worker is consuming.
+    /// Records the outcome of the latest ping of `dependency`. The broker's
+    /// state is the consumer's ([`Health::set_ready`]).
+    pub fn set_up(&self, dependency: Dependency, up: bool) {
+        let flag = match dependency {
+            Dependency::Broker => return self.set_ready(up),
+            Dependency::Redis => &self.inner.redis_down,
+            Dependency::Postgres => &self.inner.postgres_down,
+        };
+        flag.store(!up, Ordering::Relaxed);
+    }
+
+    /// Whether the worker is consuming and every pinged server answers.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
+        self.not_ready_because().is_none()
+    }
+
+    /// What keeps the worker from being ready, if anything.
+    pub fn not_ready_because(&self) -> Option<&'static str> {
+        if self.inner.redis_down.load(Ordering::Relaxed) {
+            Some("redis unreachable")
+        } else if self.inner.postgres_down.load(Ordering::Relaxed) {
+            Some("postgres unreachable")
+        } else if !self.inner.consuming.load(Ordering::Relaxed) {
+            Some("not consuming")
+        } else {
+            None
+        }
     }
 }
 
@@ -36,12 +102,17 @@ struct OpsState {
 }
 
 /// Installs the Prometheus recorder and serves the ops endpoint on `addr`
-/// until `shutdown`. Returns the bound address.
+/// until `shutdown`. Returns the bound address; an address that does not
+/// parse or cannot be bound is an error.
 pub async fn serve(
     addr: &str,
     health: Health,
     shutdown: CancellationToken,
 ) -> anyhow::Result<std::net::SocketAddr> {
+    // Bind first: a taken port must fail before anything global happens.
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the ops endpoint to {addr}"))?;
     let metrics = PrometheusBuilder::new()
         .install_recorder()
         .context("installing the metrics recorder")?;
@@ -54,17 +125,13 @@ pub async fn serve(
         .route(
             "/readyz",
             get(|State(s): State<OpsState>| async move {
-                if s.health.is_ready() {
-                    (StatusCode::OK, "ready")
-                } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+                match s.health.not_ready_because() {
+                    None => (StatusCode::OK, "ready".to_owned()),
+                    Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}")),
                 }
             }),
         )
         .with_state(OpsState { health, metrics });
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding the ops endpoint to {addr}"))?;
     let bound = listener.local_addr()?;
     tokio::spawn(async move {
         let served = axum::serve(listener, app)
@@ -76,6 +143,253 @@ pub async fn serve(
     });
     tracing::info!(%bound, "serving /metrics, /healthz, /readyz");
     Ok(bound)
+}
+
+/// Runs a worker binary from start to exit: logs the effective
+/// configuration (URLs redacted), serves the ops endpoint (a bad or taken
+/// `METRICS_ADDR` ends the process), waits for every server in `needs` with
+/// jittered backoff while `/readyz` says not ready, keeps pinging Redis and
+/// Postgres for `/readyz`, and then runs `run` until SIGTERM or SIGINT.
+/// Every failure is logged through `tracing` (one JSON object per line
+/// under `LOG_FORMAT=json`) and turns into a non-zero exit code.
+pub async fn run_worker<F, Fut>(
+    service: &'static str,
+    config: Config,
+    needs: &[Dependency],
+    run: F,
+) -> ExitCode
+where
+    F: FnOnce(Config, Health, CancellationToken) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let result = async {
+        config.tls.install();
+        tracing::info!(service, config = %config.summary(), "effective configuration");
+        let shutdown = crate::shutdown::signal();
+        let health = Health::default();
+        if let Some(addr) = &config.metrics_addr {
+            serve(addr, health.clone(), shutdown.clone())
+                .await
+                .context("METRICS_ADDR")?;
+        }
+        if !wait_for(&config, service, needs, &shutdown).await {
+            return Ok(());
+        }
+        watch(&config, needs, &health, &shutdown).await;
+        run(config, health, shutdown).await
+    };
+    exit(service, result.await)
+}
+
+/// Maps a worker's result to its exit code, logging a failure with every
+/// URL in its chain redacted.
+pub fn exit(service: &str, result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => {
+            tracing::info!(service, "stopped");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            let error = crate::db::redact_text(&format!("{error:#}"));
+            tracing::error!(service, error, "stopped by an error");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The backoff between attempts to reach a server at start: jittered,
+/// growing from 100 ms to 5 s, without end (a worker waits for as long as
+/// its servers are away; the orchestrator decides when that is too long).
+fn startup_backoff() -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_jitter()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(5))
+        .without_max_times()
+}
+
+/// Waits until every server in `needs` answers. The servers are awaited
+/// side by side, so the log names every one that is away, not only the
+/// first. Returns `false` when `shutdown` came first.
+pub async fn wait_for(
+    config: &Config,
+    service: &str,
+    needs: &[Dependency],
+    shutdown: &CancellationToken,
+) -> bool {
+    let waits = needs.iter().map(|&dependency| async move {
+        let attempt = || ping_once(config, service, dependency);
+        let result = attempt
+            .retry(startup_backoff())
+            .notify(|error: &anyhow::Error, delay: Duration| {
+                tracing::warn!(
+                    dependency = dependency.name(),
+                    error = crate::db::redact_text(&format!("{error:#}")),
+                    ?delay,
+                    "waiting for a dependency"
+                );
+            })
+            .await;
+        // Retries without end: only success ends the wait.
+        if result.is_ok() {
+            tracing::info!(dependency = dependency.name(), "dependency reachable");
+        }
+    });
+    tokio::select! {
+        _ = shutdown.cancelled() => false,
+        _ = futures_util::future::join_all(waits) => true,
+    }
+}
+
+/// One connection attempt (and, for Redis and Postgres, one round trip).
+async fn ping_once(config: &Config, service: &str, dependency: Dependency) -> anyhow::Result<()> {
+    const ATTEMPT: Duration = Duration::from_secs(5);
+    let attempt = async {
+        match dependency {
+            Dependency::Broker => {
+                let conn = crate::amqp::connect(&config.amqp_url, service).await?;
+                // Best effort: the connection only proved the broker is there.
+                let _ = conn.close(200, "start-up check".into()).await;
+                Ok(())
+            }
+            Dependency::Redis => {
+                let mut redis =
+                    crate::redis_conn::connect_with(&config.redis_url, &config.tls).await?;
+                ping_redis(&mut redis).await.with_context(|| {
+                    format!("reaching Redis at {}", crate::db::redact(&config.redis_url))
+                })
+            }
+            Dependency::Postgres => {
+                let pool = ping_pool(&config.database_url)?;
+                let pinged = ping_postgres(&pool).await;
+                pool.close().await;
+                pinged.with_context(|| {
+                    format!(
+                        "reaching Postgres at {}",
+                        crate::db::redact(&config.database_url)
+                    )
+                })
+            }
+        }
+    };
+    tokio::time::timeout(ATTEMPT, attempt)
+        .await
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within {ATTEMPT:?}")))
+}
+
+fn ping_pool(url: &str) -> anyhow::Result<sqlx::PgPool> {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(3))
+        .connect_lazy(url)
+        .with_context(|| format!("parsing DATABASE_URL {}", crate::db::redact(url)))
+}
+
+async fn ping_redis(redis: &mut RedisConn) -> anyhow::Result<()> {
+    redis::cmd("PING")
+        .query_async::<String>(redis)
+        .await
+        .context("PING")?;
+    Ok(())
+}
+
+async fn ping_postgres(pool: &sqlx::PgPool) -> anyhow::Result<()> {
+    sqlx::query("SELECT 1")
+        .execute(pool)
+        .await
+        .context("SELECT 1")?;
+    Ok(())
+}
+
+/// Pings Redis and Postgres (those in `needs`) every
+/// `HEALTH_CHECK_INTERVAL_MS` until `shutdown`, recording each outcome in
+/// `health`: losing either makes `/readyz` not ready, as losing the broker
+/// does. The connections are the pinger's own, so a busy worker pool never
+/// delays a ping, and a ping never takes a worker's connection.
+pub async fn watch(
+    config: &Config,
+    needs: &[Dependency],
+    health: &Health,
+    shutdown: &CancellationToken,
+) {
+    let interval = config.health_check_interval;
+    // A ping slower than the interval counts as a failure.
+    let limit = interval.max(Duration::from_millis(500));
+    if needs.contains(&Dependency::Redis) {
+        let (url, tls) = (config.redis_url.clone(), config.tls.clone());
+        let (health, shutdown) = (health.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let mut timer = ticker(interval);
+            let mut redis: Option<RedisConn> = None;
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = timer.tick() => {}
+                }
+                if redis.is_none() {
+                    let connecting = crate::redis_conn::connect_with(&url, &tls);
+                    redis = tokio::time::timeout(limit, connecting)
+                        .await
+                        .ok()
+                        .and_then(Result::ok);
+                }
+                let up = match redis.as_mut() {
+                    Some(conn) => matches!(
+                        tokio::time::timeout(limit, ping_redis(conn)).await,
+                        Ok(Ok(()))
+                    ),
+                    None => false,
+                };
+                report(&health, Dependency::Redis, up);
+            }
+        });
+    }
+    if needs.contains(&Dependency::Postgres) {
+        if let Ok(pool) = ping_pool(&config.database_url) {
+            let (health, shutdown) = (health.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                let mut timer = ticker(interval);
+                loop {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = timer.tick() => {}
+                    }
+                    let up = matches!(
+                        tokio::time::timeout(limit, ping_postgres(&pool)).await,
+                        Ok(Ok(()))
+                    );
+                    report(&health, Dependency::Postgres, up);
+                }
+                pool.close().await;
+            });
+        }
+    }
+}
+
+fn ticker(interval: Duration) -> tokio::time::Interval {
+    let mut timer = tokio::time::interval(interval);
+    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    timer
+}
+
+/// Records a ping, logging only changes.
+fn report(health: &Health, dependency: Dependency, up: bool) {
+    let was_down = match dependency {
+        Dependency::Redis => health.inner.redis_down.load(Ordering::Relaxed),
+        Dependency::Postgres => health.inner.postgres_down.load(Ordering::Relaxed),
+        Dependency::Broker => false,
+    };
+    if was_down == up {
+        if up {
+            tracing::info!(dependency = dependency.name(), "dependency reachable again");
+        } else {
+            tracing::warn!(
+                dependency = dependency.name(),
+                "dependency unreachable; not ready"
+            );
+        }
+    }
+    health.set_up(dependency, up);
 }
 
 /// Puts the calling thread, and every thread it starts from now on (lapin's

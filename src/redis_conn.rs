@@ -5,6 +5,8 @@
 //! the keys of one pool, which share a hash tag, so it runs on one node.
 
 use anyhow::Context;
+
+use crate::config::TlsFiles;
 use redis::{
     aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
     cluster::ClusterClient,
@@ -59,23 +61,53 @@ impl ConnectionLike for RedisConn {
 }
 
 /// Opens a connection to `url`: one server, or a cluster when `url` lists
-/// several nodes separated by commas.
+/// several nodes separated by commas. `rediss://` nodes use TLS with the
+/// configured files ([`TlsFiles::current`]).
 pub async fn connect(url: &str) -> anyhow::Result<RedisConn> {
+    connect_with(url, &TlsFiles::current()).await
+}
+
+/// [`connect`] with explicit TLS files. A `rediss://` URL always means TLS
+/// with certificate and host name checks: redis-rs is built without its
+/// `insecure` mode, and a plain `redis://` node in a TLS cluster is refused.
+pub async fn connect_with(url: &str, tls: &TlsFiles) -> anyhow::Result<RedisConn> {
+    let shown = crate::db::redact(url);
     let nodes: Vec<&str> = url
         .split(',')
         .map(str::trim)
         .filter(|n| !n.is_empty())
         .collect();
+    let secure = nodes.iter().filter(|n| n.starts_with("rediss://")).count();
+    if secure != 0 && secure != nodes.len() {
+        anyhow::bail!("REDIS_URL {shown} mixes rediss:// and plain nodes");
+    }
+    let certificates = || tls.redis().context("loading the TLS files for Redis");
     if nodes.len() > 1 {
-        let client =
-            ClusterClient::new(nodes).with_context(|| format!("parsing REDIS_URL {url}"))?;
+        let mut builder = ClusterClient::builder(nodes)
+            .connection_timeout(std::time::Duration::from_secs(5))
+            .response_timeout(std::time::Duration::from_secs(5));
+        if secure != 0 {
+            builder = builder.certs(certificates()?);
+        }
+        // The parse error may quote a node's URL: report it redacted.
+        let client = builder
+            .build()
+            .map_err(|e| anyhow::anyhow!(crate::db::redact_text(&e.to_string())))
+            .with_context(|| format!("parsing REDIS_URL {shown}"))?;
         let conn = client
             .get_async_connection()
             .await
-            .with_context(|| format!("connecting to the Redis Cluster at {url}"))?;
+            .map_err(|e| anyhow::anyhow!(crate::db::redact_text(&e.to_string())))
+            .with_context(|| format!("connecting to the Redis Cluster at {shown}"))?;
         return Ok(RedisConn::Cluster(conn));
     }
-    let client = redis::Client::open(url).with_context(|| format!("parsing REDIS_URL {url}"))?;
+    let client = if secure != 0 {
+        redis::Client::build_with_tls(url, certificates()?)
+    } else {
+        redis::Client::open(url)
+    }
+    .map_err(|e| anyhow::anyhow!(crate::db::redact_text(&e.to_string())))
+    .with_context(|| format!("parsing REDIS_URL {shown}"))?;
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(std::time::Duration::from_secs(5)))
         .set_response_timeout(Some(std::time::Duration::from_secs(5)))
@@ -83,5 +115,6 @@ pub async fn connect(url: &str) -> anyhow::Result<RedisConn> {
     ConnectionManager::new_with_config(client, config)
         .await
         .map(RedisConn::Single)
-        .with_context(|| format!("connecting to Redis at {url}"))
+        .map_err(|e| anyhow::anyhow!(crate::db::redact_text(&e.to_string())))
+        .with_context(|| format!("connecting to Redis at {shown}"))
 }

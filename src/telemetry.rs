@@ -1,5 +1,5 @@
 //! Logging set-up: `RUST_LOG` filters (default `info` for workers, `warn` for the CLI, whose own output is its report), `LOG_FORMAT=json`
-//! switches to one JSON object per line.
+//! switches to one JSON object per line, panics included.
 
 use tracing_subscriber::{fmt, prelude::*, EnvFilter};
 
@@ -26,6 +26,14 @@ pub fn init(service: &str, default_level: &str) {
             .try_init()
     };
     if result.is_ok() {
+        if json {
+            // A panic message would otherwise be the one plain-text line in
+            // a JSON log; report it as an event instead.
+            std::panic::set_hook(Box::new(|info| {
+                let message = crate::db::redact_text(&info.to_string());
+                tracing::error!(panic = message, "panicked");
+            }));
+        }
         tracing::debug!(service, "telemetry initialised");
     }
 }

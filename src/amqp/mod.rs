@@ -106,9 +106,16 @@ pub const ERROR_CODE_HEADER: &str = "x-prizepool-error-code";
 pub const ERROR_HEADER: &str = "x-prizepool-error";
 
 /// Opens a connection named after the process, for the management UI.
+/// `amqps://` URLs use TLS with the configured CA bundle and client
+/// certificate ([`crate::config::TlsFiles::current`]) and never fall back to
+/// plain TCP: a failed handshake is a failed connection.
 pub async fn connect(url: &str, name: &str) -> anyhow::Result<Connection> {
     let props = ConnectionProperties::default().with_connection_name(name.to_owned().into());
-    Connection::connect(url, props)
+    let tls = crate::config::TlsFiles::current()
+        .amqp()
+        .context("loading the TLS files for RabbitMQ")?;
+    let runtime = lapin::runtime::default_runtime()?;
+    Connection::connect_with_config(url, props, tls, runtime)
         .await
         .with_context(|| format!("connecting to RabbitMQ at {}", crate::db::redact(url)))
 }
