@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{free_port, redis_server, KillOnDrop};
+use common::{free_port, redis_server, tempdir, KillOnDrop, PrivatePostgres};
 
 const WORKERS: [&str; 3] = [
     env!("CARGO_BIN_EXE_draw-worker"),
@@ -421,92 +421,6 @@ async fn waiting_for_servers_ends_on_shutdown() {
     .await
     .unwrap();
     assert!(!waited);
-}
-
-fn tempdir(tag: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "pp-{tag}-{}",
-        ulid::Ulid::new().to_string().to_lowercase()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
-
-/// A private Postgres run by the `postgres` user (initdb refuses root),
-/// stopped and removed when dropped.
-struct PrivatePostgres {
-    dir: std::path::PathBuf,
-    port: u16,
-}
-
-fn as_postgres(command: &str) {
-    let out = Command::new("su")
-        .args(["postgres", "-c", command])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{command}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-impl PrivatePostgres {
-    fn init() -> Self {
-        let dir = tempdir("pg");
-        let chown = Command::new("chown")
-            .args(["postgres:postgres"])
-            .arg(&dir)
-            .status()
-            .unwrap();
-        assert!(chown.success());
-        as_postgres(&format!(
-            "{PG_BIN}/initdb -D {}/data -U postgres --auth=trust -N >/dev/null",
-            dir.display()
-        ));
-        Self {
-            dir,
-            port: free_port(),
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
-    }
-
-    fn start(&self) {
-        let d = self.dir.display();
-        as_postgres(&format!(
-            "{PG_BIN}/pg_ctl -D {d}/data -l {d}/log -w -o \"-p {} -k {d} \
-             -c listen_addresses=127.0.0.1\" start >/dev/null",
-            self.port
-        ));
-    }
-
-    fn stop(&self) {
-        as_postgres(&format!(
-            "{PG_BIN}/pg_ctl -D {}/data -m immediate -w stop >/dev/null",
-            self.dir.display()
-        ));
-    }
-}
-
-impl Drop for PrivatePostgres {
-    fn drop(&mut self) {
-        let _ = Command::new("su")
-            .args([
-                "postgres",
-                "-c",
-                &format!(
-                    "{PG_BIN}/pg_ctl -D {}/data -m immediate -w stop",
-                    self.dir.display()
-                ),
-            ])
-            .output();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 /// As for Redis: start-up waits for Postgres, and readiness drops while

@@ -5,7 +5,7 @@
 //! steps in Redis compare it with the pool's batch counter, so any number of
 //! duplicate or concurrent requests for one trigger stock exactly one batch.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use crate::redis_conn::RedisConn;
 use serde_json::{json, Value};
@@ -34,6 +34,9 @@ pub struct RefillWorker {
     scripts: Scripts,
     /// Seals the refunds this worker sends to the ledger.
     sealer: crate::ledger::FleetSealer,
+    /// The stocking attempt (its token) of each pool and trigger this
+    /// worker is working on.
+    attempts: std::sync::Mutex<HashMap<(String, u64), Arc<tokio::sync::Mutex<String>>>>,
 }
 
 impl RefillWorker {
@@ -45,7 +48,21 @@ impl RefillWorker {
             db,
             scripts: Scripts::new(),
             sealer: crate::ledger::FleetSealer::default(),
+            attempts: std::sync::Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The attempt of this worker at stocking the batch after `trigger` of
+    /// `pool`: one token, kept until the batch exists.
+    fn attempt(&self, pool: &str, trigger: u64) -> Arc<tokio::sync::Mutex<String>> {
+        let mut attempts = self.attempts.lock().unwrap_or_else(|e| e.into_inner());
+        if attempts.len() >= 10_000 {
+            attempts.clear();
+        }
+        attempts
+            .entry((pool.to_owned(), trigger))
+            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(ulid::Ulid::new().to_string())))
+            .clone()
     }
 
     /// Stocks the batch after `req.trigger`, unless it exists.
@@ -74,8 +91,14 @@ impl RefillWorker {
         // batch exists) or to die (then its lease expires and we take over).
         let deadline = tokio::time::Instant::now()
             + Duration::from_millis(2 * lucky_gift::DEFAULT_LEASE_MS.unsigned_abs());
+        // This worker's attempt at this trigger, under one token across
+        // retries: after a Redis failure halfway, the retry takes its own
+        // lease back at once. Requests for the same trigger in this worker
+        // wait for each other (and then find the batch stocked).
+        let attempt = self.attempt(&req.pool, req.trigger);
+        let token = attempt.lock().await;
         loop {
-            let outcome = lucky_gift::stock_next(
+            let outcome = lucky_gift::stock_next_as(
                 &mut conn,
                 &self.scripts,
                 &keys,
@@ -84,8 +107,18 @@ impl RefillWorker {
                 req.trigger,
                 self.config.refill_chunk,
                 lucky_gift::DEFAULT_LEASE_MS,
+                &token,
             )
             .await;
+            if matches!(
+                outcome,
+                Ok(StockOutcome::Stocked { .. } | StockOutcome::AlreadyDone { .. })
+            ) {
+                self.attempts
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&(req.pool.clone(), req.trigger));
+            }
             match outcome {
                 Ok(StockOutcome::Stocked { generation, size }) => {
                     tracing::info!(pool = %req.pool, generation, size, urgent = req.urgent, "batch stocked");

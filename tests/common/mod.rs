@@ -381,3 +381,90 @@ impl TestEnv {
         }
     }
 }
+
+pub const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+
+/// A private Postgres run by the `postgres` user (initdb refuses root),
+/// stopped and removed when dropped.
+pub struct PrivatePostgres {
+    dir: std::path::PathBuf,
+    port: u16,
+}
+
+pub fn as_postgres(command: &str) {
+    let out = Command::new("su")
+        .args(["postgres", "-c", command])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{command}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl PrivatePostgres {
+    pub fn init() -> Self {
+        let dir = tempdir("pg");
+        let chown = Command::new("chown")
+            .args(["postgres:postgres"])
+            .arg(&dir)
+            .status()
+            .unwrap();
+        assert!(chown.success());
+        as_postgres(&format!(
+            "{PG_BIN}/initdb -D {}/data -U postgres --auth=trust -N >/dev/null",
+            dir.display()
+        ));
+        Self {
+            dir,
+            port: free_port(),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    pub fn start(&self) {
+        let d = self.dir.display();
+        as_postgres(&format!(
+            "{PG_BIN}/pg_ctl -D {d}/data -l {d}/log -w -o \"-p {} -k {d} \
+             -c listen_addresses=127.0.0.1\" start >/dev/null",
+            self.port
+        ));
+    }
+
+    pub fn stop(&self) {
+        as_postgres(&format!(
+            "{PG_BIN}/pg_ctl -D {}/data -m immediate -w stop >/dev/null",
+            self.dir.display()
+        ));
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let _ = Command::new("su")
+            .args([
+                "postgres",
+                "-c",
+                &format!(
+                    "{PG_BIN}/pg_ctl -D {}/data -m immediate -w stop",
+                    self.dir.display()
+                ),
+            ])
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A fresh directory under the system's temp dir.
+pub fn tempdir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "pp-{tag}-{}",
+        ulid::Ulid::new().to_string().to_lowercase()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}

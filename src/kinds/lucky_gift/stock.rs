@@ -66,7 +66,7 @@ fn unclaimed(status: &str, number: i64) -> Option<StockOutcome> {
 }
 
 /// Stocks the batch that follows batch `trigger` (0 stocks the first batch),
-/// unless it exists or is being stocked.
+/// unless it exists or is being stocked, as a fresh attempt.
 #[allow(clippy::too_many_arguments)]
 pub async fn stock_next<C: ConnectionLike + Send>(
     conn: &mut C,
@@ -78,10 +78,36 @@ pub async fn stock_next<C: ConnectionLike + Send>(
     chunk: usize,
     lease_ms: i64,
 ) -> Result<StockOutcome, StockError> {
-    if config.storage == super::Storage::Sparse {
-        return stock_sparse(conn, scripts, keys, config, table, trigger, chunk, lease_ms).await;
-    }
     let token = ulid::Ulid::new().to_string();
+    stock_next_as(
+        conn, scripts, keys, config, table, trigger, chunk, lease_ms, &token,
+    )
+    .await
+}
+
+/// [`stock_next`] as the attempt named `token`. An attempt that failed
+/// halfway (its server went away) and tries again under the same token
+/// takes its own lease back at once, trimming what it left, instead of
+/// waiting for the lease to expire; two attempts running at once must never
+/// share a token.
+#[allow(clippy::too_many_arguments)]
+pub async fn stock_next_as<C: ConnectionLike + Send>(
+    conn: &mut C,
+    scripts: &Scripts,
+    keys: &PoolKeys,
+    config: &PoolConfig,
+    table: &CodeTable,
+    trigger: u64,
+    chunk: usize,
+    lease_ms: i64,
+    token: &str,
+) -> Result<StockOutcome, StockError> {
+    if config.storage == super::Storage::Sparse {
+        return stock_sparse(
+            conn, scripts, keys, config, table, trigger, chunk, lease_ms, token,
+        )
+        .await;
+    }
     let (status, number): (String, i64) = scripts
         .stock_begin
         .key(keys.meta())
@@ -168,6 +194,7 @@ async fn stock_sparse<C: ConnectionLike + Send>(
     trigger: u64,
     chunk: usize,
     lease_ms: i64,
+    token: &str,
 ) -> Result<StockOutcome, StockError> {
     let step = |name: &'static str| {
         let mut inv = scripts.sparse_stock.prepare_invoke();
@@ -178,7 +205,6 @@ async fn stock_sparse<C: ConnectionLike + Send>(
             .arg(name);
         inv
     };
-    let token = ulid::Ulid::new().to_string();
     let (status, number): (String, i64) = step("begin")
         .arg(&token)
         .arg(trigger)
