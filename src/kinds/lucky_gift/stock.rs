@@ -113,7 +113,7 @@ pub async fn stock_next_as<C: ConnectionLike + Send>(
         .key(keys.meta())
         .key(keys.queue())
         .arg(trigger)
-        .arg(&token)
+        .arg(token)
         .arg(now_ms())
         .arg(lease_ms)
         .invoke_async(conn)
@@ -129,7 +129,7 @@ pub async fn stock_next_as<C: ConnectionLike + Send>(
             .stock_trim
             .key(keys.meta())
             .key(keys.queue())
-            .arg(&token)
+            .arg(token)
             .arg(chunk)
             .invoke_async(conn)
             .await?;
@@ -147,7 +147,7 @@ pub async fn stock_next_as<C: ConnectionLike + Send>(
             .stock_push
             .key(keys.meta())
             .key(keys.queue())
-            .arg(&token)
+            .arg(token)
             .arg(now_ms())
             .arg(lease_ms)
             .arg(piece)
@@ -161,7 +161,7 @@ pub async fn stock_next_as<C: ConnectionLike + Send>(
         .stock_commit
         .key(keys.meta())
         .key(keys.queue())
-        .arg(&token)
+        .arg(token)
         .arg(trigger)
         .arg(size)
         .invoke_async(conn)
@@ -206,7 +206,7 @@ async fn stock_sparse<C: ConnectionLike + Send>(
         inv
     };
     let (status, number): (String, i64) = step("begin")
-        .arg(&token)
+        .arg(token)
         .arg(trigger)
         .arg(now_ms())
         .arg(lease_ms)
@@ -219,7 +219,7 @@ async fn stock_sparse<C: ConnectionLike + Send>(
     // Clean up what a dead attempt may have staged, a few buckets per step.
     loop {
         let (status, left): (String, i64) = step("trim")
-            .arg(&token)
+            .arg(token)
             .arg((chunk / 8).max(1))
             .arg(super::SPARSE_BUCKET)
             .invoke_async(conn)
@@ -277,7 +277,7 @@ async fn stock_sparse<C: ConnectionLike + Send>(
         })
         .collect();
     let (status, number): (String, i64) = step("commit")
-        .arg(&token)
+        .arg(token)
         .arg(trigger)
         .arg(size)
         .arg(nonzero)
