@@ -25,6 +25,9 @@ use crate::{
     scripts::{PoolKeys, Scripts},
 };
 
+/// A stocking attempt's token, held while the attempt runs.
+type Attempt = Arc<tokio::sync::Mutex<String>>;
+
 /// Everything a refill needs.
 #[derive(Debug)]
 pub struct RefillWorker {
@@ -36,7 +39,7 @@ pub struct RefillWorker {
     sealer: crate::ledger::FleetSealer,
     /// The stocking attempt (its token) of each pool and trigger this
     /// worker is working on.
-    attempts: std::sync::Mutex<HashMap<(String, u64), Arc<tokio::sync::Mutex<String>>>>,
+    attempts: std::sync::Mutex<HashMap<(String, u64), Attempt>>,
 }
 
 impl RefillWorker {
@@ -54,7 +57,7 @@ impl RefillWorker {
 
     /// The attempt of this worker at stocking the batch after `trigger` of
     /// `pool`: one token, kept until the batch exists.
-    fn attempt(&self, pool: &str, trigger: u64) -> Arc<tokio::sync::Mutex<String>> {
+    fn attempt(&self, pool: &str, trigger: u64) -> Attempt {
         let mut attempts = self.attempts.lock().unwrap_or_else(|e| e.into_inner());
         if attempts.len() >= 10_000 {
             attempts.clear();

@@ -257,7 +257,7 @@ async fn stock_sparse<C: ConnectionLike + Send>(
                 conn,
                 scripts,
                 keys,
-                &token,
+                token,
                 lease_ms,
                 std::mem::take(&mut pending),
             )
@@ -266,7 +266,7 @@ async fn stock_sparse<C: ConnectionLike + Send>(
         }
     }
     if !pending.is_empty() {
-        push_sparse(conn, scripts, keys, &token, lease_ms, pending).await?;
+        push_sparse(conn, scripts, keys, token, lease_ms, pending).await?;
     }
     let segments: Vec<String> = batch
         .combos
