@@ -1,7 +1,7 @@
 -- One lottery draw with the "wheel" strategy: window check, one chance
 -- spent, a weighted pick among prizes with stock left plus the unlimited
 -- consolation prize, and the stock taken, all in one step.
--- Prepended by lib/answer.lua.
+-- Prepended by lib/answer.lua and lib/lottery.lua.
 --
 -- KEYS[1]: activity meta hash
 -- KEYS[2]: chances hash
@@ -27,23 +27,8 @@
 -- sampling), so `r % total` has no modulo bias. Weights are bounded at load
 -- (total below 2^40), so a value is rejected with probability below 2^-12.
 
-local seen = replay(KEYS[5], ARGV[6])
-if seen then return seen end
-local m = redis.call('HMGET', KEYS[1], 'kind', 'starts_at', 'ends_at', 'prizes', 'consolation')
-if m[1] ~= 'lottery' then return refuse(KEYS[5], ARGV[6], ARGV[4], 'unknown_pool') end
-
-local function count_visit()
-  redis.call('INCR', KEYS[6])
-  redis.call('EXPIRE', KEYS[6], tonumber(ARGV[5]))
-  redis.call('PFADD', KEYS[7], ARGV[1])
-  redis.call('EXPIRE', KEYS[7], tonumber(ARGV[5]))
-end
-
-local now = tonumber(ARGV[2])
-if now < tonumber(m[2]) then count_visit() return refuse(KEYS[5], ARGV[6], ARGV[4], 'not_started') end
-if now >= tonumber(m[3]) then count_visit() return refuse(KEYS[5], ARGV[6], ARGV[4], 'ended') end
-local chances = tonumber(redis.call('HGET', KEYS[2], ARGV[1])) or 0
-if chances <= 0 then count_visit() return refuse(KEYS[5], ARGV[6], ARGV[4], 'no_chances') end
+local m, reply = lottery_gate()
+if not m then return reply end
 
 -- Candidates: prizes with stock left (a sold-out prize's weight drops out),
 -- then the consolation prize. One pass, no retries.
@@ -79,11 +64,4 @@ for i = 1, #ids do
   if r < weights[i] then pick = i break end
   r = r - weights[i]
 end
-count_visit()
-local prize = ids[pick]
-if pick <= finite then redis.call('HINCRBY', KEYS[3], prize, -1) end
-redis.call('HINCRBY', KEYS[4], prize, 1)
-local left = redis.call('HINCRBY', KEYS[2], ARGV[1], -1)
-local body = prize .. '|' .. int(left)
-remember(KEYS[5], ARGV[6], body, ARGV[4])
-return {'ok', body, 0}
+return lottery_award(ids[pick], pick <= finite)

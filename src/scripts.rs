@@ -20,6 +20,19 @@ macro_rules! answering {
     };
 }
 
+/// A lottery strategy's draw script: the answer prelude, then
+/// `lua/lib/lottery.lua` (window, chances, visits, the award), then the
+/// strategy's pick.
+macro_rules! lottery {
+    ($path:literal) => {
+        Script::new(concat!(
+            include_str!("../lua/lib/answer.lua"),
+            include_str!("../lua/lib/lottery.lua"),
+            include_str!($path)
+        ))
+    };
+}
+
 /// The compiled-in scripts.
 #[derive(Debug)]
 pub struct Scripts {
@@ -57,8 +70,8 @@ impl Scripts {
             grab_red_packet: answering!("../lua/grab_red_packet.lua"),
             close_red_packet: Script::new(include_str!("../lua/close_red_packet.lua")),
             configure_activity: Script::new(include_str!("../lua/configure_activity.lua")),
-            draw_wheel: answering!("../lua/draw_wheel.lua"),
-            draw_ladder: answering!("../lua/draw_ladder.lua"),
+            draw_wheel: lottery!("../lua/draw_wheel.lua"),
+            draw_ladder: lottery!("../lua/draw_ladder.lua"),
             grant_chances: Script::new(include_str!("../lua/grant_chances.lua")),
             draw_sparse: answering!("../lua/draw_sparse.lua"),
             sparse_stock: Script::new(include_str!("../lua/sparse_stock.lua")),

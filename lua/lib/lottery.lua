@@ -1,0 +1,48 @@
+-- Prelude of every lottery strategy's draw script, after lib/answer.lua
+-- (prepended by scripts.rs). KEYS and ARGV as draw_wheel.lua lists them.
+
+-- Counts today's visit (PV) and visitor (UV HyperLogLog).
+local function count_visit()
+  redis.call('INCR', KEYS[6])
+  redis.call('EXPIRE', KEYS[6], tonumber(ARGV[5]))
+  redis.call('PFADD', KEYS[7], ARGV[1])
+  redis.call('EXPIRE', KEYS[7], tonumber(ARGV[5]))
+end
+
+-- The checks every strategy shares, before its pick: the request's stored
+-- answer, the activity, its window and the user's chances. Returns the
+-- activity's meta {kind, starts_at, ends_at, prizes, consolation}, or nil and
+-- the reply to give (a replay, or a remembered refusal).
+local function lottery_gate()
+  local seen = replay(KEYS[5], ARGV[6])
+  if seen then return nil, seen end
+  local m = redis.call('HMGET', KEYS[1], 'kind', 'starts_at', 'ends_at', 'prizes', 'consolation')
+  if m[1] ~= 'lottery' then return nil, refuse(KEYS[5], ARGV[6], ARGV[4], 'unknown_pool') end
+  local now = tonumber(ARGV[2])
+  local refusal = nil
+  if now < tonumber(m[2]) then
+    refusal = 'not_started'
+  elseif now >= tonumber(m[3]) then
+    refusal = 'ended'
+  elseif (tonumber(redis.call('HGET', KEYS[2], ARGV[1])) or 0) <= 0 then
+    refusal = 'no_chances'
+  end
+  if refusal then
+    count_visit()
+    return nil, refuse(KEYS[5], ARGV[6], ARGV[4], refusal)
+  end
+  return m
+end
+
+-- Awards `prize` (taking one of its stock when `finite`): spends the chance,
+-- remembers the answer and returns it.
+local function lottery_award(prize, finite)
+  count_visit()
+  if finite then redis.call('HINCRBY', KEYS[3], prize, -1) end
+  redis.call('HINCRBY', KEYS[4], prize, 1)
+  local left = redis.call('HINCRBY', KEYS[2], ARGV[1], -1)
+  local body = prize .. '|' .. int(left)
+  remember(KEYS[5], ARGV[6], body, ARGV[4])
+  return {'ok', body, 0}
+end
+
