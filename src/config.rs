@@ -163,6 +163,11 @@ struct Settings {
     #[arg(long, env = "HEALTH_CHECK_INTERVAL_MS", value_name = "MS", default_value_t = 2000,
           value_parser = clap::value_parser!(u64).range(100..))]
     health_check_interval_ms: u64,
+    /// Secret that seals the ledger entries the fleet publishes itself (the
+    /// same for every worker); unset: a random key kept in Redis under
+    /// `<REDIS_PREFIX>:ledger-seal-key`.
+    #[arg(long, env = "LEDGER_SEAL_KEY", value_name = "TEXT")]
+    ledger_seal_key: Option<String>,
     /// PEM file of the CA(s) that sign the servers' certificates (RabbitMQ,
     /// Redis, Postgres); unset: the system's roots.
     #[arg(long, env = "TLS_CA_FILE", value_name = "PATH")]
@@ -351,6 +356,19 @@ pub struct Config {
     pub health_check_interval: Duration,
     /// `TLS_CA_FILE`, `TLS_CERT_FILE`, `TLS_KEY_FILE`.
     pub tls: TlsFiles,
+    /// `LEDGER_SEAL_KEY`: the key of the seals on the fleet's own ledger
+    /// entries (see [`crate::ledger::Sealer`]); `None`: a key kept in Redis.
+    pub ledger_seal_key: Option<SealKey>,
+}
+
+/// A secret that never shows in logs or `Debug` output.
+#[derive(Clone)]
+pub struct SealKey(pub String);
+
+impl std::fmt::Debug for SealKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SealKey(***)")
+    }
 }
 
 impl Config {
@@ -423,6 +441,7 @@ impl Config {
             "sched_batch": self.sched_batch,
             "metrics_addr": self.metrics_addr,
             "health_check_interval_ms": self.health_check_interval.as_millis() as u64,
+            "ledger_seal_key": if self.ledger_seal_key.is_some() { "set" } else { "unset: kept in Redis" },
             "tls": self.tls,
         })
     }
@@ -549,6 +568,7 @@ impl Settings {
             metrics_addr: (!self.metrics_addr.is_empty()).then_some(self.metrics_addr),
             health_check_interval: Duration::from_millis(self.health_check_interval_ms),
             tls,
+            ledger_seal_key: self.ledger_seal_key.filter(|k| !k.is_empty()).map(SealKey),
         })
     }
 }

@@ -21,7 +21,7 @@ const WORKERS: [&str; 3] = [
 ];
 
 /// Every variable a worker reads, as `--help` must list it.
-const VARIABLES: [&str; 22] = [
+const VARIABLES: [&str; 23] = [
     "AMQP_URL",
     "REDIS_URL",
     "DATABASE_URL",
@@ -40,6 +40,7 @@ const VARIABLES: [&str; 22] = [
     "SCHED_BATCH",
     "METRICS_ADDR",
     "HEALTH_CHECK_INTERVAL_MS",
+    "LEDGER_SEAL_KEY",
     "TLS_CA_FILE",
     "TLS_CERT_FILE",
     "TLS_KEY_FILE",
@@ -285,6 +286,8 @@ fn no_password_ever_reaches_the_logs() {
         for (i, case) in cases.iter().enumerate() {
             let mut cmd = worker(bin);
             cmd.env("LOG_FORMAT", "json").env("RUST_LOG", "debug");
+            // The ledger seal key is a secret too.
+            cmd.env("LEDGER_SEAL_KEY", format!("seal-{secret}"));
             for (name, value) in case {
                 cmd.env(name, value);
             }

@@ -339,7 +339,7 @@ impl Handler for DrawWorker {
         let mut conn = self.kinds.redis();
         outcome.ledger = self
             .sealer
-            .seal_all(&mut conn, &self.config.redis_prefix, outcome.ledger)
+            .seal_all(&mut conn, &self.config, outcome.ledger)
             .await?;
         Ok(outcome)
     }

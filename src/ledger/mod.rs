@@ -21,9 +21,7 @@
 
 mod seal;
 
-pub use seal::{
-    FleetSealer, Sealer, INTERNAL_ID_PREFIXES, INTERNAL_REASONS, KEY_VAR as SEAL_KEY_VAR,
-};
+pub use seal::{FleetSealer, Sealer, INTERNAL_ID_PREFIXES, INTERNAL_REASONS};
 
 use std::borrow::Cow;
 use std::collections::HashMap;

@@ -37,9 +37,6 @@ pub const INTERNAL_REASONS: &[&str] = &[
 /// `redpacket:<packet>:…`, `lottery:<request_id>`).
 pub const INTERNAL_ID_PREFIXES: &[&str] = &["draw:", "redpacket:", "lottery:"];
 
-/// The environment variable holding the seal key (any non-empty text).
-pub const KEY_VAR: &str = "LEDGER_SEAL_KEY";
-
 /// Seals and checks entries with the fleet's key.
 #[derive(Clone)]
 pub struct Sealer {
@@ -58,13 +55,14 @@ impl Sealer {
         Self { key: key.into() }
     }
 
-    /// The fleet's sealer: `LEDGER_SEAL_KEY`, or the key kept in Redis
-    /// under `prefix` (created by the first worker that asks).
+    /// The fleet's sealer: `key` (`LEDGER_SEAL_KEY`), or the key kept in
+    /// Redis under `prefix` (created by the first worker that asks).
     pub async fn load<C: ConnectionLike + Send>(
         conn: &mut C,
         prefix: &str,
+        key: Option<&str>,
     ) -> Result<Self, redis::RedisError> {
-        if let Some(key) = std::env::var(KEY_VAR).ok().filter(|k| !k.is_empty()) {
+        if let Some(key) = key.filter(|k| !k.is_empty()) {
             return Ok(Self::new(key));
         }
         let mut fresh = [0u8; 32];
@@ -145,10 +143,11 @@ impl FleetSealer {
     pub async fn get<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
-        prefix: &str,
+        config: &crate::config::Config,
     ) -> Result<&Sealer, redis::RedisError> {
+        let key = config.ledger_seal_key.as_ref().map(|k| k.0.as_str());
         self.cell
-            .get_or_try_init(|| Sealer::load(conn, prefix))
+            .get_or_try_init(|| Sealer::load(conn, &config.redis_prefix, key))
             .await
     }
 
@@ -156,13 +155,13 @@ impl FleetSealer {
     pub async fn seal_all<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
-        prefix: &str,
+        config: &crate::config::Config,
         entries: Vec<SettleRequest>,
     ) -> Result<Vec<SettleRequest>, redis::RedisError> {
         if entries.is_empty() {
             return Ok(entries);
         }
-        let sealer = self.get(conn, prefix).await?;
+        let sealer = self.get(conn, config).await?;
         Ok(entries.into_iter().map(|e| sealer.seal(e)).collect())
     }
 }

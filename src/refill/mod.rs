@@ -352,7 +352,7 @@ impl Handler for RefillWorker {
         let mut conn = self.redis.clone();
         outcome.ledger = self
             .sealer
-            .seal_all(&mut conn, &self.config.redis_prefix, outcome.ledger)
+            .seal_all(&mut conn, &self.config, outcome.ledger)
             .await?;
         Ok(outcome)
     }

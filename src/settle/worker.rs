@@ -74,7 +74,8 @@ async fn session(
 ) -> anyhow::Result<()> {
     // The seal key of the fleet, to tell its own entries from forgeries.
     let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
-    let sealer = crate::ledger::Sealer::load(&mut redis, &config.redis_prefix).await?;
+    let key = config.ledger_seal_key.as_ref().map(|k| k.0.as_str());
+    let sealer = crate::ledger::Sealer::load(&mut redis, &config.redis_prefix, key).await?;
     let conn = amqp::connect(&config.amqp_url, "settle-worker").await?;
     let channel = conn.create_channel().await?;
     amqp::declare_topology(&channel, config.delivery_limit).await?;
