@@ -130,15 +130,16 @@ async fn assert_invariants(
     );
 }
 
-/// Postgres stopped for 10 s while draws flow: draws keep being answered
-/// (refills stock from the config kept in Redis), settlement waits, and
-/// nothing is lost or doubled.
+/// Postgres stopped for 10 s, five times the retry budget, while draws
+/// flow: draws keep being answered (refills stock from the config kept in
+/// Redis), settlement waits and lands once Postgres is back, and nothing is
+/// lost, doubled or dead-lettered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_outage_under_load_loses_and_doubles_nothing() {
     let pg = PrivatePostgres::init();
     pg.start();
     let url = pg.url();
-    let mut env = TestEnv::new(&[("DATABASE_URL", &url)]).await;
+    let mut env = TestEnv::new(&[("DATABASE_URL", &url), ("TRANSIENT_RETRY_MS", "2000")]).await;
     env.load(&pool_toml("pgf", "max_count = 100", GIFT)).await;
     env.start_fleet().await;
     let (n, count) = (1_500, 5);
@@ -150,6 +151,14 @@ async fn a_postgres_outage_under_load_loses_and_doubles_nothing() {
     .await;
     assert!(env.status("pgf").await.generation > 10, "refills ran");
     assert_invariants(&env, "pgf", n, count, &replies).await;
+    for route in prizepool::amqp::ROUTES {
+        assert_eq!(
+            env.queue_depth(route.dlq).await,
+            0,
+            "{} dead-lettered",
+            route.queue
+        );
+    }
     env.stop_workers().await;
 }
 
@@ -199,4 +208,149 @@ async fn a_redis_killed_under_load_with_aof_loses_and_doubles_nothing() {
     env.stop_workers().await;
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A RabbitMQ node of the test's own (plain TCP), stopped with the
+/// process's drop.
+struct PrivateRabbit {
+    dir: std::path::PathBuf,
+    node: String,
+    port: u16,
+}
+
+fn rabbitmqctl(node: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new("rabbitmqctl")
+        .args(["-n", node])
+        .args(args)
+        .output()
+        .expect("rabbitmqctl runs")
+}
+
+impl PrivateRabbit {
+    fn start() -> Self {
+        let dir = tempdir("rabbit");
+        let (port, dist) = (free_port(), free_port());
+        std::fs::write(
+            dir.join("rabbitmq.conf"),
+            format!("listeners.tcp.default = 127.0.0.1:{port}\nloopback_users = none\n"),
+        )
+        .unwrap();
+        std::fs::write(dir.join("plugins"), "[].\n").unwrap();
+        let chown = std::process::Command::new("chown")
+            .args(["-R", "rabbitmq:rabbitmq"])
+            .arg(&dir)
+            .status()
+            .unwrap();
+        assert!(chown.success());
+        let node = format!("ppfault{}@localhost", free_port());
+        let started = std::process::Command::new("rabbitmq-server")
+            .arg("-detached")
+            .env("RABBITMQ_CONFIG_FILE", dir.join("rabbitmq.conf"))
+            .env("RABBITMQ_NODENAME", &node)
+            .env("RABBITMQ_DIST_PORT", dist.to_string())
+            .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
+            .env("RABBITMQ_LOG_BASE", dir.join("log"))
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.join("plugins"))
+            .env("RABBITMQ_PID_FILE", dir.join("pid"))
+            .status()
+            .unwrap();
+        assert!(started.success());
+        let rabbit = Self { dir, node, port };
+        rabbit.await_startup();
+        rabbit
+    }
+
+    fn await_startup(&self) {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let out = rabbitmqctl(&self.node, &["await_startup", "--timeout", "60"]);
+            if out.status.success() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node did not start: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+}
+
+impl Drop for PrivateRabbit {
+    fn drop(&mut self) {
+        let _ = rabbitmqctl(&self.node, &["stop"]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The broker node stopped and started under load: the workers reconnect by
+/// themselves, an upstream that sends again with the same request id gets
+/// the first answer, and nothing is lost or doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_restart_under_load_loses_and_doubles_nothing() {
+    let rabbit = PrivateRabbit::start();
+    let mut env = TestEnv::new(&[("AMQP_URL", &rabbit.url())]).await;
+    env.load(&pool_toml("bf", "max_count = 100", GIFT)).await;
+    env.start_fleet().await;
+    let (n, count) = (600usize, 5u32);
+    let answered = Arc::new(AtomicUsize::new(0));
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let (answered, next, config) = (answered.clone(), next.clone(), env.config.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut replies = Vec::new();
+            let mut client = None;
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    return replies;
+                }
+                let id = format!("b-{i}");
+                let body = json!({"type": "draw", "request_id": id, "pool": "bf",
+                                  "user_id": 1 + (i % 50) as i64, "count": count});
+                // An upstream that lost its connection sends again, same id.
+                let reply = loop {
+                    if client.is_none() {
+                        client = prizepool::amqp::rpc::RpcClient::connect(&config).await.ok();
+                    }
+                    if let Some(c) = &client {
+                        match c.call("draw", &body, Duration::from_secs(5)).await {
+                            Ok(reply) => break reply,
+                            Err(_) => client = None,
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                };
+                answered.fetch_add(1, Ordering::Relaxed);
+                replies.push((id, reply));
+            }
+        }));
+    }
+    while answered.load(Ordering::Relaxed) < 100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stopped = Instant::now();
+    assert!(rabbitmqctl(&rabbit.node, &["stop_app"]).status.success());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(rabbitmqctl(&rabbit.node, &["start_app"]).status.success());
+    rabbit.await_startup();
+    let mut replies = HashMap::new();
+    for t in tasks {
+        for (id, reply) in t.await.unwrap() {
+            assert!(replies.insert(id, reply).is_none());
+        }
+    }
+    eprintln!(
+        "{n} requests, {} answered, broker down and back, all answered {:?} after the stop",
+        replies.len(),
+        stopped.elapsed()
+    );
+    assert_invariants(&env, "bf", n, count, &replies).await;
+    env.stop_workers().await;
 }
