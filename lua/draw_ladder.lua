@@ -5,7 +5,7 @@
 --
 -- KEYS and ARGV as in draw_wheel.lua (ARGV[3], the random values, is unused:
 -- the ladder is deterministic).
--- Returns: {"ok", "<prize>|<chances left>", 0}, {"dup", body, 0}, {"reused", "", 0},
+-- Returns: {"ok", "<serial>|<prize>|<chances left>", 0}, {"dup", body, 0}, {"reused", "", 0},
 --          {"refused", code, 0} for unknown_pool, not_started, ended, no_chances, sold_out
 
 local m, reply = lottery_gate()

@@ -14,7 +14,9 @@
 -- Returns: always three elements {status, text, number}:
 --          {"dup", body, 0}           the request was answered before; its first answer
 --          {"reused", "", 0}          the request id was first used for another request
---          {"ok", body, 0}            body = "<version>|<unit_price>|<trigger>|<code>,<code>,...|<asset>"
+--          {"ok", body, 0}            body = "<serial>|<version>|<unit_price>|<trigger>|<code>,<code>,...|<asset>"
+--                                     serial = the pool's `drawn` counter after this draw:
+--                                     it names this draw for ever (the ledger entry id)
 --                                     trigger = -1, or the batch whose refill flag was taken
 --          {"refused", code, 0}       a remembered refusal (unknown_pool)
 --          {"short", in_pool, gen}    fewer than `count` drawable prizes; no prize moved
@@ -123,12 +125,12 @@ end
 
 -- (Lua 5.1 prints -0 as "-0", which Redis refuses: skip a zero move.)
 if from_q > 0 then redis.call('HINCRBY', KEYS[1], 'visible', -from_q) end
-redis.call('HINCRBY', KEYS[1], 'drawn', count)
+local serial = redis.call('HINCRBY', KEYS[1], 'drawn', count)
 -- The batch whose refill point this draw took is due for its successor:
 -- a refill request for any later batch is refused.
 if trigger > (tonumber(m[11]) or -1) then redis.call('HSET', KEYS[1], 'due', int(trigger)) end
 redis.call('SET', KEYS[4], int(spent), 'EX', tonumber(ARGV[3]))
-local body = (m[8] or '0') .. '|' .. int(unit_price) .. '|' .. int(trigger) .. '|'
+local body = int(serial) .. '|' .. (m[8] or '0') .. '|' .. int(unit_price) .. '|' .. int(trigger) .. '|'
   .. table.concat(codes, ',') .. '|' .. (m[9] or 'coin')
 remember(KEYS[5], ARGV[4], body, ARGV[2])
 return {'ok', body, 0}

@@ -133,10 +133,10 @@ if new_cur > cur then
   if s[1] then redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. string.match(s[1], '^(%d+):')) end
   redis.call('HSET', KEYS[1], 'cur', int(new_cur))
 end
-redis.call('HINCRBY', KEYS[1], 'drawn', count)
+local serial = redis.call('HINCRBY', KEYS[1], 'drawn', count)
 if trigger > (tonumber(m[12]) or -1) then redis.call('HSET', KEYS[1], 'due', int(trigger)) end
 redis.call('SET', KEYS[6], int(spent), 'EX', tonumber(ARGV[3]))
-local body = (m[10] or '0') .. '|' .. int(unit_price) .. '|' .. int(trigger) .. '|'
+local body = int(serial) .. '|' .. (m[10] or '0') .. '|' .. int(unit_price) .. '|' .. int(trigger) .. '|'
   .. table.concat(codes, ',') .. '|' .. (m[11] or 'coin')
 remember(KEYS[7], ARGV[5], body, ARGV[2])
 return {'ok', body, 0}

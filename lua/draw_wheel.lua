@@ -17,7 +17,7 @@
 -- ARGV[5]: PV/UV TTL, seconds
 -- ARGV[6]: fingerprint of the request
 -- Returns: {status, text, 0}:
---          {"ok", "<prize>|<chances left>", 0}, {"dup", body, 0}, {"reused", "", 0},
+--          {"ok", "<serial>|<prize>|<chances left>", 0}, {"dup", body, 0}, {"reused", "", 0},
 --          {"refused", code, 0} for unknown_pool, not_started, ended, no_chances, sold_out,
 --          {"retry", "", 0} when every random value fell in the rejected tail
 --          (nothing changed; call again with fresh values)

@@ -425,3 +425,39 @@ async fn a_reload_takes_effect_at_once_and_a_replay_pays_what_it_first_said() {
     }
     env.stop_workers().await;
 }
+
+#[tokio::test]
+async fn a_request_id_sent_again_after_its_answer_expired_is_a_new_draw_paid_in_full() {
+    let mut env = TestEnv::new(&[]).await;
+    env.load(&pool_toml("late", "", &[("a", &[(3, 100)])]))
+        .await;
+    env.start_draw_worker().await;
+    env.start_settle_worker().await;
+    let client = env.client().await;
+    let first = client
+        .call("draw", &draw_as("late-1", "late", 6, 2), T)
+        .await
+        .unwrap();
+    assert_eq!(first["reward"], 60, "{first}");
+    assert_eq!(env.wait_ledger("late", 60).await, 60);
+    // A day later the answer and the claim have expired (RESULT_TTL_S).
+    let mut redis = env.redis.clone();
+    let _: () = redis::cmd("DEL")
+        .arg(env.keys("late").result("late-1"))
+        .arg(format!("{}:rq:{{late-1}}", env.config.redis_prefix))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    // The same id now names a new draw: it takes new prizes, and its reply
+    // is paid too, under an entry of its own.
+    let again = client
+        .call("draw", &draw_as("late-1", "late", 6, 4), T)
+        .await
+        .unwrap();
+    assert_eq!(again["reward"], 120, "{again}");
+    assert_eq!(env.wait_ledger("late", 180).await, 180);
+    assert_eq!(coins(&env, 6).await, 180);
+    let s = env.status("late").await;
+    assert_eq!((s.drawn, s.stocked), (6, s.drawn + s.in_pool));
+    env.stop_workers().await;
+}

@@ -35,13 +35,16 @@ local function lottery_gate()
 end
 
 -- Awards `prize` (taking one of its stock when `finite`): spends the chance,
--- remembers the answer and returns it.
+-- remembers the answer "<serial>|<prize>|<chances left>" and returns it. The
+-- serial counts the activity's awards: it names this draw for ever (the
+-- ledger entry id), even once the request id's answer has expired.
 local function lottery_award(prize, finite)
   count_visit()
+  local serial = redis.call('HINCRBY', KEYS[1], 'awards', 1)
   if finite then redis.call('HINCRBY', KEYS[3], prize, -1) end
   redis.call('HINCRBY', KEYS[4], prize, 1)
   local left = redis.call('HINCRBY', KEYS[2], ARGV[1], -1)
-  local body = prize .. '|' .. int(left)
+  local body = int(serial) .. '|' .. prize .. '|' .. int(left)
   remember(KEYS[5], ARGV[6], body, ARGV[4])
   return {'ok', body, 0}
 end

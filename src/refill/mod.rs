@@ -113,10 +113,9 @@ impl RefillWorker {
                 &token,
             )
             .await;
-            if matches!(
-                outcome,
-                Ok(StockOutcome::Stocked { .. } | StockOutcome::AlreadyDone { .. })
-            ) {
+            // The attempt is over unless it waits for another one or meets
+            // a server that is away (then it tries again under its token).
+            if !matches!(outcome, Ok(StockOutcome::Busy { .. }) | Err(_)) {
                 self.attempts
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())

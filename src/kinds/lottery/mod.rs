@@ -71,8 +71,10 @@ const PICK_TRIES: usize = 3;
 
 /// One lottery draw through `strategy`, as the seam asks it.
 ///
-/// Ledger entry ids: `lottery:<request_id>` (a request id names one
-/// request across all activities, see [`crate::kinds::answer`]).
+/// Ledger entry ids: `lottery:<request_id>:<serial>`, the serial counting
+/// the activity's awards (stored with the answer): a replay pays under the
+/// same id, a request id sent again after its answer expired is a new draw
+/// paid under a new one.
 pub async fn draw<C: ConnectionLike + Send>(
     conn: &mut C,
     scripts: &Scripts,
@@ -111,16 +113,23 @@ pub async fn draw<C: ConnectionLike + Send>(
     ))
 }
 
-/// The award of a stored `"<prize>|<chances left>"` body.
+/// The award of a stored `"<serial>|<prize>|<chances left>"` body.
 fn award(ask: &Ask<'_>, body: &str, replayed: bool) -> Result<Award, HandleError> {
-    let (prize, left) = body
-        .rsplit_once('|')
-        .and_then(|(p, l)| Some((p, l.parse::<u64>().ok()?)))
-        .filter(|(p, _)| !p.is_empty())
+    let (serial, prize, left) = body
+        .split_once('|')
+        .and_then(|(serial, rest)| {
+            let (prize, left) = rest.rsplit_once('|')?;
+            Some((
+                serial.parse::<u64>().ok()?,
+                prize,
+                left.parse::<u64>().ok()?,
+            ))
+        })
+        .filter(|(_, p, _)| !p.is_empty())
         .ok_or_else(|| HandleError::internal(format!("malformed lottery answer {body:?}")))?;
     let asset = format!("item:{prize}");
     let entry = SettleRequest::new(
-        format!("lottery:{}", ask.request_id),
+        format!("lottery:{}:{serial}", ask.request_id),
         ask.user,
         asset.as_str(),
         1,

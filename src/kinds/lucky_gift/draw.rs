@@ -2,10 +2,13 @@
 //! (`lua/draw_lucky_gift.lua`, `lua/draw_sparse.lua`), and the award it
 //! makes.
 //!
-//! Ledger entry ids: `draw:<request_id>`. A request id names one request
-//! across all pools (the draw worker claims it before the step, see
-//! [`crate::kinds::answer`]), so the entry id and the result key have the
-//! same scope: a reply and its payment are one-to-one. The stored answer
+//! Ledger entry ids: `draw:<request_id>:<serial>`, where the serial is the
+//! pool's `drawn` counter after the draw, stored with the answer. A request
+//! id names one request across all pools while its answer is kept (the draw
+//! worker claims it before the step, see [`crate::kinds::answer`]), and the
+//! serial names the draw for ever: a replay pays under the same id, while
+//! the same request id sent again after its answer expired is a new draw
+//! and is paid under a new id. A reply and its payment are one-to-one. The stored answer
 //! keeps the unit price, asset and config version the draw used, so a
 //! replay after a `pool load` pays what the first answer said.
 
@@ -23,9 +26,12 @@ use crate::{
     scripts::{PoolKeys, Scripts},
 };
 
-/// An award as stored in Redis: `"<version>|<unit_price>|<trigger>|<codes>|<asset>"`.
+/// An award as stored in Redis:
+/// `"<serial>|<version>|<unit_price>|<trigger>|<codes>|<asset>"`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Drawn {
+    /// The pool's `drawn` counter after this draw: names the draw for ever.
+    pub serial: i64,
     /// The config version the draw used.
     pub version: i64,
     /// Unit price the draw was charged at.
@@ -41,10 +47,11 @@ pub struct Drawn {
 impl Drawn {
     fn parse(body: &str) -> Result<Self, HandleError> {
         let bad = || HandleError::internal(format!("malformed draw answer {body:?} in Redis"));
-        let mut parts = body.splitn(5, '|');
+        let mut parts = body.splitn(6, '|');
         let mut number = || -> Result<i64, HandleError> {
             parts.next().and_then(|s| s.parse().ok()).ok_or_else(bad)
         };
+        let serial = number()?;
         let version = number()?;
         let unit_price = number()?;
         let trigger = number()?;
@@ -57,6 +64,7 @@ impl Drawn {
             .collect::<Result<_, _>>()?;
         let asset = parts.next().filter(|a| !a.is_empty()).ok_or_else(bad)?;
         Ok(Self {
+            serial,
             version,
             unit_price,
             trigger: u64::try_from(trigger).ok(),
@@ -290,7 +298,7 @@ fn award(
         .ok_or_else(|| HandleError::internal("reward overflows"))?;
     let entry = (reward != 0).then(|| {
         SettleRequest::new(
-            format!("draw:{}", ask.request_id),
+            format!("draw:{}:{}", ask.request_id, drawn.serial),
             ask.user,
             drawn.asset.as_str(),
             reward,
@@ -329,18 +337,19 @@ mod tests {
 
     #[test]
     fn stored_answers_parse_strictly() {
-        let d = Drawn::parse("3|100|-1|1,2,3|item:a|b").unwrap();
+        let d = Drawn::parse("9|3|100|-1|1,2,3|item:a|b").unwrap();
+        assert_eq!(d.serial, 9);
         assert_eq!(d.version, 3);
         assert_eq!(d.unit_price, 100);
         assert_eq!(d.trigger, None);
         assert_eq!(d.codes, vec![1, 2, 3]);
         assert_eq!(d.asset, "item:a|b");
-        assert_eq!(Drawn::parse("1|1|4||coin").unwrap().trigger, Some(4));
+        assert_eq!(Drawn::parse("1|1|1|4||coin").unwrap().trigger, Some(4));
         for bad in [
             "",
-            "1|1|1|1",
-            "1|x|1|1|coin",
-            "1|1|1|1,a|coin",
+            "1|1|1|1|1",
+            "1|1|x|1|1|coin",
+            "1|1|1|1|1,a|coin",
             "1|1|1|1|",
             "1e14|1|1|1|c",
         ] {
