@@ -118,3 +118,44 @@ pub async fn connect_with(url: &str, tls: &TlsFiles) -> anyhow::Result<RedisConn
         .map_err(|e| anyhow::anyhow!(crate::db::redact_text(&e.to_string())))
         .with_context(|| format!("connecting to Redis at {shown}"))
 }
+
+/// How a Redis server keeps its writes, as far as it tells (`CONFIG GET`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Persistence {
+    /// `appendonly yes` with `appendfsync always`: a Lua step's writes reach
+    /// the disk before its reply, so a crash loses nothing answered.
+    Durable,
+    /// Anything else: what a crash can lose (see `docs/design.md`, Durability).
+    Lossy(String),
+    /// The server does not say (`CONFIG` disabled, a managed service).
+    Unknown(String),
+}
+
+/// Reads the persistence settings of the server behind `conn` (on a
+/// cluster, of the node the client picks).
+pub async fn persistence(conn: &mut RedisConn) -> Persistence {
+    let reply: Result<Vec<String>, _> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("append*")
+        .query_async(conn)
+        .await;
+    let fields = match reply {
+        Ok(fields) => fields,
+        Err(e) => return Persistence::Unknown(crate::db::redact_text(&e.to_string())),
+    };
+    let get = |name: &str| {
+        fields
+            .chunks(2)
+            .find(|kv| kv.first().map(String::as_str) == Some(name))
+            .and_then(|kv| kv.get(1).cloned())
+            .unwrap_or_default()
+    };
+    let (appendonly, fsync) = (get("appendonly"), get("appendfsync"));
+    if appendonly == "yes" && fsync == "always" {
+        Persistence::Durable
+    } else {
+        Persistence::Lossy(format!(
+            "appendonly {appendonly}, appendfsync {fsync}: a crash can lose answered draws (zero loss needs appendonly yes and appendfsync always)"
+        ))
+    }
+}

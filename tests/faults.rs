@@ -205,6 +205,18 @@ async fn a_redis_killed_under_load_with_aof_loses_and_doubles_nothing() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_invariants(&env, "rf", n, count, &replies).await;
+    // This server is what zero loss asks for; the shared one (no AOF) is not.
+    assert_eq!(
+        prizepool::redis_conn::persistence(&mut env.redis.clone()).await,
+        prizepool::redis_conn::Persistence::Durable
+    );
+    let mut shared = prizepool::redis_conn::connect("redis://127.0.0.1:6379")
+        .await
+        .unwrap();
+    assert!(matches!(
+        prizepool::redis_conn::persistence(&mut shared).await,
+        prizepool::redis_conn::Persistence::Lossy(_)
+    ));
     env.stop_workers().await;
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);

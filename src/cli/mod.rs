@@ -142,6 +142,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 "migrations applied to {}",
                 crate::db::redact(&config.database_url)
             );
+            let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
+            match crate::redis_conn::persistence(&mut redis).await {
+                crate::redis_conn::Persistence::Durable => {
+                    println!("redis: appendonly yes, appendfsync always (zero loss)")
+                }
+                crate::redis_conn::Persistence::Lossy(why) => println!("redis: warning: {why}"),
+                crate::redis_conn::Persistence::Unknown(why) => {
+                    println!("redis: persistence unknown ({why})")
+                }
+            }
         }
         Command::Pool { command } => pool(&config, command).await?,
         Command::Draw {

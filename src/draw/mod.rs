@@ -351,7 +351,16 @@ pub async fn run(
     health: crate::ops::Health,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<()> {
-    let redis = crate::redis_conn::connect(&config.redis_url).await?;
+    let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
+    match crate::redis_conn::persistence(&mut redis).await {
+        crate::redis_conn::Persistence::Durable => {
+            tracing::info!("Redis persists every step before answering")
+        }
+        crate::redis_conn::Persistence::Lossy(why)
+        | crate::redis_conn::Persistence::Unknown(why) => {
+            tracing::warn!(%why, "Redis persistence is not zero-loss")
+        }
+    }
     let worker = Arc::new(DrawWorker::new(config.clone(), redis));
     amqp::run(&config, worker, health, shutdown).await
 }
