@@ -15,7 +15,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{free_port, pool_toml, redis_server, tempdir, PrivatePostgres, TestEnv};
+use common::{
+    free_port, node_ctl, pool_toml, redis_server, tempdir, PrivatePostgres, PrivateRabbit, TestEnv,
+};
 use serde_json::{json, Value};
 
 const T: Duration = Duration::from_secs(120);
@@ -222,82 +224,11 @@ async fn a_redis_killed_under_load_with_aof_loses_and_doubles_nothing() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A RabbitMQ node of the test's own (plain TCP), stopped with the
-/// process's drop.
-struct PrivateRabbit {
-    dir: std::path::PathBuf,
-    node: String,
-    port: u16,
-}
-
-fn rabbitmqctl(node: &str, args: &[&str]) -> std::process::Output {
-    std::process::Command::new("rabbitmqctl")
-        .args(["-n", node])
-        .args(args)
-        .output()
-        .expect("rabbitmqctl runs")
-}
-
-impl PrivateRabbit {
-    fn start() -> Self {
-        let dir = tempdir("rabbit");
-        let (port, dist) = (free_port(), free_port());
-        std::fs::write(
-            dir.join("rabbitmq.conf"),
-            format!("listeners.tcp.default = 127.0.0.1:{port}\nloopback_users = none\n"),
-        )
-        .unwrap();
-        std::fs::write(dir.join("plugins"), "[].\n").unwrap();
-        let chown = std::process::Command::new("chown")
-            .args(["-R", "rabbitmq:rabbitmq"])
-            .arg(&dir)
-            .status()
-            .unwrap();
-        assert!(chown.success());
-        let node = format!("ppfault{}@localhost", free_port());
-        let started = std::process::Command::new("rabbitmq-server")
-            .arg("-detached")
-            .env("RABBITMQ_CONFIG_FILE", dir.join("rabbitmq.conf"))
-            .env("RABBITMQ_NODENAME", &node)
-            .env("RABBITMQ_DIST_PORT", dist.to_string())
-            .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
-            .env("RABBITMQ_LOG_BASE", dir.join("log"))
-            .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.join("plugins"))
-            .env("RABBITMQ_PID_FILE", dir.join("pid"))
-            .status()
-            .unwrap();
-        assert!(started.success());
-        let rabbit = Self { dir, node, port };
-        rabbit.await_startup();
-        rabbit
-    }
-
-    fn await_startup(&self) {
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
-            let out = rabbitmqctl(&self.node, &["await_startup", "--timeout", "60"]);
-            if out.status.success() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "node did not start: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            std::thread::sleep(Duration::from_millis(500));
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
-    }
-}
-
-impl Drop for PrivateRabbit {
-    fn drop(&mut self) {
-        let _ = rabbitmqctl(&self.node, &["stop"]);
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// A plain-TCP RabbitMQ node of the test's own.
+fn private_rabbit() -> PrivateRabbit {
+    PrivateRabbit::start("fault", &[], |port, _| {
+        format!("listeners.tcp.default = 127.0.0.1:{port}\n")
+    })
 }
 
 /// The broker node stopped and started under load: the workers reconnect by
@@ -305,8 +236,9 @@ impl Drop for PrivateRabbit {
 /// the first answer, and nothing is lost or doubled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_restart_under_load_loses_and_doubles_nothing() {
-    let rabbit = PrivateRabbit::start();
-    let mut env = TestEnv::new(&[("AMQP_URL", &rabbit.url())]).await;
+    let rabbit = private_rabbit();
+    let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", rabbit.port);
+    let mut env = TestEnv::new(&[("AMQP_URL", &url)]).await;
     env.load(&pool_toml("bf", "max_count = 100", GIFT)).await;
     env.start_fleet().await;
     let (n, count) = (600usize, 5u32);
@@ -348,9 +280,9 @@ async fn a_broker_restart_under_load_loses_and_doubles_nothing() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let stopped = Instant::now();
-    assert!(rabbitmqctl(&rabbit.node, &["stop_app"]).status.success());
+    assert!(node_ctl(&rabbit.node, &["stop_app"]).status.success());
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(rabbitmqctl(&rabbit.node, &["start_app"]).status.success());
+    assert!(node_ctl(&rabbit.node, &["start_app"]).status.success());
     rabbit.await_startup();
     let mut replies = HashMap::new();
     for t in tasks {

@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{free_port, redis_server, KillOnDrop};
+use common::{free_port, redis_server, KillOnDrop, PrivateRabbit};
 use prizepool::config::{Config, TlsFiles};
 
 fn tempdir(tag: &str) -> PathBuf {
@@ -393,83 +393,20 @@ async fn postgres_over_tls_needs_the_right_ca() {
 
 /// A private RabbitMQ node with a TLS listener only (no plain TCP), run by
 /// the `rabbitmq` user; about ten seconds to start. Stopped when dropped.
-struct TlsRabbit {
-    dir: PathBuf,
-    node: String,
-    port: u16,
-}
-
-fn rabbitmqctl(node: &str, args: &[&str]) -> std::process::Output {
-    Command::new("rabbitmqctl")
-        .args(["-n", node])
-        .args(args)
-        .output()
-        .expect("rabbitmqctl runs")
-}
-
-impl TlsRabbit {
-    fn start(pki: &Pki) -> Self {
-        let dir = tempdir("tls-rabbit");
-        for name in ["server.pem", "server.key", "ca.pem"] {
-            std::fs::copy(pki.path(name), dir.join(name)).unwrap();
-        }
-        let (port, dist) = (free_port(), free_port());
+fn tls_rabbit(pki: &Pki) -> PrivateRabbit {
+    let files: Vec<PathBuf> = ["server.pem", "server.key", "ca.pem"]
+        .into_iter()
+        .map(|name| pki.path(name))
+        .collect();
+    PrivateRabbit::start("tls", &files, |port, dir| {
         let d = dir.display();
-        std::fs::write(
-            dir.join("rabbitmq.conf"),
-            format!(
-                "listeners.tcp = none\nlisteners.ssl.default = 127.0.0.1:{port}\n\
-                 ssl_options.cacertfile = {d}/ca.pem\nssl_options.certfile = {d}/server.pem\n\
-                 ssl_options.keyfile = {d}/server.key\nssl_options.verify = verify_none\n\
-                 ssl_options.fail_if_no_peer_cert = false\nloopback_users = none\n"
-            ),
+        format!(
+            "listeners.tcp = none\nlisteners.ssl.default = 127.0.0.1:{port}\n\
+             ssl_options.cacertfile = {d}/ca.pem\nssl_options.certfile = {d}/server.pem\n\
+             ssl_options.keyfile = {d}/server.key\nssl_options.verify = verify_none\n\
+             ssl_options.fail_if_no_peer_cert = false\n"
         )
-        .unwrap();
-        std::fs::write(dir.join("plugins"), "[].\n").unwrap();
-        let chown = Command::new("chown")
-            .args(["-R", "rabbitmq:rabbitmq"])
-            .arg(&dir)
-            .status()
-            .unwrap();
-        assert!(chown.success());
-        let node = format!("pptls{}@localhost", free_port());
-        let started = Command::new("rabbitmq-server")
-            .arg("-detached")
-            .env("RABBITMQ_CONFIG_FILE", dir.join("rabbitmq.conf"))
-            .env("RABBITMQ_NODENAME", &node)
-            .env("RABBITMQ_DIST_PORT", dist.to_string())
-            .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
-            .env("RABBITMQ_LOG_BASE", dir.join("log"))
-            .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.join("plugins"))
-            .env("RABBITMQ_PID_FILE", dir.join("pid"))
-            .status()
-            .unwrap();
-        assert!(started.success());
-        let rabbit = Self { dir, node, port };
-        // `-detached` returns before the node is reachable; until then
-        // `await_startup` fails at once, so ask again.
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
-            let out = rabbitmqctl(&rabbit.node, &["await_startup", "--timeout", "60"]);
-            if out.status.success() {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "node did not start: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            std::thread::sleep(Duration::from_millis(500));
-        }
-        rabbit
-    }
-}
-
-impl Drop for TlsRabbit {
-    fn drop(&mut self) {
-        let _ = rabbitmqctl(&self.node, &["stop"]);
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    })
 }
 
 async fn amqp_open(url: &str, tls: &TlsFiles) -> anyhow::Result<()> {
@@ -489,7 +426,7 @@ async fn amqp_open(url: &str, tls: &TlsFiles) -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_over_tls_needs_the_right_ca() {
     let pki = Pki::new("tls-rabbit-pki");
-    let rabbit = TlsRabbit::start(&pki);
+    let rabbit = tls_rabbit(&pki);
     let url = format!("amqps://guest:guest@localhost:{}/%2f", rabbit.port);
 
     amqp_open(&url, &pki.trusting("ca")).await.unwrap();

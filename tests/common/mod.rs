@@ -468,3 +468,89 @@ pub fn tempdir(tag: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// `rabbitmqctl` against `node`.
+pub fn node_ctl(node: &str, args: &[&str]) -> std::process::Output {
+    Command::new("rabbitmqctl")
+        .args(["-n", node])
+        .args(args)
+        .output()
+        .expect("rabbitmqctl runs")
+}
+
+/// A RabbitMQ node of the test's own (SPEC §9's second-node recipe), stopped
+/// and removed when dropped.
+pub struct PrivateRabbit {
+    pub dir: std::path::PathBuf,
+    pub node: String,
+    pub port: u16,
+}
+
+impl PrivateRabbit {
+    /// Starts a node whose `rabbitmq.conf` is `listeners(port, dir)` plus
+    /// `loopback_users = none`, after copying `files` into its directory.
+    pub fn start(
+        tag: &str,
+        files: &[std::path::PathBuf],
+        listeners: impl Fn(u16, &std::path::Path) -> String,
+    ) -> Self {
+        let dir = tempdir(tag);
+        for file in files {
+            std::fs::copy(file, dir.join(file.file_name().unwrap())).unwrap();
+        }
+        let (port, dist) = (free_port(), free_port());
+        std::fs::write(
+            dir.join("rabbitmq.conf"),
+            format!("{}loopback_users = none\n", listeners(port, &dir)),
+        )
+        .unwrap();
+        std::fs::write(dir.join("plugins"), "[].\n").unwrap();
+        let chown = Command::new("chown")
+            .args(["-R", "rabbitmq:rabbitmq"])
+            .arg(&dir)
+            .status()
+            .unwrap();
+        assert!(chown.success());
+        let node = format!("pp{tag}{}@localhost", free_port());
+        let started = Command::new("rabbitmq-server")
+            .arg("-detached")
+            .env("RABBITMQ_CONFIG_FILE", dir.join("rabbitmq.conf"))
+            .env("RABBITMQ_NODENAME", &node)
+            .env("RABBITMQ_DIST_PORT", dist.to_string())
+            .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
+            .env("RABBITMQ_LOG_BASE", dir.join("log"))
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.join("plugins"))
+            .env("RABBITMQ_PID_FILE", dir.join("pid"))
+            .status()
+            .unwrap();
+        assert!(started.success());
+        let rabbit = Self { dir, node, port };
+        rabbit.await_startup();
+        rabbit
+    }
+
+    /// Waits until the node runs: `-detached` and `start_app` return before
+    /// it is reachable, and until then `await_startup` fails at once.
+    pub fn await_startup(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(90);
+        loop {
+            let out = node_ctl(&self.node, &["await_startup", "--timeout", "60"]);
+            if out.status.success() {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "node did not start: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+}
+
+impl Drop for PrivateRabbit {
+    fn drop(&mut self) {
+        let _ = node_ctl(&self.node, &["stop"]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
