@@ -44,6 +44,8 @@ async fn start_cluster() -> Cluster {
     let mut nodes = Vec::new();
     for port in &ports {
         let config_file = format!("nodes-{port}.conf");
+        // The bus port is named too, so it cannot land on a port taken meanwhile.
+        let bus = common::free_port().to_string();
         nodes.push(redis_server(
             *port,
             &dir,
@@ -52,6 +54,8 @@ async fn start_cluster() -> Cluster {
                 "yes",
                 "--cluster-config-file",
                 &config_file,
+                "--cluster-port",
+                &bus,
             ],
         ));
     }
@@ -65,7 +69,7 @@ async fn start_cluster() -> Cluster {
         dir,
     };
     for port in &ports {
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
         while std::net::TcpStream::connect(("127.0.0.1", *port)).is_err() {
             assert!(
                 std::time::Instant::now() < deadline,
