@@ -40,10 +40,8 @@ if max_count and count > max_count then return {'too_many', int(max_count), 0} e
 local visible = tonumber(m[2]) or 0
 local unit_price = tonumber(m[3])
 local held_len = redis.call('LLEN', KEYS[3])
-local spent = math.min((tonumber(redis.call('GET', KEYS[4])) or 0) + count * unit_price, SPENT_CAP)
-local threshold = tonumber(m[4])
 -- No jackpot rule, or today's consumption (this draw included) reached it.
-local open = (threshold == nil) or (spent >= threshold)
+local spent, open = gate(KEYS[4], count, unit_price, m[4])
 local gen = tonumber(m[7]) or 0
 -- A short answer changes no prize. It makes the current batch due for its
 -- successor, like a taken refill flag: the draw's urgent refill request
@@ -53,10 +51,7 @@ local function short(in_pool)
   return {'short', int(in_pool), gen}
 end
 
-local jackpot = {}
-if m[5] and m[5] ~= '' then
-  for c in string.gmatch(m[5], '%d+') do jackpot[tonumber(c)] = true end
-end
+local jackpot = jackpot_set(m[5])
 
 local codes = {}
 local trigger = -1
@@ -78,9 +73,7 @@ if open then
   if held_len + visible < count then return short(held_len + visible) end
   -- Waiting jackpots are first in line.
   local from_held = math.min(count, held_len)
-  if from_held > 0 then
-    for _, v in ipairs(redis.call('LPOP', KEYS[3], from_held)) do codes[#codes + 1] = tonumber(v) end
-  end
+  take_held(KEYS[3], from_held, codes)
   local rest = count - from_held
   if rest > 0 then
     for _, v in ipairs(redis.call('LPOP', KEYS[2], rest)) do codes[#codes + 1] = take(v) end
@@ -91,10 +84,12 @@ else
   -- and the next prize takes their place. Only the prizes popped here are
   -- touched, so a draw costs O(count) however many jackpots wait; a long
   -- run of jackpots costs its length, in chunks.
-  if visible < count then return short(held_len + visible) end
+  -- Parked prizes a reload freed from the rule come first.
+  local freed = freed_at_head(KEYS[3], count, jackpot)
+  if visible + freed < count then return short(held_len + visible) end
   local popped = {}
   local held_now = {}
-  local need = count
+  local need = count - freed
   while need > 0 and from_q < visible do
     local n = math.min(need, visible - from_q)
     local batch = redis.call('LPOP', KEYS[2], n)
@@ -116,6 +111,7 @@ else
     push_all('LPUSH', KEYS[2], back)
     return short(held_len + visible - #held_now)
   end
+  take_held(KEYS[3], freed, codes)
   for _, v in ipairs(popped) do
     local code = take(v)
     if not jackpot[code] then codes[#codes + 1] = code end

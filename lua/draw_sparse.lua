@@ -47,13 +47,8 @@ local function short(in_pool)
   return {'short', int(in_pool), gen}
 end
 local held_len = redis.call('LLEN', KEYS[5])
-local spent = math.min((tonumber(redis.call('GET', KEYS[6])) or 0) + count * unit_price, SPENT_CAP)
-local threshold = tonumber(m[6])
-local open = (threshold == nil) or (spent >= threshold)
-local jackpot = {}
-if m[7] and m[7] ~= '' then
-  for c in string.gmatch(m[7], '%d+') do jackpot[tonumber(c)] = true end
-end
+local spent, open = gate(KEYS[6], count, unit_price, m[6])
+local jackpot = jackpot_set(m[7])
 
 -- Reading prizes by index, one bucket and one combo run at a time.
 local buckets = {}
@@ -97,16 +92,18 @@ if open then
   for i = cur, cur + count - from_held - 1 do codes[#codes + 1] = prize_at(i) end
   new_cur = cur + count - from_held
 else
-  if visible < count then return short(held_len + visible) end
+  -- Parked prizes a reload freed from the rule come first.
+  from_held = freed_at_head(KEYS[5], count, jackpot)
+  if visible + from_held < count then return short(held_len + visible) end
   -- Jackpots met on the way wait in `held`; the next prize takes their place.
   local i = cur
-  while #codes < count and i < max_index do
+  while #codes < count - from_held and i < max_index do
     local c = prize_at(i)
     if jackpot[c] then held_now[#held_now + 1] = c else codes[#codes + 1] = c end
     i = i + 1
   end
   -- Nothing was written yet, so a short answer needs no undo.
-  if #codes < count then return short(held_len + visible - #held_now) end
+  if #codes < count - from_held then return short(held_len + visible - #held_now) end
   new_cur = i
 end
 for _, c in ipairs(codes) do
@@ -116,7 +113,7 @@ end
 -- Writes start here.
 if from_held > 0 then
   local first = {}
-  for _, v in ipairs(redis.call('LPOP', KEYS[5], from_held)) do first[#first + 1] = tonumber(v) end
+  take_held(KEYS[5], from_held, first)
   for _, c in ipairs(codes) do first[#first + 1] = c end
   codes = first
 end

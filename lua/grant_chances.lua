@@ -2,19 +2,31 @@
 --
 -- KEYS[1]: activity meta hash
 -- KEYS[2]: chances hash (user id -> chances left)
--- KEYS[3]: grant key (idempotency): the fingerprint of what the grant asked
+-- KEYS[3]: grant key (idempotency): the fingerprint of what the grant asked,
+--          followed by ";!unknown_pool" when the answer was that no such
+--          activity exists
 -- ARGV[1]: user id
 -- ARGV[2]: chances to add
 -- ARGV[3]: grant key TTL, seconds
 -- ARGV[4]: fingerprint of the grant (activity, user, chances)
 -- Returns: {"ok", chances left} or {"dup", chances left}; {"unknown", 0};
 --          {"reused", 0} when the grant id was first used for another grant
+--
+-- Every answer is kept under the grant key, the refusal included: a grant
+-- once told "no such activity" stays refused when the activity appears
+-- later, so an upstream that acted on the "no" never sees chances it did
+-- not expect.
 
-if redis.call('HGET', KEYS[1], 'kind') ~= 'lottery' then return {'unknown', 0} end
 local prev = redis.call('GET', KEYS[3])
 if prev then
-  if prev ~= ARGV[4] then return {'reused', 0} end
+  local fingerprint, rest = string.match(prev, '^([^;]*)(.*)$')
+  if fingerprint ~= ARGV[4] then return {'reused', 0} end
+  if rest == ';!unknown_pool' then return {'unknown', 0} end
   return {'dup', tonumber(redis.call('HGET', KEYS[2], ARGV[1])) or 0}
+end
+if redis.call('HGET', KEYS[1], 'kind') ~= 'lottery' then
+  redis.call('SET', KEYS[3], ARGV[4] .. ';!unknown_pool', 'EX', tonumber(ARGV[3]))
+  return {'unknown', 0}
 end
 local left = redis.call('HINCRBY', KEYS[2], ARGV[1], tonumber(ARGV[2]))
 redis.call('SET', KEYS[3], ARGV[4], 'EX', tonumber(ARGV[3]))

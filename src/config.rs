@@ -79,8 +79,10 @@ Every option may be given as its environment variable instead; a flag wins.";
 #[derive(Debug, clap::Parser)]
 #[command(version, args_override_self = true, after_help = LOGGING_HELP)]
 struct Settings {
-    /// RabbitMQ broker URL including the vhost; `amqps://` for TLS.
-    #[arg(long, env = "AMQP_URL", value_name = "URL", default_value = DEFAULT_AMQP_URL)]
+    /// RabbitMQ broker URL including the vhost; `amqps://` for TLS. Several
+    /// nodes of one cluster as a comma-separated list of URLs: each
+    /// (re)connection picks a live one in random order.
+    #[arg(long, env = "AMQP_URL", value_name = "URL[,URL...]", default_value = DEFAULT_AMQP_URL)]
     amqp_url: String,
     /// Redis URL (`redis://`, `rediss://` for TLS), or a comma-separated
     /// list of nodes for a Redis Cluster.

@@ -13,6 +13,7 @@
 //! | [`kinds`] | the seam: one dispatch and one vocabulary (award, refuse, short) for every prize kind, each kind in its own folder; request fingerprints and stored answers |
 //! | [`ledger`] | the Postgres ledger: apply entries, balances, totals, and the seals on the fleet's own entries |
 //! | [`draw`], [`refill`], [`settle`] | the three workers |
+//! | [`fairness`] | the committed, reproducible shuffle of provably fair batches |
 //! | [`pools`], [`db`] | the pool registry and the Postgres connection |
 //! | [`cli`] | the `prizepool` subcommands, including `demo` |
 //! | [`bench`] | `prizepool bench`: ceilings, fleet runs, reports |
@@ -25,6 +26,7 @@ pub mod cli;
 pub mod config;
 pub mod db;
 pub mod draw;
+pub mod fairness;
 pub mod kinds;
 pub mod ledger;
 pub mod messages;

@@ -18,6 +18,8 @@ pub const MAX_DRAW_COUNT: u32 = 10_000;
 pub const MAX_EXACT: i64 = 1 << 53;
 /// Longest idempotency id or pool id, in bytes.
 pub const MAX_ID_LEN: usize = 128;
+/// Longest ledger `entry_id`, in bytes (see [`check_entry_id`]).
+pub const MAX_ENTRY_ID_LEN: usize = 320;
 
 /// Why a request was refused. The names are part of the public contract:
 /// they may be extended, never renamed.
@@ -82,6 +84,81 @@ impl std::fmt::Display for ErrorCode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// `{"type":"grant_result", ...}`: the reply to a `lottery.grant`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrantResult {
+    pub grant_id: String,
+    pub status: Status,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chances: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chances_left: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
+}
+
+impl GrantResult {
+    /// A `rejected` answer to grant `grant_id`, its error to be filled in.
+    pub fn rejected(grant_id: String) -> Self {
+        Self {
+            grant_id,
+            status: Status::Rejected,
+            chances: None,
+            chances_left: None,
+            error: None,
+        }
+    }
+}
+
+/// `{"type":"refill_result", ...}`: the reply to a `refill`: the batch
+/// after the trigger exists (stocked now or before).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefillResult {
+    pub status: Status,
+    pub pool: String,
+    /// The pool's batch generation now.
+    pub generation: u64,
+}
+
+/// `{"type":"pool.refilled", ...}` (event): batch `generation` of `pool`,
+/// `size` prizes of config `version`, became drawable.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolRefilled {
+    pub pool: String,
+    pub generation: u64,
+    pub size: usize,
+    pub version: i64,
+    /// Asked by a draw that found the pool short.
+    pub urgent: bool,
+}
+
+/// `{"type":"settle_result", ...}`: the reply to a `settle` (with its
+/// `entry_id`) or to a `settle.batch` (with the number of `entries` that are
+/// in the ledger and the `refused` ones).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SettleResult {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entry_id: Option<String>,
+    pub status: Status,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entries: Option<usize>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<SettleRefusal>,
+}
+
+/// One entry of a `settle.batch` the ledger refused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SettleRefusal {
+    /// The entry's id, when it had one usable as an id (a string of at
+    /// most [`MAX_ENTRY_ID_LEN`] bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entry_id: Option<String>,
+    pub code: ErrorCode,
+    /// Why; left out when the reply would not fit the wire limit otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// The `error` object of a rejected reply.
@@ -338,12 +415,16 @@ pub fn decode_typed<T: serde::de::DeserializeOwned>(value: &Value) -> Result<T, 
 /// used in a key, so no id can name another pool's keys or break a Redis
 /// Cluster hash tag (`pp:{<pool>}:…`).
 pub fn check_id(field: &str, id: &str) -> Result<(), Invalid> {
+    check_id_within(field, id, MAX_ID_LEN)
+}
+
+fn check_id_within(field: &str, id: &str, max_len: usize) -> Result<(), Invalid> {
     if id.is_empty() {
         return Err(Invalid::new(format!("`{field}` must not be empty")));
     }
-    if id.len() > MAX_ID_LEN {
+    if id.len() > max_len {
         return Err(Invalid::new(format!(
-            "`{field}` is longer than {MAX_ID_LEN} bytes"
+            "`{field}` is longer than {max_len} bytes"
         )));
     }
     if let Some(c) = id.chars().find(|c| !valid_id_char(*c)) {
@@ -352,6 +433,30 @@ pub fn check_id(field: &str, id: &str) -> Result<(), Invalid> {
         )));
     }
     Ok(())
+}
+
+/// Checks the name of a pool or lottery activity, chosen by the operator
+/// at load: an id ([`check_id`]) of ASCII letters, digits, `-`, `_` and `.`
+/// only. A name never holds `:`, so ledger entry ids that start with one
+/// (`draw:<pool>:…`, see [`crate::kinds::answer::entry_id`]) cannot collide.
+pub fn check_name(field: &str, name: &str) -> Result<(), Invalid> {
+    check_id(field, name)?;
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+    {
+        return Err(Invalid::new(format!(
+            "`{field}` may hold ASCII letters, digits, `-`, `_` and `.` only; found {c:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a ledger `entry_id`: like [`check_id`], up to
+/// [`MAX_ENTRY_ID_LEN`] bytes, room for the fleet's own ids, which hold a
+/// pool and a request id of [`MAX_ID_LEN`] each.
+pub fn check_entry_id(id: &str) -> Result<(), Invalid> {
+    check_id_within("entry_id", id, MAX_ENTRY_ID_LEN)
 }
 
 /// Whether `c` may appear in an id.
@@ -462,7 +567,7 @@ impl SettleRequest {
     /// sign its direction asks for and a bounded amount (the ledger's rules,
     /// [`crate::ledger::check_movement`]).
     pub fn validate(&self) -> Result<(), Invalid> {
-        check_id("entry_id", &self.entry_id)?;
+        check_entry_id(&self.entry_id)?;
         check_id("asset", &self.asset)?;
         check_account("account", self.account)?;
         crate::ledger::check_movement(&self.reason, self.amount).map_err(Invalid::new)
@@ -492,7 +597,16 @@ pub fn idempotency_id(value: &Value) -> Option<(&'static str, String)> {
     ID_FIELDS
         .into_iter()
         .find_map(|field| match value.get(field) {
-            Some(Value::String(s)) if s.len() <= MAX_ID_LEN => Some((field, s.clone())),
+            Some(Value::String(s))
+                if s.len()
+                    <= if field == "entry_id" {
+                        MAX_ENTRY_ID_LEN
+                    } else {
+                        MAX_ID_LEN
+                    } =>
+            {
+                Some((field, s.clone()))
+            }
             _ => None,
         })
 }
@@ -553,9 +667,9 @@ impl<'de> Deserialize<'de> for IdFields {
 pub fn reply_type(request_type: Option<&str>) -> &'static str {
     match request_type {
         Some("lottery.grant") => "grant_result",
-        Some("redpacket.create") => "redpacket_result",
+        Some("redpacket.create" | "redpacket.expire") => "redpacket_result",
         Some("refill") => "refill_result",
-        Some("settle") => "settle_result",
+        Some("settle" | "settle.batch") => "settle_result",
         _ => "draw_result",
     }
 }
@@ -620,6 +734,29 @@ pub fn with_type(reply_type: &str, body: &impl Serialize) -> Value {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn names_have_no_key_or_entry_id_syntax() {
+        assert!(super::check_name("id", "gift-2026_a.b").is_ok());
+        for bad in ["a:b", "a b", "a{b}", "", "é"] {
+            assert!(super::check_name("id", bad).is_err(), "{bad:?}");
+        }
+        assert!(super::check_name("id", &"a".repeat(super::MAX_ID_LEN + 1)).is_err());
+    }
+
+    #[test]
+    fn entry_ids_hold_a_pool_and_a_request_id() {
+        let longest = crate::kinds::answer::entry_id(
+            "lottery",
+            &"a".repeat(super::MAX_ID_LEN),
+            &"r".repeat(super::MAX_ID_LEN),
+            u64::MAX,
+        );
+        assert!(super::check_entry_id(&longest).is_ok(), "{}", longest.len());
+        assert!(super::check_entry_id(&"e".repeat(super::MAX_ENTRY_ID_LEN + 1)).is_err());
+        assert!(super::check_entry_id("a{b}").is_err());
+        assert!(super::check_entry_id("").is_err());
+    }
+
     use super::*;
 
     #[test]

@@ -99,6 +99,29 @@ impl Health {
 struct OpsState {
     health: Health,
     metrics: PrometheusHandle,
+    process: metrics_process::Collector,
+}
+
+/// Buckets of the latency histograms (`*_seconds`): 1 ms to 10 s.
+const SECONDS_BUCKETS: [f64; 13] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+/// Buckets of the size histograms (entries or bodies per batch).
+const SIZE_BUCKETS: [f64; 10] = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0];
+
+/// The Prometheus recorder, installed globally. Every histogram is
+/// exported as a Prometheus histogram (`_bucket`, `_sum`, `_count`), which
+/// sums across replicas, never as a summary.
+fn recorder() -> anyhow::Result<PrometheusHandle> {
+    use metrics_exporter_prometheus::Matcher;
+    PrometheusBuilder::new()
+        .set_buckets(&SIZE_BUCKETS)
+        .and_then(|b| {
+            b.set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS_BUCKETS)
+        })
+        .context("configuring the histogram buckets")?
+        .install_recorder()
+        .context("installing the metrics recorder")
 }
 
 /// Installs the Prometheus recorder and serves the ops endpoint on `addr`
@@ -113,13 +136,31 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding the ops endpoint to {addr}"))?;
-    let metrics = PrometheusBuilder::new()
-        .install_recorder()
-        .context("installing the metrics recorder")?;
+    let metrics = recorder()?;
+    let process = metrics_process::Collector::default();
+    process.describe();
+    metrics::gauge!("prizepool_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    // Counters of rare events exist from the start, at zero, so a rate over
+    // them means "none" rather than "no data".
+    for name in [
+        "prizepool_retries_total",
+        "prizepool_handler_panics_total",
+        "prizepool_pool_exhausted_total",
+        "prizepool_urgent_refills_total",
+        "prizepool_batches_stocked_total",
+        "prizepool_prizes_drawn_total",
+        "prizepool_ledger_entries_total",
+    ] {
+        metrics::counter!(name).increment(0);
+    }
     let app = Router::new()
         .route(
             "/metrics",
-            get(|State(s): State<OpsState>| async move { s.metrics.render() }),
+            get(|State(s): State<OpsState>| async move {
+                s.process.collect();
+                metrics::gauge!("prizepool_ready").set(if s.health.is_ready() { 1.0 } else { 0.0 });
+                s.metrics.render()
+            }),
         )
         .route("/healthz", get(|| async { "ok" }))
         .route(
@@ -131,7 +172,11 @@ pub async fn serve(
                 }
             }),
         )
-        .with_state(OpsState { health, metrics });
+        .with_state(OpsState {
+            health,
+            metrics,
+            process,
+        });
     let bound = listener.local_addr()?;
     tokio::spawn(async move {
         let served = axum::serve(listener, app)

@@ -33,6 +33,19 @@ macro_rules! lottery {
     };
 }
 
+/// A lucky-gift draw script (or a step on its parked jackpots): the answer
+/// prelude, then `lua/lib/jackpot.lua` (the jackpot rule, once for both
+/// storages), then the script.
+macro_rules! lucky_gift {
+    ($path:literal) => {
+        Script::new(concat!(
+            include_str!("../lua/lib/answer.lua"),
+            include_str!("../lua/lib/jackpot.lua"),
+            include_str!($path)
+        ))
+    };
+}
+
 /// The compiled-in scripts.
 #[derive(Debug)]
 pub struct Scripts {
@@ -42,6 +55,7 @@ pub struct Scripts {
     pub stock_push: Script,
     pub stock_commit: Script,
     pub configure_pool: Script,
+    pub regate_held: Script,
     pub pool_status: Script,
     pub stock_red_packet: Script,
     pub grab_red_packet: Script,
@@ -59,7 +73,8 @@ impl Scripts {
     /// Builds the script table (hashing only; nothing is sent to Redis yet).
     pub fn new() -> Self {
         Self {
-            draw_lucky_gift: answering!("../lua/draw_lucky_gift.lua"),
+            draw_lucky_gift: lucky_gift!("../lua/draw_lucky_gift.lua"),
+            regate_held: lucky_gift!("../lua/regate_held.lua"),
             stock_begin: Script::new(include_str!("../lua/stock_begin.lua")),
             stock_trim: Script::new(include_str!("../lua/stock_trim.lua")),
             stock_push: Script::new(include_str!("../lua/stock_push.lua")),
@@ -73,7 +88,7 @@ impl Scripts {
             draw_wheel: lottery!("../lua/draw_wheel.lua"),
             draw_ladder: lottery!("../lua/draw_ladder.lua"),
             grant_chances: Script::new(include_str!("../lua/grant_chances.lua")),
-            draw_sparse: answering!("../lua/draw_sparse.lua"),
+            draw_sparse: lucky_gift!("../lua/draw_sparse.lua"),
             sparse_stock: Script::new(include_str!("../lua/sparse_stock.lua")),
             red_packet_status: Script::new(include_str!("../lua/red_packet_status.lua")),
         }

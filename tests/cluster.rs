@@ -5,116 +5,16 @@
 
 mod common;
 
-use std::{process::Command, time::Duration};
+use std::time::Duration;
 
-use common::{draw, pool_toml, redis_server, KillOnDrop, TestEnv};
+use common::{draw, pool_toml, redis_cluster::RedisCluster, TestEnv};
 use serde_json::json;
 
 const T: Duration = Duration::from_secs(30);
 
-/// Three cluster-mode redis-servers, stopped when dropped (even on panic).
-struct Cluster {
-    nodes: Vec<KillOnDrop>,
-    dir: std::path::PathBuf,
-    url: String,
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        // Stop the nodes before removing their files.
-        self.nodes.clear();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn free_port() -> u16 {
-    // Cluster nodes also listen on port + 10000: pick ports where both are free.
-    loop {
-        let p = common::free_port();
-        if p < 55000 && std::net::TcpListener::bind(("127.0.0.1", p + 10000)).is_ok() {
-            return p;
-        }
-    }
-}
-
-async fn start_cluster() -> Cluster {
-    let dir = std::env::temp_dir().join(format!("pp-cluster-{}", ulid::Ulid::new()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let mut nodes = Vec::new();
-    for port in &ports {
-        let config_file = format!("nodes-{port}.conf");
-        // The bus port is named too, so it cannot land on a port taken meanwhile.
-        let bus = common::free_port().to_string();
-        nodes.push(redis_server(
-            *port,
-            &dir,
-            &[
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                &config_file,
-                "--cluster-port",
-                &bus,
-            ],
-        ));
-    }
-    let cluster = Cluster {
-        nodes,
-        url: ports
-            .iter()
-            .map(|p| format!("redis://127.0.0.1:{p}"))
-            .collect::<Vec<_>>()
-            .join(","),
-        dir,
-    };
-    for port in &ports {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", *port)).is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "node {port} did not start"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-    let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-    let out = Command::new("redis-cli")
-        .arg("--cluster")
-        .arg("create")
-        .args(&addrs)
-        .args(["--cluster-replicas", "0", "--cluster-yes"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "cluster create: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    // Wait until every node agrees the cluster is up.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    for port in &ports {
-        loop {
-            let info = Command::new("redis-cli")
-                .args(["-p", &port.to_string(), "cluster", "info"])
-                .output()
-                .unwrap();
-            if String::from_utf8_lossy(&info.stdout).contains("cluster_state:ok") {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "cluster not ok on {port}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-    cluster
-}
-
 #[tokio::test]
 async fn the_fleet_runs_on_a_redis_cluster() {
-    let cluster = start_cluster().await;
+    let cluster = RedisCluster::start(3, 0).await;
     let mut env = TestEnv::new(&[("REDIS_URL", &cluster.url)]).await;
     // Several pools, so their hash tags land on different nodes.
     let combos: &[(&str, &[(u64, u64)])] = &[

@@ -15,12 +15,11 @@ use std::{
     time::{Duration, Instant},
 };
 
+use common::load::{assert_invariants, draws_through_a_fault, Load};
 use common::{
     free_port, node_ctl, pool_toml, redis_server, tempdir, PrivatePostgres, PrivateRabbit, TestEnv,
 };
-use serde_json::{json, Value};
-
-const T: Duration = Duration::from_secs(120);
+use serde_json::json;
 
 /// One combo of 640 prizes a batch, so refills run all through a test.
 const GIFT: &[(&str, &[(u64, u64)])] = &[
@@ -28,111 +27,7 @@ const GIFT: &[(&str, &[(u64, u64)])] = &[
     ("b", &[(0, 200), (2, 50), (10, 10)]),
 ];
 
-/// Draws `n` requests of `count` prizes, `in_flight` at a time, calling
-/// `fault` once `at` replies have arrived; returns every reply by request id
-/// and how long the slowest answer after the fault took.
-async fn draws_through_a_fault<F, Fut>(
-    env: &TestEnv,
-    pool: &str,
-    n: usize,
-    count: u32,
-    in_flight: usize,
-    at: usize,
-    fault: F,
-) -> HashMap<String, Value>
-where
-    F: FnOnce() -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    let client = Arc::new(env.client().await);
-    let answered = Arc::new(AtomicUsize::new(0));
-    let next = Arc::new(AtomicUsize::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..in_flight {
-        let (client, answered, next, pool) = (
-            client.clone(),
-            answered.clone(),
-            next.clone(),
-            pool.to_owned(),
-        );
-        tasks.push(tokio::spawn(async move {
-            let mut replies = Vec::new();
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= n {
-                    return replies;
-                }
-                let id = format!("f-{i}");
-                let body = json!({"type": "draw", "request_id": id, "pool": pool,
-                                  "user_id": 1 + (i % 50) as i64, "count": count});
-                let reply = client.call("draw", &body, T).await.unwrap();
-                answered.fetch_add(1, Ordering::Relaxed);
-                replies.push((id, reply));
-            }
-        }));
-    }
-    while answered.load(Ordering::Relaxed) < at {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let started = Instant::now();
-    fault().await;
-    let mut out = HashMap::new();
-    for t in tasks {
-        for (id, reply) in t.await.unwrap() {
-            assert!(
-                out.insert(id, reply).is_none(),
-                "two answers for one request"
-            );
-        }
-    }
-    eprintln!(
-        "{n} requests, {} answered, fault and recovery took {:?}",
-        out.len(),
-        started.elapsed()
-    );
-    out
-}
-
-/// Checks every invariant after a fault: one answer per request, all ok,
-/// the ledger equals the rewards promised, conservation.
-async fn assert_invariants(
-    env: &TestEnv,
-    pool: &str,
-    n: usize,
-    count: u32,
-    replies: &HashMap<String, Value>,
-) {
-    assert_eq!(replies.len(), n, "every request answered once");
-    let refused: Vec<&Value> = replies.values().filter(|r| r["status"] != "ok").collect();
-    assert!(
-        refused.is_empty(),
-        "{} refused, e.g. {:?}",
-        refused.len(),
-        refused.first()
-    );
-    let promised: i64 = replies
-        .values()
-        .map(|r| r["reward"].as_i64().unwrap())
-        .sum();
-    assert_eq!(
-        env.wait_ledger(pool, promised).await,
-        promised,
-        "ledger = replies"
-    );
-    let s = env.status(pool).await;
-    assert_eq!(
-        s.drawn,
-        n as u64 * u64::from(count),
-        "each request drew once"
-    );
-    assert_eq!(s.stocked, s.drawn + s.in_pool, "conservation");
-    eprintln!(
-        "ledger {promised} = promised; stocked {} = drawn {} + in pool {}",
-        s.stocked, s.drawn, s.in_pool
-    );
-}
-
-/// Postgres stopped for 10 s, five times the retry budget, while draws
+/// Postgres stopped for 15 s, seven times the retry budget, while draws
 /// flow: draws keep being answered (refills stock from the config kept in
 /// Redis), settlement waits and lands once Postgres is back, and nothing is
 /// lost, doubled or dead-lettered.
@@ -145,11 +40,22 @@ async fn a_postgres_outage_under_load_loses_and_doubles_nothing() {
     env.load(&pool_toml("pgf", "max_count = 100", GIFT)).await;
     env.start_fleet().await;
     let (n, count) = (1_500, 5);
-    let replies = draws_through_a_fault(&env, "pgf", n, count, 30, 200, || async {
-        pg.stop();
-        tokio::time::sleep(Duration::from_secs(10)).await;
-        pg.start();
-    })
+    let replies = draws_through_a_fault(
+        &env,
+        Load {
+            tag: "f",
+            pool: "pgf",
+            n,
+            count,
+            in_flight: 30,
+            at: 200,
+        },
+        || async {
+            pg.stop();
+            tokio::time::sleep(Duration::from_secs(15)).await;
+            pg.start();
+        },
+    )
     .await;
     assert!(env.status("pgf").await.generation > 10, "refills ran");
     assert_invariants(&env, "pgf", n, count, &replies).await;
@@ -188,12 +94,23 @@ async fn a_redis_killed_under_load_with_aof_loses_and_doubles_nothing() {
     env.load(&pool_toml("rf", "max_count = 100", GIFT)).await;
     env.start_fleet().await;
     let (n, count) = (1_500, 5);
-    let replies = draws_through_a_fault(&env, "rf", n, count, 30, 300, || async {
-        // SIGKILL, then the same files again a second later.
-        server.lock().unwrap().take();
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        *server.lock().unwrap() = Some(redis_server(port, &dir, &aof));
-    })
+    let replies = draws_through_a_fault(
+        &env,
+        Load {
+            tag: "f",
+            pool: "rf",
+            n,
+            count,
+            in_flight: 30,
+            at: 300,
+        },
+        || async {
+            // SIGKILL, then the same files again a second later.
+            server.lock().unwrap().take();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            *server.lock().unwrap() = Some(redis_server(port, &dir, &aof));
+        },
+    )
     .await;
     // The test's own connection saw the restart; let it reconnect.
     let mut redis = env.redis.clone();

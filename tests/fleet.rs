@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{draw, pool_toml, TestEnv};
+use common::{draw, pool_toml, spawn_binary, wait_exit, TestEnv};
 use prizepool::{amqp, messages::SettleRequest};
 use serde_json::{json, Value};
 
@@ -332,31 +332,6 @@ async fn settlement_applies_each_entry_once() {
 }
 
 /// Spawns a worker binary pointed at `env`.
-fn spawn_binary(env: &TestEnv, name: &str, exe: &str) -> std::process::Child {
-    std::process::Command::new(exe)
-        .envs(env.env())
-        .env("RUST_LOG", "warn")
-        .env("METRICS_ADDR", "")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::inherit())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawning {name}: {e}"))
-}
-
-async fn wait_exit(child: &mut std::process::Child, within: Duration) -> std::process::ExitStatus {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "worker did not exit within {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test]
 async fn two_draw_worker_processes_conserve_prizes_and_the_ledger_matches() {
     let mut env = TestEnv::new(&[]).await;

@@ -74,6 +74,8 @@ struct Case {
     /// Today's consumption needed before jackpots may be won.
     threshold: i64,
     counts: Vec<u32>,
+    /// Before step `i`, a reload moving the jackpot minimum to `reloads[i]`.
+    reloads: Vec<Option<u64>>,
 }
 
 fn case() -> impl Strategy<Value = Case> {
@@ -88,18 +90,25 @@ fn case() -> impl Strategy<Value = Case> {
             prop_oneof![1u32..5, 5u32..60, Just(999), Just(1000), Just(1001)],
             1..25,
         ),
+        prop::collection::vec(
+            prop::option::weighted(0.2, prop::sample::select(vec![100u64, 300, 500, 1000])),
+            25,
+        ),
     )
-        .prop_map(|(sparse, combos, jackpot_min, threshold, counts)| Case {
-            storage: if sparse {
-                Storage::Sparse
-            } else {
-                Storage::List
+        .prop_map(
+            |(sparse, combos, jackpot_min, threshold, counts, reloads)| Case {
+                storage: if sparse {
+                    Storage::Sparse
+                } else {
+                    Storage::List
+                },
+                combos,
+                jackpot_min,
+                threshold,
+                counts,
+                reloads,
             },
-            combos,
-            jackpot_min,
-            threshold,
-            counts,
-        })
+        )
 }
 
 fn toml(id: &str, case: &Case) -> String {
@@ -185,7 +194,23 @@ async fn run(env: &TestEnv, n: usize, case: Case) -> Result<(), TestCaseError> {
     let mut batches = 1u64;
     let mut drawn: BTreeMap<u32, u64> = BTreeMap::new();
     let mut redis = env.redis.clone();
+    let mut version = 1;
     for (i, count) in case.counts.iter().enumerate() {
+        if let Some(jackpot_min) = case.reloads.get(i).copied().flatten() {
+            // A reload with another jackpot rule: prizes parked under the
+            // old one are sorted anew, none created or lost (checked below).
+            version += 1;
+            let reloaded = Case {
+                jackpot_min,
+                ..case.clone()
+            };
+            let config = lucky_gift::parse_file(&toml(&id, &reloaded))
+                .unwrap()
+                .remove(0);
+            lucky_gift::configure(&mut redis, &env.scripts, &keys, &config, version, &table)
+                .await
+                .unwrap();
+        }
         let before = snapshot(env, &keys, &day).await;
         let status_before = env.status(&id).await;
         let rid = format!("{id}-r{i}");
@@ -302,10 +327,11 @@ fn a_gated_draw_walks_a_long_jackpot_run() {
             jackpot_min: 500,
             threshold: 1 << 52,
             counts: vec![],
+            reloads: vec![],
         };
         rt.block_on(async {
             let id = format!("long{n}");
-            let (_config, _table) = load(&env, &id, &case).await;
+            let (_config, table) = load(&env, &id, &case).await;
             let keys = env.keys(&id);
             let mut redis = env.redis.clone();
             let step = lucky_gift::draw_once(
@@ -344,6 +370,34 @@ fn a_gated_draw_walks_a_long_jackpot_run() {
             assert!(matches!(step, DrawStep::Short { .. }), "{step:?}");
             let s = env.status(&id).await;
             assert_eq!((s.held_jackpots, s.drawn, s.in_pool), (held, 5, 9_000));
+            // A reload that makes 500x no jackpot frees the whole run at
+            // once, however long `held` is.
+            let freed = Case {
+                jackpot_min: 1000,
+                ..case.clone()
+            };
+            let config = lucky_gift::parse_file(&toml(&id, &freed))
+                .unwrap()
+                .remove(0);
+            lucky_gift::configure(&mut redis, &env.scripts, &keys, &config, 2, &table)
+                .await
+                .unwrap();
+            let step = lucky_gift::draw_once(
+                &mut redis,
+                &env.scripts,
+                &keys,
+                storage,
+                "freed",
+                1000,
+                600,
+                "fp",
+            )
+            .await
+            .unwrap();
+            assert!(matches!(step, DrawStep::Drawn(_)), "{storage:?}: {step:?}");
+            let s = env.status(&id).await;
+            assert_eq!((s.drawn, s.in_pool), (1_005, 8_000), "{storage:?}");
+            assert_eq!(s.stocked, s.drawn + s.in_pool);
         });
     }
 }

@@ -95,6 +95,7 @@ both_storages!(
     unknown_pool_and_count_above_max_count,
     gated_jackpots_wait_at_the_head_for_the_first_draw_that_may_win_them,
     waiting_jackpots_are_not_touched_by_gated_draws,
+    a_reload_frees_parked_prizes_that_are_no_jackpot_any_more,
     fifty_concurrent_refills_for_one_trigger_stock_one_batch,
 );
 
@@ -316,6 +317,70 @@ async fn waiting_jackpots_are_not_touched_by_gated_draws(storage: &str) {
     );
     let s = env.status(pool).await;
     assert_eq!(s.stocked, s.drawn + s.in_pool);
+}
+
+async fn a_reload_frees_parked_prizes_that_are_no_jackpot_any_more(storage: &str) {
+    let env = TestEnv::new(&[]).await;
+    let pool = "regate";
+    let combos: &[(&str, &[(u64, u64)])] = &[("c", &[(0, 8), (50, 1), (100, 1)])];
+    let rule = |min: u64| {
+        format!("refill_at = 1.0\nmax_count = 100\njackpot = {{ min_multiplier = {min}, daily_consumption_threshold = 1000000000 }}")
+    };
+    env.load(&pool_toml_in(storage, pool, &rule(50), combos))
+        .await;
+    // The gate never opens: every 50x and 100x prize is parked in turn.
+    for _ in 0..10 {
+        while let DrawStep::Drawn(_) = draw(&env, pool, 1).await {}
+        refill(&env, pool).await;
+    }
+    let codes = table(&env, pool).await;
+    let multiplier = |code: &u32| codes.decode(*code).unwrap().1;
+    let mut redis = env.redis.clone();
+    let parked: Vec<u32> = redis::cmd("LRANGE")
+        .arg(env.keys(pool).held())
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let fifties = parked.iter().filter(|c| multiplier(c) == 50).count();
+    assert!(fifties >= 9 && parked.len() >= 18, "parked: {parked:?}");
+    let before = env.status(pool).await;
+
+    // Only 100x is a jackpot now: the parked 50x prizes are drawable at
+    // once, before any other prize, while the 100x ones stay gated.
+    env.load(&pool_toml_in(storage, pool, &rule(100), combos))
+        .await;
+    let s = env.status(pool).await;
+    assert_eq!(s.stocked, s.drawn + s.in_pool, "a reload moves no prize");
+    assert_eq!((s.stocked, s.drawn), (before.stocked, before.drawn));
+    let won = drawn(draw(&env, pool, fifties as u32).await);
+    assert_eq!(won.codes.len(), fifties);
+    assert!(
+        won.codes.iter().all(|c| multiplier(c) == 50),
+        "the freed prizes come first: {:?}",
+        won.codes.iter().map(multiplier).collect::<Vec<_>>()
+    );
+    // The next draw takes fresh prizes and no parked 100x one.
+    let next = drawn(draw(&env, pool, 2).await);
+    assert!(
+        next.codes.iter().all(|c| multiplier(c) < 100),
+        "{:?}",
+        next.codes
+    );
+    let held: Vec<u32> = redis::cmd("LRANGE")
+        .arg(env.keys(pool).held())
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert!(held.iter().all(|c| multiplier(c) == 100), "{held:?}");
+    // Every parked 100x prize is still there (the fresh draw may have
+    // parked one more).
+    assert!((parked.len() - fifties..=parked.len() - fifties + 1).contains(&held.len()));
+    let s = env.status(pool).await;
+    assert_eq!(s.stocked, s.drawn + s.in_pool, "conservation");
 }
 
 /// Makes the pool's current batch due for its successor, as a draw that

@@ -13,6 +13,7 @@
 
 pub mod acks;
 mod consumer;
+pub mod depth;
 pub mod dlq;
 pub mod grouped;
 mod publish;
@@ -105,11 +106,41 @@ pub const ERROR_CODE_HEADER: &str = "x-prizepool-error-code";
 /// Header carrying the human-readable reason of a message we dead-lettered.
 pub const ERROR_HEADER: &str = "x-prizepool-error";
 
-/// Opens a connection named after the process, for the management UI.
+/// The broker addresses of `AMQP_URL`: one URL, or several separated by
+/// commas (the nodes of one RabbitMQ cluster, each a full URL with its
+/// credentials and vhost).
+pub fn addresses(url: &str) -> Vec<&str> {
+    url.split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .collect()
+}
+
+/// Opens a connection named after the process, for the management UI, to
+/// a live node of `url` ([`addresses`]), trying them in random order so the
+/// fleet spreads over the cluster and a stopped node only costs a failed
+/// attempt. Every reconnect calls this again, so a worker whose node is lost
+/// moves to another one.
+///
 /// `amqps://` URLs use TLS with the configured CA bundle and client
 /// certificate ([`crate::config::TlsFiles::current`]) and never fall back to
 /// plain TCP: a failed handshake is a failed connection.
 pub async fn connect(url: &str, name: &str) -> anyhow::Result<Connection> {
+    use rand::seq::SliceRandom;
+    let mut nodes = addresses(url);
+    anyhow::ensure!(!nodes.is_empty(), "AMQP_URL names no broker");
+    nodes.shuffle(&mut rand::rng());
+    let mut failures = Vec::new();
+    for node in nodes {
+        match connect_one(node, name).await {
+            Ok(conn) => return Ok(conn),
+            Err(e) => failures.push(format!("{e:#}")),
+        }
+    }
+    anyhow::bail!("no broker node answered: {}", failures.join("; "))
+}
+
+async fn connect_one(url: &str, name: &str) -> anyhow::Result<Connection> {
     let props = ConnectionProperties::default().with_connection_name(name.to_owned().into());
     let tls = crate::config::TlsFiles::current()
         .amqp()
@@ -122,6 +153,17 @@ pub async fn connect(url: &str, name: &str) -> anyhow::Result<Connection> {
 
 fn text(value: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(value.as_bytes().to_vec()))
+}
+
+/// Arguments of every quorum queue. Where a new queue's leader goes is left
+/// to the broker's `queue_leader_locator` setting (`balanced` spreads the
+/// leaders of a cluster's queues over its nodes; `docs/operations.md`):
+/// RabbitMQ checks `x-queue-leader-locator` for equivalence, so setting it
+/// here would make every queue declared without it refuse the fleet.
+fn quorum() -> FieldTable {
+    let mut args = FieldTable::default();
+    args.insert("x-queue-type".into(), text("quorum"));
+    args
 }
 
 /// Declares the whole SPEC §2 topology. Idempotent: every worker calls it at
@@ -147,10 +189,8 @@ pub async fn declare_topology(channel: &Channel, delivery_limit: u32) -> anyhow:
         ..QueueDeclareOptions::default()
     };
     for route in ROUTES {
-        let mut dlq_args = FieldTable::default();
-        dlq_args.insert("x-queue-type".into(), text("quorum"));
         channel
-            .queue_declare(route.dlq.into(), queue_opts, dlq_args)
+            .queue_declare(route.dlq.into(), queue_opts, quorum())
             .await
             .with_context(|| format!("declaring queue {}", route.dlq))?;
         channel
@@ -163,8 +203,7 @@ pub async fn declare_topology(channel: &Channel, delivery_limit: u32) -> anyhow:
             )
             .await?;
 
-        let mut args = FieldTable::default();
-        args.insert("x-queue-type".into(), text("quorum"));
+        let mut args = quorum();
         args.insert(
             "x-delivery-limit".into(),
             AMQPValue::LongLongInt(i64::from(delivery_limit)),
@@ -190,8 +229,7 @@ pub async fn declare_topology(channel: &Channel, delivery_limit: u32) -> anyhow:
             .await?;
     }
     for (name, ttl) in DELAY_TIERS {
-        let mut args = FieldTable::default();
-        args.insert("x-queue-type".into(), text("quorum"));
+        let mut args = quorum();
         args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(ttl as i64));
         args.insert("x-dead-letter-exchange".into(), text(EXCHANGE));
         args.insert("x-dead-letter-routing-key".into(), text(REFILL.routing_key));
@@ -208,6 +246,16 @@ pub async fn declare_topology(channel: &Channel, delivery_limit: u32) -> anyhow:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn amqp_url_may_list_the_nodes_of_a_cluster() {
+        assert_eq!(addresses("amqp://a/%2f"), vec!["amqp://a/%2f"]);
+        assert_eq!(
+            addresses(" amqp://u:p@a:5672/v , amqps://u:p@b:5671/v,,"),
+            vec!["amqp://u:p@a:5672/v", "amqps://u:p@b:5671/v"]
+        );
+        assert!(addresses(" , ").is_empty());
+    }
 
     #[test]
     fn delays_pick_the_largest_tier_that_fits() {

@@ -27,7 +27,7 @@ use crate::{
     kinds::{self, answer, lottery, Ask, Award, Claim, Kinds, Refusal, Step},
     messages::{
         decode_typed, retype, typed_json, DrawQueueMessage, DrawRequest, DrawResult, ErrorBody,
-        ErrorCode, GrantRequest, RefillRequest, Status,
+        ErrorCode, GrantRequest, GrantResult, RefillRequest, Status,
     },
     redis_conn::RedisConn,
 };
@@ -96,9 +96,27 @@ impl DrawWorker {
             .build();
         let mut asked = None;
         loop {
-            let (in_pool, generation) = match self.kinds.draw(kind, &ask).await? {
-                Step::Awarded(award) => return Ok(self.awarded(*award)),
-                Step::Refused(refusal) => return Ok(refused(&ask, refusal)),
+            let step = match self.kinds.draw(kind, &ask).await {
+                Err(HandleError::Invalid(why)) => {
+                    // Bad for this pool (a count past its maximum, a grab
+                    // of two shares): nothing was stored, so the id stays
+                    // free for the request the upstream meant to send.
+                    answer::release(&mut conn, &claim_key, &fingerprint).await?;
+                    return Err(HandleError::Invalid(why));
+                }
+                step => step?,
+            };
+            let (in_pool, generation) = match step {
+                Step::Awarded(award) => {
+                    metrics::counter!("prizepool_draws_total", "kind" => kind.label(), "outcome" => "ok")
+                        .increment(1);
+                    return Ok(self.awarded(*award));
+                }
+                Step::Refused(refusal) => {
+                    metrics::counter!("prizepool_draws_total", "kind" => kind.label(), "outcome" => refusal.code.as_str())
+                        .increment(1);
+                    return Ok(refused(&ask, refusal));
+                }
                 Step::Short {
                     in_pool,
                     generation,
@@ -256,31 +274,6 @@ impl DrawWorker {
             reply: Some(typed_json("grant_result", &reply)),
             ..Outcome::default()
         })
-    }
-}
-
-/// `{"type":"grant_result", ...}`: the reply to a `lottery.grant`.
-#[derive(Debug, serde::Serialize)]
-struct GrantResult {
-    grant_id: String,
-    status: Status,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    chances: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    chances_left: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<ErrorBody>,
-}
-
-impl GrantResult {
-    fn rejected(grant_id: String) -> Self {
-        Self {
-            grant_id,
-            status: Status::Rejected,
-            chances: None,
-            chances_left: None,
-            error: None,
-        }
     }
 }
 

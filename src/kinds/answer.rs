@@ -41,6 +41,21 @@ pub fn fingerprint(kind: &str, fields: &[&dyn Display]) -> String {
         .collect()
 }
 
+/// The ledger entry id of draw `serial` of `pool` asked by `request_id`,
+/// in namespace `scheme` (`draw`, `lottery`): `<scheme>:<pool>:<request_id>:<serial>`.
+///
+/// The id has the scope of the answer it pays for. The pool is in it because
+/// a request id is bound to one pool only while its answer is kept: sent
+/// again later on another pool, it is a new draw there, paid under an id of
+/// its own even when both pools' serials agree. The serial (the pool's draw
+/// counter, stored with the answer) tells a replay (same id, paid once) from
+/// a new draw of the same request id after its answer expired. Pool ids
+/// have no `:` (see [`crate::messages::check_name`]), so the pool ends at
+/// the first `:` and no two draws share an id.
+pub fn entry_id(scheme: &str, pool: &str, request_id: &str, serial: impl Display) -> String {
+    format!("{scheme}:{pool}:{request_id}:{serial}")
+}
+
 /// The claim key of id `id` in namespace `space` (`rq` for request ids,
 /// `gr` for grant ids): its own hash tag, so claims spread over the cluster.
 pub fn claim_key(prefix: &str, space: &str, id: &str) -> String {
@@ -77,6 +92,24 @@ pub async fn claim<C: ConnectionLike + Send>(
         Some(p) if p != fingerprint => Claim::Reused,
         _ => Claim::Ours,
     })
+}
+
+/// Frees the claim `key` if it still binds `fingerprint`: for a request
+/// refused as invalid before anything was stored (Stripe's rule: a request
+/// that failed validation binds nothing). A claim bound since to other
+/// content is left alone.
+pub async fn release<C: ConnectionLike + Send>(
+    conn: &mut C,
+    key: &str,
+    fingerprint: &str,
+) -> Result<(), HandleError> {
+    static RELEASE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+        redis::Script::new(
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+        )
+    });
+    let _: i64 = RELEASE.key(key).arg(fingerprint).invoke_async(conn).await?;
+    Ok(())
 }
 
 /// The refusal of a request whose id was first used for other content.

@@ -10,8 +10,12 @@
 //! - Only the reasons of [`DEBIT_REASONS`] may carry a negative amount, only
 //!   those of [`CREDIT_REASONS`] a positive one; a debit never takes a balance
 //!   below zero ([`Verdict::InsufficientFunds`]).
-//! - Every amount and balance stays within [`MAX_AMOUNT`] (2^53 − 1), so
-//!   every figure is exact in any JSON reader and no sum can overflow.
+//! - Every amount stays within [`MAX_AMOUNT`] (2^53 − 1), so every figure
+//!   is exact in any JSON reader and no sum can overflow. A credit from
+//!   outside the fleet may not take a balance above it either; a prize the
+//!   fleet already promised in a reply ([`INTERNAL_REASONS`], sealed) is
+//!   paid even past it (a balance is a 64-bit integer): a reply's promise is
+//!   never dead-lettered unpaid.
 //!
 //! A batch is written in one transaction: its new entries are inserted
 //! first (which serialises concurrent writers of one id), the balances they
@@ -320,7 +324,8 @@ async fn judge(
         let running = balances
             .get_mut(&(entry.account, entry.asset.as_str()))
             .ok_or_else(|| sqlx::Error::Protocol("a balance was not locked".into()))?;
-        let verdict = running.take(entry.amount);
+        let promised = INTERNAL_REASONS.contains(&entry.reason.as_str());
+        let verdict = running.take(entry.amount, promised);
         if !verdict.landed() {
             refused_ids.insert(entry.entry_id.as_str(), verdict.clone());
         }
@@ -372,7 +377,9 @@ struct Running {
 impl Running {
     /// Judges a movement of `amount` against the running balance and books
     /// it when it passes.
-    fn take(&mut self, amount: i64) -> Verdict {
+    /// Moves the balance by `amount`, unless that overdraws it or, for a
+    /// credit that was not `promised` in a reply, takes it past [`MAX_AMOUNT`].
+    fn take(&mut self, amount: i64, promised: bool) -> Verdict {
         let Some(next) = self.balance.checked_add(amount) else {
             return Verdict::Overflow {
                 balance: self.balance,
@@ -386,7 +393,7 @@ impl Running {
                 balance: self.balance,
             };
         }
-        if amount > 0 && next > MAX_AMOUNT {
+        if amount > 0 && next > MAX_AMOUNT && !promised {
             return Verdict::Overflow {
                 balance: self.balance,
             };
@@ -634,16 +641,30 @@ mod tests {
             created: false,
             moved: false,
         };
-        assert_eq!(r.take(-11), Verdict::InsufficientFunds { balance: 10 });
-        assert_eq!(r.take(-10), Verdict::Applied);
-        assert_eq!(r.take(MAX_AMOUNT), Verdict::Applied);
         assert_eq!(
-            r.take(1),
+            r.take(-11, false),
+            Verdict::InsufficientFunds { balance: 10 }
+        );
+        assert_eq!(r.take(-10, false), Verdict::Applied);
+        assert_eq!(r.take(MAX_AMOUNT, false), Verdict::Applied);
+        assert_eq!(
+            r.take(1, false),
             Verdict::Overflow {
                 balance: MAX_AMOUNT
             }
         );
         assert_eq!(r.balance, MAX_AMOUNT);
         assert!(r.moved);
+        // A prize a reply promised is paid past the bound, up to what a
+        // balance can hold.
+        assert_eq!(r.take(MAX_AMOUNT, true), Verdict::Applied);
+        assert_eq!(r.balance, 2 * MAX_AMOUNT);
+        r.balance = i64::MAX - 1;
+        assert_eq!(
+            r.take(2, true),
+            Verdict::Overflow {
+                balance: i64::MAX - 1
+            }
+        );
     }
 }

@@ -8,7 +8,7 @@
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use crate::redis_conn::RedisConn;
-use serde_json::{json, Value};
+use serde_json::Value;
 use sqlx::PgPool;
 
 use crate::{
@@ -19,8 +19,8 @@ use crate::{
         red_packet::{self, Close, CreateError, ExpireReply, RejectedReply},
     },
     messages::{
-        decode_typed, with_type, ErrorCode, Invalid, RedPacketCreate, RedPacketExpire,
-        RefillQueueMessage, RefillRequest,
+        decode_typed, typed_json, with_type, ErrorCode, Invalid, PoolRefilled, RedPacketCreate,
+        RedPacketExpire, RefillQueueMessage, RefillRequest, RefillResult, Status,
     },
     scripts::{PoolKeys, Scripts},
 };
@@ -70,6 +70,7 @@ impl RefillWorker {
 
     /// Stocks the batch after `req.trigger`, unless it exists.
     pub async fn refill(&self, req: RefillRequest) -> Result<Outcome, HandleError> {
+        let started = std::time::Instant::now();
         req.validate()?;
         let keys = PoolKeys::new(&self.config.redis_prefix, &req.pool);
         let mut conn = self.redis.clone();
@@ -125,25 +126,29 @@ impl RefillWorker {
                 Ok(StockOutcome::Stocked { generation, size }) => {
                     tracing::info!(pool = %req.pool, generation, size, urgent = req.urgent, "batch stocked");
                     metrics::counter!("prizepool_batches_stocked_total").increment(1);
-                    let event = json!({
-                        "type": "pool.refilled", "pool": req.pool, "generation": generation,
-                        "size": size, "version": version, "urgent": req.urgent,
-                    });
+                    // From the refill request's arrival to the batch drawable.
+                    metrics::histogram!("prizepool_refill_seconds")
+                        .record(started.elapsed().as_secs_f64());
+                    let event = PoolRefilled {
+                        pool: req.pool.clone(),
+                        generation,
+                        size,
+                        version,
+                        urgent: req.urgent,
+                    };
                     return Ok(Outcome {
-                        reply: Some(
-                            json!({"type": "refill_result", "status": "ok", "pool": req.pool, "generation": generation}).to_string().into_bytes(),
-                        ),
-                        effects: vec![Outgoing::event("pool.refilled", &event)],
+                        reply: Some(refilled(&req.pool, generation)),
+                        effects: vec![Outgoing::event_raw(
+                            "pool.refilled",
+                            typed_json("pool.refilled", &event),
+                        )],
                         ..Outcome::default()
                     });
                 }
                 Ok(StockOutcome::AlreadyDone { generation }) => {
                     tracing::debug!(pool = %req.pool, trigger = req.trigger, generation, "duplicate refill request");
                     return Ok(Outcome {
-                        reply: Some(
-                            json!({"type": "refill_result", "status": "ok", "pool": req.pool, "generation": generation}).to_string().into_bytes(),
-                        ),
-                        effects: Vec::new(),
+                        reply: Some(refilled(&req.pool, generation)),
                         ..Outcome::default()
                     });
                 }
@@ -325,6 +330,18 @@ impl RefillWorker {
     }
 }
 
+/// The `ok` reply to a refill: `pool` is at batch `generation`.
+fn refilled(pool: &str, generation: u64) -> Vec<u8> {
+    typed_json(
+        "refill_result",
+        &RefillResult {
+            status: Status::Ok,
+            pool: pool.to_owned(),
+            generation,
+        },
+    )
+}
+
 /// Milliseconds until `at` (0 when past).
 fn remaining_ms(at: chrono::DateTime<chrono::Utc>) -> u64 {
     (at - chrono::Utc::now())
@@ -366,5 +383,9 @@ pub async fn run(
     let redis = crate::redis_conn::connect(&config.redis_url).await?;
     let db = crate::db::connect(&config.database_url).await?;
     let worker = Arc::new(RefillWorker::new(config.clone(), redis, db));
+    tokio::spawn(amqp::depth::watch(
+        config.amqp_url.clone(),
+        shutdown.clone(),
+    ));
     amqp::run(&config, worker, health, shutdown).await
 }

@@ -11,7 +11,7 @@ use lapin::{
     options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions},
     types::{AMQPValue, FieldTable},
 };
-use serde_json::{json, Value};
+use serde_json::Value;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -20,7 +20,8 @@ use crate::{
     config::Config,
     ledger::{self, Verdict},
     messages::{
-        decode_envelope, rejected_reply, BadEntry, ErrorCode, Invalid, SettleMessage, SettleRequest,
+        decode_envelope, rejected_reply, typed_json, BadEntry, ErrorCode, Invalid, SettleMessage,
+        SettleRefusal, SettleRequest, SettleResult,
     },
     ops::Health,
 };
@@ -209,7 +210,7 @@ async fn settle_batch(
     let mut kinds = Vec::with_capacity(batch.len());
     // A `settle.batch` entry that does not decode: dead-lettered, and named
     // in its batch's reply.
-    let mut bad_parts: Vec<(usize, Value, String)> = Vec::new();
+    let mut bad_parts: Vec<(usize, Option<String>, String)> = Vec::new();
     for (at, delivery) in batch.iter().enumerate() {
         let decoded = decode_envelope(&delivery.data)
             .and_then(|v| SettleMessage::decode(&v))
@@ -247,7 +248,12 @@ async fn settle_batch(
                             tracing::warn!(reason = %bad.invalid, "bad entry in a settle batch; dead-lettering it");
                             metrics::counter!("prizepool_settle_entries_total", "outcome" => "refused", "reason" => "invalid")
                                 .increment(1);
-                            let id = bad.body.get("entry_id").cloned().unwrap_or(Value::Null);
+                            let id = bad
+                                .body
+                                .get("entry_id")
+                                .and_then(Value::as_str)
+                                .filter(|id| id.len() <= crate::messages::MAX_ENTRY_ID_LEN)
+                                .map(str::to_owned);
                             bad_parts.push((at, id, bad.invalid.message.clone()));
                             dead_letter_entry(publisher, delivery, &bad.body, &bad.invalid).await?;
                         }
@@ -277,10 +283,13 @@ async fn settle_batch(
 
     // Dead letters and replies, all confirmed before the ack.
     let mut out = Vec::new();
-    let mut refused_in: Vec<Vec<Value>> = vec![Vec::new(); batch.len()];
+    let mut refused_in: Vec<Vec<SettleRefusal>> = vec![Vec::new(); batch.len()];
     for (at, id, why) in bad_parts {
-        refused_in[at]
-            .push(json!({"entry_id": id, "code": ErrorCode::InvalidRequest, "message": why}));
+        refused_in[at].push(SettleRefusal {
+            entry_id: id,
+            code: ErrorCode::InvalidRequest,
+            message: Some(why),
+        });
     }
     for (o, fate) in owned.iter().zip(&fates) {
         let Some((code, why)) = fate.refusal(&o.entry) else {
@@ -302,8 +311,11 @@ async fn settle_batch(
                         false,
                     ));
                 }
-                refused_in[o.at]
-                    .push(json!({"entry_id": o.entry.entry_id, "code": code, "message": why}));
+                refused_in[o.at].push(SettleRefusal {
+                    entry_id: Some(o.entry.entry_id.clone()),
+                    code,
+                    message: Some(why.clone()),
+                });
             }
             Kind::One => {
                 if dead {
@@ -344,7 +356,10 @@ async fn settle_batch(
                 else {
                     continue;
                 };
-                json!({"type": "settle_result", "entry_id": o.entry.entry_id, "status": "ok"})
+                SettleResult {
+                    entry_id: Some(o.entry.entry_id.clone()),
+                    ..SettleResult::default()
+                }
             }
             Kind::Batch => {
                 let n = owned
@@ -352,17 +367,19 @@ async fn settle_batch(
                     .zip(&fates)
                     .filter(|(o, f)| o.at == at && f.landed())
                     .count();
-                let mut body = json!({"type": "settle_result", "status": "ok", "entries": n});
-                if !refused_in[at].is_empty() {
-                    body["refused"] = Value::Array(std::mem::take(&mut refused_in[at]));
-                }
+                let mut body = SettleResult {
+                    entries: Some(n),
+                    refused: std::mem::take(&mut refused_in[at]),
+                    ..SettleResult::default()
+                };
+                fit_refusals(&mut body);
                 body
             }
         };
         out.push(Outgoing::reply(
             to.as_str(),
             d.properties.correlation_id().as_ref(),
-            serde_json::to_vec(&body)?,
+            typed_json("settle_result", &body),
         ));
     }
     if !out.is_empty() {
@@ -514,5 +531,19 @@ fn dead_letter_copy(
         body,
         properties,
         mandatory: true,
+    }
+}
+
+/// Keeps a batch's reply within the wire limit: when the refusals with
+/// their messages would not fit, each keeps its entry id and code only
+/// (an entry's id and code are always shorter than the entry they answer,
+/// so the reply is never larger than the batch it answers).
+fn fit_refusals(body: &mut SettleResult) {
+    let size = serde_json::to_vec(body).map_or(usize::MAX, |b| b.len());
+    if size + "settle_result".len() + 12 <= crate::messages::MAX_MESSAGE_BYTES {
+        return;
+    }
+    for r in &mut body.refused {
+        r.message = None;
     }
 }

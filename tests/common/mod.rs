@@ -325,6 +325,51 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+pub mod load;
+pub mod raw;
+pub mod redis_cluster;
+
+/// Starts worker binary `exe` (`env!("CARGO_BIN_EXE_<name>")`) on `env`'s
+/// servers, its logs on the test's stderr.
+pub fn spawn_binary(env: &TestEnv, name: &str, exe: &str) -> std::process::Child {
+    spawn_binary_with(env, name, exe, &[])
+}
+
+/// [`spawn_binary`] with more environment variables (`extra` wins).
+pub fn spawn_binary_with(
+    env: &TestEnv,
+    name: &str,
+    exe: &str,
+    extra: &[(&str, &str)],
+) -> std::process::Child {
+    std::process::Command::new(exe)
+        .envs(env.env())
+        .env("RUST_LOG", "warn")
+        .env("METRICS_ADDR", "")
+        .envs(extra.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning {name}: {e}"))
+}
+
+pub async fn wait_exit(
+    child: &mut std::process::Child,
+    within: Duration,
+) -> std::process::ExitStatus {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "worker did not exit within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A child process stopped when dropped (even when the test panics).
 pub struct KillOnDrop(pub std::process::Child);
 

@@ -67,6 +67,9 @@ pub struct ActivityConfig {
     pub consolation: Option<Consolation>,
 }
 
+/// A prize is paid as one unit of asset `item:<prize id>`.
+pub const ASSET_PREFIX: &str = "item:";
+
 fn err(activity: &str, field: &str, message: impl Into<String>) -> ConfigError {
     ConfigError {
         pool: Some(activity.to_owned()),
@@ -117,7 +120,7 @@ pub fn parse_file(text: &str) -> Result<Vec<ActivityConfig>, ConfigError> {
     let mut out = Vec::new();
     for raw in file.activities {
         let id = raw.id.clone();
-        crate::messages::check_id("id", &id).map_err(|e| err(&id, "id", e.message))?;
+        crate::messages::check_name("id", &id).map_err(|e| err(&id, "id", e.message))?;
         if !ids.insert(id.clone()) {
             return Err(err(&id, "id", "duplicate activity id"));
         }
@@ -143,6 +146,16 @@ pub fn parse_file(text: &str) -> Result<Vec<ActivityConfig>, ConfigError> {
         for p in raw.prizes {
             let field = format!("prizes.{}", p.id);
             crate::messages::check_id("id", &p.id).map_err(|e| err(&id, &field, e.message))?;
+            if p.id.len() + ASSET_PREFIX.len() > crate::messages::MAX_ID_LEN {
+                return Err(err(
+                    &id,
+                    &field,
+                    format!(
+                        "prize ids may be {} bytes at most (the prize is paid as asset `{ASSET_PREFIX}<id>`)",
+                        crate::messages::MAX_ID_LEN - ASSET_PREFIX.len()
+                    ),
+                ));
+            }
             if p.id.contains([',', ':', '|']) {
                 return Err(err(
                     &id,
@@ -207,4 +220,29 @@ pub fn parse_file(text: &str) -> Result<Vec<ActivityConfig>, ConfigError> {
         out.push(config);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn activity(prize: &str) -> String {
+        format!(
+            "[[activities]]\nid = \"act\"\nstrategy = \"wheel\"\nstarts_at = \"2026-01-01T00:00:00Z\"\nends_at = \"2027-01-01T00:00:00Z\"\nprizes = [ {{ id = \"{prize}\", weight = 1, stock = 5 }} ]\n"
+        )
+    }
+
+    #[test]
+    fn a_prize_id_leaves_room_for_its_asset_name() {
+        let longest = "z".repeat(crate::messages::MAX_ID_LEN - ASSET_PREFIX.len());
+        assert!(parse_file(&activity(&longest)).is_ok());
+        let err = parse_file(&activity(&format!("{longest}z"))).unwrap_err();
+        assert!(err.to_string().contains("123 bytes at most"), "{err}");
+    }
+
+    #[test]
+    fn activity_names_have_no_entry_id_syntax() {
+        let text = activity("x").replace("id = \"act\"", "id = \"a:b\"");
+        assert!(parse_file(&text).is_err());
+    }
 }

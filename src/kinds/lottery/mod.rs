@@ -71,10 +71,11 @@ const PICK_TRIES: usize = 3;
 
 /// One lottery draw through `strategy`, as the seam asks it.
 ///
-/// Ledger entry ids: `lottery:<request_id>:<serial>`, the serial counting
-/// the activity's awards (stored with the answer): a replay pays under the
-/// same id, a request id sent again after its answer expired is a new draw
-/// paid under a new one.
+/// Ledger entry ids: `lottery:<activity>:<request_id>:<serial>`
+/// ([`crate::kinds::answer::entry_id`]), the serial counting the activity's
+/// awards (stored with the answer): a replay pays under the same id, a
+/// request id sent again after its answer expired, on this activity or
+/// another, is a new draw paid under a new one.
 pub async fn draw<C: ConnectionLike + Send>(
     conn: &mut C,
     scripts: &Scripts,
@@ -127,9 +128,9 @@ fn award(ask: &Ask<'_>, body: &str, replayed: bool) -> Result<Award, HandleError
         })
         .filter(|(_, p, _)| !p.is_empty())
         .ok_or_else(|| HandleError::internal(format!("malformed lottery answer {body:?}")))?;
-    let asset = format!("item:{prize}");
+    let asset = format!("{}{prize}", config::ASSET_PREFIX);
     let entry = SettleRequest::new(
-        format!("lottery:{}:{serial}", ask.request_id),
+        crate::kinds::answer::entry_id("lottery", ask.pool, ask.request_id, serial),
         ask.user,
         asset.as_str(),
         1,

@@ -226,7 +226,7 @@ fn validate(raw: RawPool) -> Result<PoolConfig, ConfigError> {
         pool: &raw.id,
         combo: None,
     };
-    crate::messages::check_id("id", &raw.id).map_err(|e| at.err("id", e.message))?;
+    crate::messages::check_name("id", &raw.id).map_err(|e| at.err("id", e.message))?;
     if raw.kind != "lucky_gift" {
         return Err(at.err(
             "kind",

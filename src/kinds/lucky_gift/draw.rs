@@ -2,13 +2,14 @@
 //! (`lua/draw_lucky_gift.lua`, `lua/draw_sparse.lua`), and the award it
 //! makes.
 //!
-//! Ledger entry ids: `draw:<request_id>:<serial>`, where the serial is the
-//! pool's `drawn` counter after the draw, stored with the answer. A request
-//! id names one request across all pools while its answer is kept (the draw
+//! Ledger entry ids: `draw:<pool>:<request_id>:<serial>`
+//! ([`crate::kinds::answer::entry_id`]), where the serial is the pool's
+//! `drawn` counter after the draw, stored with the answer. A request id
+//! names one request across all pools while its answer is kept (the draw
 //! worker claims it before the step, see [`crate::kinds::answer`]), and the
-//! serial names the draw for ever: a replay pays under the same id, while
-//! the same request id sent again after its answer expired is a new draw
-//! and is paid under a new id. A reply and its payment are one-to-one. The stored answer
+//! pool and serial name the draw for ever: a replay pays under the same id,
+//! while the same request id sent again after its answer expired, on this
+//! pool or another, is a new draw and is paid under a new id. A reply and its payment are one-to-one. The stored answer
 //! keeps the unit price, asset and config version the draw used, so a
 //! replay after a `pool load` pays what the first answer said.
 
@@ -298,7 +299,7 @@ fn award(
         .ok_or_else(|| HandleError::internal("reward overflows"))?;
     let entry = (reward != 0).then(|| {
         SettleRequest::new(
-            format!("draw:{}:{}", ask.request_id, drawn.serial),
+            crate::kinds::answer::entry_id("draw", ask.pool, ask.request_id, drawn.serial),
             ask.user,
             drawn.asset.as_str(),
             reward,

@@ -129,7 +129,20 @@ pub async fn configure<C: ConnectionLike + Send>(
     };
     let reply: Vec<String> = inv.invoke_async(conn).await?;
     match reply.first().map(String::as_str) {
-        Some("ok") => Ok(()),
+        Some("ok") => {
+            // The new rule holds for the prizes parked under the old one too:
+            // those that are no jackpot now go first (`lua/lib/jackpot.lua`).
+            let freed: i64 = scripts
+                .regate_held
+                .key(keys.meta())
+                .key(keys.held())
+                .invoke_async(conn)
+                .await?;
+            if freed > 0 {
+                tracing::info!(pool = %config.id, freed, "parked prizes freed by the new jackpot rule");
+            }
+            Ok(())
+        }
         Some("kind") => anyhow::bail!(
             "id {:?} already belongs to a {} pool",
             config.id,

@@ -1,0 +1,177 @@
+//! The fleet on a private three-node RabbitMQ cluster, given all three
+//! addresses: the node that leads the draw queue is stopped under load and
+//! started again. Draws go on through the other two (the workers and the
+//! upstream reconnect to a live node); every request gets one answer, the
+//! ledger pays exactly what was promised, conservation holds. Prints the
+//! longest gap between two replies.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::{
+    collections::HashMap,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use common::{load::assert_invariants, node_ctl, pool_toml, PrivateRabbit, TestEnv};
+use serde_json::json;
+
+const GIFT: &[(&str, &[(u64, u64)])] = &[
+    ("a", &[(0, 300), (1, 60), (5, 20)]),
+    ("b", &[(0, 200), (2, 50), (10, 10)]),
+];
+
+fn node(tag: &str) -> PrivateRabbit {
+    PrivateRabbit::start(tag, &[], |port, _| {
+        format!("listeners.tcp.default = 127.0.0.1:{port}\nqueue_leader_locator = balanced\n")
+    })
+}
+
+/// The node that leads `queue` in the default vhost, as `node` sees it.
+fn leader(node: &str, queue: &str) -> String {
+    let out = node_ctl(node, &["list_queues", "-q", "name", "leader"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| {
+            let mut f = l.split_whitespace();
+            (f.next() == Some(queue)).then(|| f.next().unwrap_or_default().to_owned())
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_the_node_that_leads_the_draw_queue_stalls_nothing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("prizepool=info,lapin=warn")
+        .with_test_writer()
+        .try_init();
+    let started = Instant::now();
+    let nodes = [node("c1"), node("c2"), node("c3")];
+    for n in &nodes[1..] {
+        for args in [
+            vec!["stop_app"],
+            vec!["join_cluster", nodes[0].node.as_str()],
+            vec!["start_app"],
+        ] {
+            let out = node_ctl(&n.node, &args);
+            assert!(
+                out.status.success(),
+                "{args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        n.await_startup();
+    }
+    eprintln!("three nodes started and joined in {:?}", started.elapsed());
+    let url = nodes
+        .iter()
+        .map(|n| format!("amqp://guest:guest@127.0.0.1:{}/%2f", n.port))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut env = TestEnv::new(&[("AMQP_URL", &url)]).await;
+    env.load(&pool_toml("cl", "max_count = 100", GIFT)).await;
+    env.start_fleet().await;
+
+    let (n, count) = (900usize, 3u32);
+    let answered = Arc::new(AtomicUsize::new(0));
+    let next = Arc::new(AtomicUsize::new(0));
+    let last_reply = Arc::new(Mutex::new((Instant::now(), Duration::ZERO)));
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let (answered, next, config, last_reply) = (
+            answered.clone(),
+            next.clone(),
+            env.config.clone(),
+            last_reply.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut replies = Vec::new();
+            let mut client = None;
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    return replies;
+                }
+                let id = format!("c-{i}");
+                let body = json!({"type": "draw", "request_id": id, "pool": "cl",
+                                  "user_id": 1 + (i % 50) as i64, "count": count});
+                // An upstream that lost its node sends again, same id, to
+                // whichever node answers.
+                let reply = loop {
+                    if client.is_none() {
+                        client = prizepool::amqp::rpc::RpcClient::connect(&config).await.ok();
+                    }
+                    if let Some(c) = &client {
+                        match c.call("draw", &body, Duration::from_secs(5)).await {
+                            Ok(reply) => break reply,
+                            Err(_) => client = None,
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                };
+                {
+                    let mut last = last_reply.lock().unwrap();
+                    let gap = last.0.elapsed();
+                    *last = (Instant::now(), last.1.max(gap));
+                }
+                answered.fetch_add(1, Ordering::Relaxed);
+                replies.push((id, reply));
+            }
+        }));
+    }
+    while answered.load(Ordering::Relaxed) < 150 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let leading = leader(&nodes[0].node, prizepool::amqp::DRAW.queue);
+    let stopped = nodes.iter().find(|n| n.node == leading).unwrap();
+    let before = answered.load(Ordering::Relaxed);
+    assert!(node_ctl(&stopped.node, &["stop_app"]).status.success());
+    // Draws go on while the leader's node is away.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while answered.load(Ordering::Relaxed) < before + 150 {
+        if Instant::now() >= deadline {
+            let live = nodes.iter().find(|n| n.node != leading).unwrap();
+            let out = node_ctl(
+                &live.node,
+                &[
+                    "list_queues",
+                    "name",
+                    "leader",
+                    "messages_ready",
+                    "messages_unacknowledged",
+                    "consumers",
+                ],
+            );
+            panic!(
+                "draws stalled without {leading}: {} answered before, {} now\n{}",
+                before,
+                answered.load(Ordering::Relaxed),
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let during = answered.load(Ordering::Relaxed) - before;
+    assert!(node_ctl(&stopped.node, &["start_app"]).status.success());
+    stopped.await_startup();
+    let mut replies = HashMap::new();
+    for t in tasks {
+        for (id, reply) in t.await.unwrap() {
+            assert!(
+                replies.insert(id, reply).is_none(),
+                "two answers for one request"
+            );
+        }
+    }
+    let gap = last_reply.lock().unwrap().1;
+    eprintln!(
+        "{n} requests, {} answered; {during} answered while {leading} (leader of the draw queue) was stopped; longest gap between replies {gap:?}",
+        replies.len()
+    );
+    assert_invariants(&env, "cl", n, count, &replies).await;
+    env.stop_workers().await;
+}
