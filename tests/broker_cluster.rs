@@ -11,7 +11,7 @@ mod common;
 use std::{
     collections::HashMap,
     sync::{
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
         Arc, Mutex,
     },
     time::{Duration, Instant},
@@ -76,31 +76,32 @@ async fn losing_the_node_that_leads_the_draw_queue_stalls_nothing() {
     env.load(&pool_toml("cl", "max_count = 100", GIFT)).await;
     env.start_fleet().await;
 
-    let (n, count) = (900usize, 3u32);
+    // Upstream senders run until told to stop, so the load covers the whole
+    // outage however fast the fleet is.
+    let count = 3u32;
     let answered = Arc::new(AtomicUsize::new(0));
     let next = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicBool::new(false));
     let last_reply = Arc::new(Mutex::new((Instant::now(), Duration::ZERO)));
     let mut tasks = Vec::new();
     for _ in 0..20 {
-        let (answered, next, config, last_reply) = (
+        let (answered, next, done, config, last_reply) = (
             answered.clone(),
             next.clone(),
+            done.clone(),
             env.config.clone(),
             last_reply.clone(),
         );
         tasks.push(tokio::spawn(async move {
             let mut replies = Vec::new();
             let mut client = None;
-            loop {
+            while !done.load(Ordering::Relaxed) {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= n {
-                    return replies;
-                }
                 let id = format!("c-{i}");
                 let body = json!({"type": "draw", "request_id": id, "pool": "cl",
                                   "user_id": 1 + (i % 50) as i64, "count": count});
                 // An upstream that lost its node sends again, same id, to
-                // whichever node answers.
+                // whichever node answers, until it has the answer.
                 let reply = loop {
                     if client.is_none() {
                         client = prizepool::amqp::rpc::RpcClient::connect(&config).await.ok();
@@ -121,18 +122,28 @@ async fn losing_the_node_that_leads_the_draw_queue_stalls_nothing() {
                 answered.fetch_add(1, Ordering::Relaxed);
                 replies.push((id, reply));
             }
+            replies
         }));
     }
-    while answered.load(Ordering::Relaxed) < 150 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let wait_for = |target: usize, what: &'static str, answered: Arc<AtomicUsize>| async move {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while answered.load(Ordering::Relaxed) < target {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {} answered, waiting for {target}",
+                answered.load(Ordering::Relaxed)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    wait_for(300, "before the stop", answered.clone()).await;
     let leading = leader(&nodes[0].node, prizepool::amqp::DRAW.queue);
     let stopped = nodes.iter().find(|n| n.node == leading).unwrap();
-    let before = answered.load(Ordering::Relaxed);
     assert!(node_ctl(&stopped.node, &["stop_app"]).status.success());
+    let before = answered.load(Ordering::Relaxed);
     // Draws go on while the leader's node is away.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while answered.load(Ordering::Relaxed) < before + 150 {
+    while answered.load(Ordering::Relaxed) < before + 300 {
         if Instant::now() >= deadline {
             let live = nodes.iter().find(|n| n.node != leading).unwrap();
             let out = node_ctl(
@@ -158,6 +169,9 @@ async fn losing_the_node_that_leads_the_draw_queue_stalls_nothing() {
     let during = answered.load(Ordering::Relaxed) - before;
     assert!(node_ctl(&stopped.node, &["start_app"]).status.success());
     stopped.await_startup();
+    let back = answered.load(Ordering::Relaxed);
+    wait_for(back + 200, "after the restart", answered.clone()).await;
+    done.store(true, Ordering::Relaxed);
     let mut replies = HashMap::new();
     for t in tasks {
         for (id, reply) in t.await.unwrap() {
@@ -167,6 +181,12 @@ async fn losing_the_node_that_leads_the_draw_queue_stalls_nothing() {
             );
         }
     }
+    let n = replies.len();
+    assert_eq!(
+        next.load(Ordering::Relaxed),
+        n,
+        "every request sent was answered"
+    );
     let gap = last_reply.lock().unwrap().1;
     eprintln!(
         "{n} requests, {} answered; {during} answered while {leading} (leader of the draw queue) was stopped; longest gap between replies {gap:?}",

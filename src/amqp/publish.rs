@@ -25,10 +25,16 @@ pub struct Outgoing {
     pub mandatory: bool,
 }
 
+/// Persistent JSON, stamped with the publishing second (the settle worker's
+/// lag is measured from it).
 fn json_properties() -> BasicProperties {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     BasicProperties::default()
         .with_content_type("application/json".into())
         .with_delivery_mode(2)
+        .with_timestamp(now)
 }
 
 impl Outgoing {

@@ -97,6 +97,9 @@ async fn session(
         )
         .await?;
     health.set_ready(true);
+    // Exported from the start, so an idle worker shows no lag rather than
+    // no series; the first stamped batch sets the real figure.
+    metrics::gauge!("prizepool_settle_lag_seconds").set(0.0);
     tracing::info!(queue = amqp::SETTLE.queue, "consuming");
 
     let result: anyhow::Result<()> = loop {
