@@ -35,12 +35,13 @@ async fn grab_share(
     user: i64,
 ) -> Option<i64> {
     let fingerprint = prizepool::kinds::fingerprint("draw", &[&packet, &user, &1u32]);
+    let tokens = prizepool::kinds::Tokens::new("t", "rq", request_id, fingerprint, 60);
     let ask = prizepool::kinds::Ask {
         request_id,
         pool: packet,
         user,
         count: 1,
-        fingerprint: &fingerprint,
+        token: &tokens.answer,
         result_ttl_s: 60,
     };
     match red_packet::grab(conn, scripts, keys, &ask).await.unwrap() {

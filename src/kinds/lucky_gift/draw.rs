@@ -108,10 +108,9 @@ pub fn draw_call<'a>(
     keys: &PoolKeys,
     storage: Storage,
     day: &str,
-    request_id: &str,
     count: u32,
     result_ttl_s: u64,
-    fingerprint: &str,
+    token: &[u8],
 ) -> redis::ScriptInvocation<'a> {
     let mut call = script.prepare_invoke();
     call.key(keys.meta());
@@ -124,19 +123,19 @@ pub fn draw_call<'a>(
     };
     call.key(keys.held())
         .key(keys.spent(day))
-        .key(keys.result(request_id))
+        .key(keys.results())
         .arg(count)
         .arg(result_ttl_s)
         .arg(SPENT_TTL_S);
     if storage == Storage::Sparse {
         call.arg(SPARSE_BUCKET);
     }
-    call.arg(fingerprint);
+    call.arg(token);
     call
 }
 
 /// Draws `count` prizes for `request_id` from the pool behind `keys`, in one
-/// atomic Lua step, binding the id to `fingerprint`.
+/// atomic Lua step, storing its answer under `token`.
 #[allow(clippy::too_many_arguments)]
 pub async fn draw_once<C: ConnectionLike + Send>(
     conn: &mut C,
@@ -146,7 +145,7 @@ pub async fn draw_once<C: ConnectionLike + Send>(
     request_id: &str,
     count: u32,
     result_ttl_s: u64,
-    fingerprint: &str,
+    token: &[u8],
 ) -> Result<DrawStep, HandleError> {
     let day = crate::scripts::utc_day();
     let (status, text, number): (String, String, u64) = draw_call(
@@ -154,10 +153,9 @@ pub async fn draw_once<C: ConnectionLike + Send>(
         keys,
         storage,
         &day,
-        request_id,
         count,
         result_ttl_s,
-        fingerprint,
+        token,
     )
     .invoke_async(conn)
     .await?;
@@ -236,7 +234,7 @@ pub async fn draw<C: ConnectionLike + Send>(
         ask.request_id,
         ask.count,
         ask.result_ttl_s,
-        ask.fingerprint,
+        ask.token,
     )
     .await?;
     let (drawn, replayed) = match step {

@@ -3,7 +3,7 @@
 //!
 //! Redis layout of packet `id` (hash tag `{id}`): `meta` (sender, total,
 //! expires_at, grabbed, refunded, closed), `shares` (list of
-//! `"<share>:<amount>"`), `grabbed` (hash user → share) and `r:<request_id>`.
+//! `"<share>:<amount>"`), `grabbed` (hash user → share) and `rs` (the answer store, [`crate::kinds::answer`]).
 //! Postgres keeps the packet, what its create asked for and its shares; the
 //! escrow, each grab and the refund are ledger entries, so at any moment
 //! `escrowed = grabbed + refunded + still in the packet`.
@@ -23,7 +23,7 @@
 //!
 //! Retention: closing a packet sets an expiry of [`CLOSED_RETENTION_S`]
 //! (7 days) on its `meta` and `grabbed` keys (`shares` is deleted at close,
-//! each `r:<request_id>` has its own TTL). After that a grab answers
+//! answers expire with their bucket of the answer store). After that a grab answers
 //! `unknown_pool`; Postgres keeps the packet for good, so a replayed create
 //! still answers as first created and stocks nothing again.
 
