@@ -11,6 +11,5 @@ broker=$!
 trap 'kill -TERM "$broker"; wait "$broker"' TERM INT
 
 rabbitmqctl --timeout 120 await_startup
-# From stdin, so the password is not on a command line.
-printf '%s' "$AMQP_PASSWORD" | rabbitmqctl change_password prizepool
+rabbitmqctl -q change_password prizepool "$AMQP_PASSWORD"
 wait "$broker"
