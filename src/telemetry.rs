@@ -20,18 +20,93 @@ use opentelemetry::{
     trace::{TraceContextExt, TracerProvider as _},
 };
 use opentelemetry_sdk::{propagation::TraceContextPropagator, trace::SdkTracerProvider};
+use tracing::{span, subscriber::Subscriber, Event};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
-use tracing_subscriber::{fmt, layer::Layered, prelude::*, registry::Registry, reload, EnvFilter};
+use tracing_subscriber::{
+    fmt,
+    layer::{Context, Layered},
+    prelude::*,
+    registry::Registry,
+    EnvFilter, Layer,
+};
 
 /// The subscriber beneath the trace layer.
 type Base = Layered<EnvFilter, Registry>;
-/// The trace layer: empty until [`export_traces`] fills it.
-type TraceLayer =
-    Option<tracing_opentelemetry::OpenTelemetryLayer<Base, opentelemetry_sdk::trace::SdkTracer>>;
+/// The layer that turns spans into OpenTelemetry spans.
+type OtelLayer =
+    tracing_opentelemetry::OpenTelemetryLayer<Base, opentelemetry_sdk::trace::SdkTracer>;
 
-/// Where [`export_traces`] puts the trace layer once the configuration is
+/// The trace layer, set once by [`export_traces`] when the configuration is
 /// known (logging starts before it is read, so start-up errors are logged).
-static TRACE_LAYER: OnceLock<reload::Handle<TraceLayer, Base>> = OnceLock::new();
+static TRACE_LAYER: OnceLock<OtelLayer> = OnceLock::new();
+/// Whether [`init`] installed the subscriber that holds [`Traces`].
+static INSTALLED: OnceLock<()> = OnceLock::new();
+
+/// Forwards to [`TRACE_LAYER`] once it is set, and does nothing before.
+///
+/// Not `tracing_subscriber::reload`: a reloadable layer refuses downcasts
+/// (its inner layer may be swapped while a pointer is held), and
+/// tracing-opentelemetry finds its context through a downcast, so spans
+/// could neither take a remote parent nor hand their context on. A layer
+/// in a static that is set once and never replaced can be downcast safely.
+struct Traces;
+
+impl<S> Layer<S> for Traces
+where
+    OtelLayer: Layer<S>,
+    S: Subscriber,
+{
+    fn on_new_span(&self, attrs: &span::Attributes<'_>, id: &span::Id, ctx: Context<'_, S>) {
+        if let Some(layer) = TRACE_LAYER.get() {
+            layer.on_new_span(attrs, id, ctx);
+        }
+    }
+
+    fn on_record(&self, id: &span::Id, values: &span::Record<'_>, ctx: Context<'_, S>) {
+        if let Some(layer) = TRACE_LAYER.get() {
+            layer.on_record(id, values, ctx);
+        }
+    }
+
+    fn on_follows_from(&self, id: &span::Id, follows: &span::Id, ctx: Context<'_, S>) {
+        if let Some(layer) = TRACE_LAYER.get() {
+            layer.on_follows_from(id, follows, ctx);
+        }
+    }
+
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+        if let Some(layer) = TRACE_LAYER.get() {
+            layer.on_event(event, ctx);
+        }
+    }
+
+    fn on_enter(&self, id: &span::Id, ctx: Context<'_, S>) {
+        if let Some(layer) = TRACE_LAYER.get() {
+            layer.on_enter(id, ctx);
+        }
+    }
+
+    fn on_exit(&self, id: &span::Id, ctx: Context<'_, S>) {
+        if let Some(layer) = TRACE_LAYER.get() {
+            layer.on_exit(id, ctx);
+        }
+    }
+
+    fn on_close(&self, id: span::Id, ctx: Context<'_, S>) {
+        if let Some(layer) = TRACE_LAYER.get() {
+            layer.on_close(id, ctx);
+        }
+    }
+
+    unsafe fn downcast_raw(&self, id: std::any::TypeId) -> Option<*const ()> {
+        if id == std::any::TypeId::of::<Self>() {
+            return Some(self as *const Self as *const ());
+        }
+        // SAFETY: the layer lives in a static that is never replaced, so a
+        // pointer into it stays valid for the life of the process.
+        unsafe { <OtelLayer as Layer<S>>::downcast_raw(TRACE_LAYER.get()?, id) }
+    }
+}
 
 /// Installs the global subscriber for `service` with `RUST_LOG` as the filter,
 /// or `default_level` when it is unset. Safe to call twice (the second call
@@ -40,8 +115,7 @@ pub fn init(service: &str, default_level: &str) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     let json = std::env::var("LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
-    let (traces, handle) = reload::Layer::new(None);
-    let registry = tracing_subscriber::registry().with(filter).with(traces);
+    let registry = tracing_subscriber::registry().with(filter).with(Traces);
     let result = if json {
         registry
             .with(
@@ -57,7 +131,7 @@ pub fn init(service: &str, default_level: &str) {
             .try_init()
     };
     if result.is_ok() {
-        let _ = TRACE_LAYER.set(handle);
+        let _ = INSTALLED.set(());
         if json {
             // A panic message would otherwise be the one plain-text line in
             // a JSON log; report it as an event instead.
@@ -98,9 +172,10 @@ pub fn export_traces(endpoint: Option<&str>, service: &str) -> anyhow::Result<Tr
     let Some(endpoint) = endpoint else {
         return Ok(TraceExport::default());
     };
-    let Some(handle) = TRACE_LAYER.get() else {
-        anyhow::bail!("trace export needs telemetry::init first");
-    };
+    anyhow::ensure!(
+        INSTALLED.get().is_some(),
+        "trace export needs telemetry::init first"
+    );
     let url = format!("{}/v1/traces", endpoint.trim_end_matches('/'));
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
@@ -115,7 +190,11 @@ pub fn export_traces(endpoint: Option<&str>, service: &str) -> anyhow::Result<Tr
         )
         .build();
     let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("prizepool"));
-    handle.reload(Some(layer))?;
+    if TRACE_LAYER.set(layer).is_err() {
+        // A second export in one process (tests): the first one stays.
+        let _ = provider.shutdown();
+        anyhow::bail!("traces are exported already");
+    }
     tracing::info!(endpoint = %crate::db::redact(&url), "exporting traces");
     Ok(TraceExport {
         provider: Some(provider),
@@ -131,6 +210,28 @@ pub fn continue_trace(span: &tracing::Span, headers: Option<&FieldTable>) {
     if context.span().span_context().is_valid() {
         // Fails only when the span is disabled (filtered out): nothing to link.
         let _ = span.set_parent(context);
+    }
+}
+
+/// Makes `span` (one for a batch of deliveries) continue the trace of the
+/// first delivery that carries one, and link to the traces of the others.
+pub fn follow_traces<'a>(
+    span: &tracing::Span,
+    headers: impl IntoIterator<Item = Option<&'a FieldTable>>,
+) {
+    let propagator = TraceContextPropagator::new();
+    let mut parented = false;
+    for headers in headers.into_iter().flatten() {
+        let context = propagator.extract(&HeaderReader(headers));
+        let remote = context.span().span_context().clone();
+        if !remote.is_valid() {
+            continue;
+        }
+        if parented {
+            span.add_link(remote);
+        } else {
+            parented = span.set_parent(context).is_ok();
+        }
     }
 }
 
@@ -258,6 +359,36 @@ mod tests {
                 delivery.span_context.span_id()
             )
         );
+    }
+
+    #[test]
+    fn a_batch_span_continues_the_first_trace_and_links_the_others() {
+        let spans = recorded(|| {
+            let headers: Vec<FieldTable> = ["first", "second"]
+                .into_iter()
+                .map(|name| {
+                    let span = tracing::info_span!("request", which = name);
+                    let properties =
+                        span.in_scope(|| with_trace_context(BasicProperties::default()));
+                    properties.headers().clone().unwrap()
+                })
+                .collect();
+            let batch = tracing::info_span!("batch");
+            follow_traces(&batch, [None, Some(&headers[0]), Some(&headers[1])]);
+        });
+        let requests: Vec<&SpanData> = spans.iter().filter(|s| s.name == "request").collect();
+        let batch = span(&spans, "batch");
+        assert_eq!(
+            batch.span_context.trace_id(),
+            requests[0].span_context.trace_id()
+        );
+        assert_eq!(batch.parent_span_id, requests[0].span_context.span_id());
+        let links: Vec<_> = batch
+            .links
+            .iter()
+            .map(|l| l.span_context.span_id())
+            .collect();
+        assert_eq!(links, [requests[1].span_context.span_id()]);
     }
 
     #[test]
