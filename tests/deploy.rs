@@ -130,9 +130,20 @@ fn render(values: &Value) -> Result<Vec<Value>, String> {
 fn every_deploy_file_passes_its_schema_validator() {
     let checked = validated();
     assert!(checked.join("compose.json").exists());
-    // Each rendering holds the three workers, their budgets and the migration.
-    for (set, objects) in renderings() {
-        let deployments: BTreeSet<&str> = of_kind(&objects, "Deployment")
+    // Each rendering holds the three workers and their budgets; the chart's
+    // defaults add the migration Job and the autoscalers.
+    let sets = renderings();
+    let names: BTreeSet<&str> = sets.iter().map(|(s, _)| s.as_str()).collect();
+    for set in [
+        "defaults",
+        "chart-secret",
+        "production-values",
+        "fixed-replicas-values",
+    ] {
+        assert!(names.contains(set), "no rendering {set}: {names:?}");
+    }
+    for (set, objects) in &sets {
+        let deployments: BTreeSet<&str> = of_kind(objects, "Deployment")
             .into_iter()
             .map(name)
             .collect();
@@ -145,8 +156,11 @@ fn every_deploy_file_passes_its_schema_validator() {
             ]),
             "{set}"
         );
-        assert_eq!(of_kind(&objects, "PodDisruptionBudget").len(), 3, "{set}");
-        assert_eq!(of_kind(&objects, "Job").len(), 1, "{set}");
+        assert_eq!(of_kind(objects, "PodDisruptionBudget").len(), 3, "{set}");
+        if set == "defaults" {
+            assert_eq!(of_kind(objects, "Job").len(), 1, "{set}");
+            assert_eq!(of_kind(objects, "ScaledObject").len(), 2, "{set}");
+        }
     }
 }
 
@@ -284,26 +298,36 @@ fn workers_are_probed_budgeted_and_take_credentials_only_from_secrets() {
             );
         }
         // Migrations run once per install or upgrade, before the workers.
-        let jobs = of_kind(&objects, "Job");
-        let migrate = pod(jobs[0])["spec"]["containers"][0].clone();
-        assert_eq!(
-            migrate["command"],
-            serde_json::json!(["prizepool", "migrate"])
-        );
-        let hooks = jobs[0]["metadata"]["annotations"]["helm.sh/hook"]
-            .as_str()
-            .unwrap();
-        assert!(
-            hooks.contains("pre-install") && hooks.contains("pre-upgrade"),
-            "{hooks}"
-        );
+        for job in of_kind(&objects, "Job") {
+            let migrate = &pod(job)["spec"]["containers"][0];
+            assert_eq!(
+                migrate["command"],
+                serde_json::json!(["prizepool", "migrate"])
+            );
+            let hooks = job["metadata"]["annotations"]["helm.sh/hook"]
+                .as_str()
+                .unwrap();
+            assert!(
+                hooks.contains("pre-install") && hooks.contains("pre-upgrade"),
+                "{hooks}"
+            );
+        }
         // Autoscaling targets the Deployments on queues the broker has.
         let deployments: BTreeSet<&str> = of_kind(&objects, "Deployment")
             .into_iter()
             .map(name)
             .collect();
         let scaled = of_kind(&objects, "ScaledObject");
-        assert_eq!(scaled.len(), 2, "{set}: draw and settle scale on depth");
+        // Without autoscalers every worker has a replica count of its own.
+        if scaled.is_empty() {
+            for d in of_kind(&objects, "Deployment") {
+                assert!(
+                    d["spec"]["replicas"].as_u64().is_some(),
+                    "{set}: {}",
+                    name(d)
+                );
+            }
+        }
         for s in scaled {
             let target = s["spec"]["scaleTargetRef"]["name"].as_str().unwrap();
             assert!(deployments.contains(target), "{set}: {target}");
@@ -420,6 +444,29 @@ fn the_chart_refuses_default_and_missing_passwords() {
             }
         }
     }
+}
+
+#[test]
+fn the_chart_refuses_values_it_does_not_know() {
+    for (values, named) in [
+        (
+            serde_json::json!({"workers": {"draw": {"replicaz": 3}}}),
+            "replicaz",
+        ),
+        (
+            serde_json::json!({"image": {"pullPolicy": "Sometimes"}}),
+            "pullPolicy",
+        ),
+        // Credentials never as plain config values.
+        (
+            serde_json::json!({"config": {"DATABASE_URL": "postgres://x"}}),
+            "DATABASE_URL",
+        ),
+    ] {
+        let error = render(&values).expect_err(&values.to_string());
+        assert!(error.contains(named), "{values}: {error}");
+    }
+    assert!(render(&serde_json::json!({"workers": {"draw": {"replicas": 3}}})).is_ok());
 }
 
 #[test]
