@@ -628,8 +628,8 @@ fn the_image_runs_as_a_numeric_non_root_user_and_ships_no_build_context_secrets(
     let runtime = dockerfile.rsplit("\nFROM ").next().unwrap();
     let user = runtime
         .lines()
-        .filter_map(|l| l.trim().strip_prefix("USER "))
-        .last()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix("USER "))
         .expect("the runtime stage sets USER");
     let uid: u32 = user
         .split(':')
