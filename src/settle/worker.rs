@@ -45,11 +45,12 @@ pub async fn run(
         .with_max_delay(Duration::from_secs(5))
         .without_max_times()
         .build();
+    let replier = amqp::Replier::new(&config.amqp_url, "settle-worker");
     loop {
         if shutdown.is_cancelled() {
             return Ok(());
         }
-        match session(&config, &db, &health, &shutdown).await {
+        match session(&config, &db, &replier, &health, &shutdown).await {
             Ok(()) => return Ok(()),
             Err(error) => {
                 health.set_ready(false);
@@ -71,6 +72,7 @@ pub async fn run(
 async fn session(
     config: &Config,
     db: &PgPool,
+    replier: &amqp::Replier,
     health: &Health,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
@@ -131,7 +133,7 @@ async fn session(
             &span,
             batch.iter().map(|d| d.properties.headers().as_ref()),
         );
-        if let Err(e) = settle_batch(db, &sealer, &publisher, batch, shutdown)
+        if let Err(e) = settle_batch(db, &sealer, &publisher, replier, batch, shutdown)
             .instrument(span)
             .await
         {
@@ -215,6 +217,7 @@ async fn settle_batch(
     db: &PgPool,
     sealer: &crate::ledger::Sealer,
     publisher: &Publisher,
+    replier: &amqp::Replier,
     batch: Vec<Delivery>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
@@ -276,7 +279,7 @@ async fn settle_batch(
             Err(invalid) => {
                 tracing::warn!(reason = %invalid, "bad settle message; dead-lettering");
                 kinds.push(Kind::Answered);
-                publish_dead_letter(publisher, delivery, amqp::SETTLE, &invalid).await?;
+                publish_dead_letter(publisher, replier, delivery, amqp::SETTLE, &invalid).await?;
             }
         }
     }
@@ -294,8 +297,10 @@ async fn settle_batch(
         .count();
     metrics::counter!("prizepool_ledger_entries_total").increment(applied as u64);
 
-    // Dead letters and replies, all confirmed before the ack.
+    // Dead letters and replies, all confirmed before the ack (replies on
+    // their own connection, `amqp::Replier`).
     let mut out = Vec::new();
+    let mut replies = Vec::new();
     let mut refused_in: Vec<Vec<SettleRefusal>> = vec![Vec::new(); batch.len()];
     for (at, id, why) in bad_parts {
         refused_in[at].push(SettleRefusal {
@@ -343,7 +348,7 @@ async fn settle_batch(
                 if let Some(to) = delivery.properties.reply_to() {
                     let request = decode_envelope(&delivery.data).ok();
                     let reply = rejected_reply(request.as_ref(), code, &why);
-                    out.push(Outgoing::reply(
+                    replies.push(Outgoing::reply(
                         to.as_str(),
                         delivery.properties.correlation_id().as_ref(),
                         serde_json::to_vec(&reply)?,
@@ -389,7 +394,7 @@ async fn settle_batch(
                 body
             }
         };
-        out.push(Outgoing::reply(
+        replies.push(Outgoing::reply(
             to.as_str(),
             d.properties.correlation_id().as_ref(),
             typed_json("settle_result", &body),
@@ -397,6 +402,11 @@ async fn settle_batch(
     }
     if !out.is_empty() {
         publisher.publish_all(out).await?;
+    }
+    if replier.send(replies).await == amqp::Sent::GivenUp {
+        // The entries are booked: a requester still waiting sends them again
+        // and is answered from the ledger.
+        tracing::warn!("settle replies could not be delivered; their requesters are gone");
     }
     if let Some(last) = batch.iter().max_by_key(|d| d.delivery_tag) {
         last.acker.ack(BasicAckOptions { multiple: true }).await?;
