@@ -1,7 +1,7 @@
 //! Trace export: worker binaries with `OTEL_EXPORTER_OTLP_ENDPOINT` send
 //! their spans to an OTLP/HTTP collector (a small one in this test), and a
 //! request's W3C trace context (`traceparent` in its AMQP headers) runs
-//! through the draw, its reply and its settlement.
+//! through the draw, its reply, its `draw.completed` event and its settlement.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -79,6 +79,18 @@ async fn collector(port: u16) -> Spans {
     spans
 }
 
+/// The `traceparent` header of a message.
+fn traceparent(properties: &BasicProperties) -> String {
+    match properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get("traceparent").cloned())
+    {
+        Some(AMQPValue::LongString(s)) => String::from_utf8(s.as_bytes().to_vec()).unwrap(),
+        other => panic!("no traceparent: {other:?}"),
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -110,7 +122,7 @@ async fn wait_span(spans: &Spans, service: &str, name: &str, trace_id: &str) -> 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_trace_runs_through_the_draw_its_reply_and_its_settlement() {
+async fn a_request_trace_runs_through_the_draw_its_reply_its_event_and_its_settlement() {
     let port = free_port();
     let spans = collector(port).await;
     let env = TestEnv::new(&[]).await;
@@ -163,6 +175,40 @@ async fn a_request_trace_runs_through_the_draw_its_reply_and_its_settlement() {
         )
         .await
         .unwrap();
+    // A downstream listener of the draw events.
+    let events = channel
+        .queue_declare(
+            "".into(),
+            QueueDeclareOptions {
+                exclusive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    channel
+        .queue_bind(
+            events.name().as_str().into(),
+            prizepool::amqp::EVENTS.into(),
+            "draw.completed".into(),
+            Default::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let mut listener = channel
+        .basic_consume(
+            events.name().as_str().into(),
+            "listener".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
     let (trace_id, upstream_span) = (random_hex(16), random_hex(8));
     let mut headers = FieldTable::default();
     headers.insert(
@@ -202,19 +248,15 @@ async fn a_request_trace_runs_through_the_draw_its_reply_and_its_settlement() {
     let delivery = wait_span(&spans, "draw-worker", "delivery", &trace_id).await;
     assert_eq!(delivery.parent_span_id, upstream_span);
     // …its reply carries the delivery's context back…
-    let traceparent = match reply
-        .properties
-        .headers()
-        .as_ref()
-        .and_then(|h| h.inner().get("traceparent").cloned())
-    {
-        Some(AMQPValue::LongString(s)) => String::from_utf8(s.as_bytes().to_vec()).unwrap(),
-        other => panic!("the reply has no traceparent: {other:?}"),
-    };
-    assert_eq!(
-        traceparent,
-        format!("00-{trace_id}-{}-01", delivery.span_id)
-    );
+    let in_trace = format!("00-{trace_id}-{}-01", delivery.span_id);
+    assert_eq!(traceparent(&reply.properties), in_trace);
+    // …and so does its draw.completed event…
+    let event = tokio::time::timeout(T, listener.next())
+        .await
+        .expect("a draw.completed event")
+        .unwrap()
+        .unwrap();
+    assert_eq!(traceparent(&event.properties), in_trace);
     // …and the settle worker books the reward in the same trace, under the draw.
     let settle = wait_span(&spans, "settle-worker", "settle.batch", &trace_id).await;
     assert_eq!(settle.parent_span_id, delivery.span_id);
