@@ -32,7 +32,7 @@ app.kubernetes.io/component: {{ .part }}
 
 {{- define "prizepool.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
-{{ default (printf "%s-prizepool" .Release.Name) .Values.serviceAccount.name }}
+{{ default (printf "%s-workers" .Release.Name) .Values.serviceAccount.name }}
 {{- else -}}
 {{ default "default" .Values.serviceAccount.name }}
 {{- end -}}
@@ -120,9 +120,17 @@ Call with (dict "name" "AMQP_URL" "value" .Values.secrets.amqpUrl).
 {{- end }}
 {{- end }}
 
-{{/* Pod-level settings every prizepool pod shares. */}}
+{{/*
+Pod-level settings every prizepool pod shares. Call with
+(dict "root" $ "hook" false); a hook's pod (the migration Job runs before
+the release's own objects exist) uses the namespace's default account.
+*/}}
 {{- define "prizepool.podSpec" -}}
+{{- $hook := .hook -}}
+{{- with .root -}}
+{{- if not $hook }}
 serviceAccountName: {{ include "prizepool.serviceAccountName" . }}
+{{- end }}
 automountServiceAccountToken: false
 enableServiceLinks: false
 securityContext:
@@ -145,4 +153,5 @@ affinity:
 {{- end }}
 volumes:
   {{- include "prizepool.volumes" . | nindent 2 }}
+{{- end }}
 {{- end }}
