@@ -388,6 +388,7 @@ async fn process<H: Handler>(
     .map(|(_, id)| id)
     .unwrap_or_default();
     let span = info_span!("delivery", queue = route.queue, request.id = %request_id);
+    crate::telemetry::continue_trace(&span, delivery.properties.headers().as_ref());
     async move {
         let outcome = match envelope {
             Err(invalid) => Err(HandleError::Invalid(invalid)),

@@ -14,6 +14,7 @@ use lapin::{
 use serde_json::Value;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::{
     amqp::{self, publish_dead_letter, publish_dead_letter_part, Outgoing, Publisher},
@@ -126,7 +127,16 @@ async fn session(
                 },
             }
         }
-        if let Err(e) = settle_batch(db, &sealer, &publisher, replier, batch, shutdown).await {
+        // One span per batch, in the trace of its first entry (linked to the others').
+        let span = tracing::info_span!("settle.batch", entries = batch.len());
+        crate::telemetry::follow_traces(
+            &span,
+            batch.iter().map(|d| d.properties.headers().as_ref()),
+        );
+        if let Err(e) = settle_batch(db, &sealer, &publisher, replier, batch, shutdown)
+            .instrument(span)
+            .await
+        {
             break Err(e);
         }
         if let Some(e) = failed {
