@@ -1,0 +1,151 @@
+//! A fresh-eyed review: attacks over the wire contract (and a few faults)
+//! that still break an invariant of the fleet. Each test names the property
+//! it proves and fails while the hole is open.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{pool_toml, TestEnv};
+use prizepool::messages::SettleRequest;
+use serde_json::{json, Value};
+
+const T: Duration = Duration::from_secs(30);
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+
+fn draw_as(request_id: &str, pool: &str, user: i64, count: u32) -> Value {
+    json!({"type": "draw", "request_id": request_id, "pool": pool, "user_id": user, "count": count})
+}
+
+fn create(packet: &str, sender: i64, total: i64, count: i64, min: i64, expires_in_s: i64) -> Value {
+    json!({"type": "redpacket.create", "packet_id": packet, "sender": sender, "total": total,
+           "count": count, "min": min, "expires_in_s": expires_in_s})
+}
+
+fn code(reply: &Value) -> &str {
+    reply["error"]["code"].as_str().unwrap_or("")
+}
+
+/// Credits `amount` coins to `account` straight in the ledger.
+async fn fund(env: &TestEnv, account: i64, amount: i64) {
+    let topup = SettleRequest::new(
+        format!("topup:{account}:{}", ulid::Ulid::new()),
+        account,
+        "coin",
+        amount,
+        "topup",
+        json!({}),
+    );
+    prizepool::settle::apply(&env.db, &[topup]).await.unwrap();
+}
+
+async fn coins(env: &TestEnv, account: i64) -> i64 {
+    prizepool::settle::balances(&env.db, account)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|b| b.asset == "coin")
+        .map_or(0, |b| b.balance)
+}
+
+/// Waits until `pool` is at batch `generation` (or the time is up) and
+/// returns the generation it is at.
+async fn wait_generation(env: &TestEnv, pool: &str, generation: u64, within: Duration) -> u64 {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let g = env.status(pool).await.generation;
+        if g >= generation || tokio::time::Instant::now() > deadline {
+            return g;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Red packets
+// ---------------------------------------------------------------------------
+
+/// docs/protocol.md, redpacket.create: "Idempotent by `packet_id`: a repeat
+/// returns the first result", and SPEC §7: "the first answer is the
+/// result, rejections included". A create answered `insufficient_funds` is
+/// not remembered: the same request sent again (a redelivery, or an
+/// upstream retrying after telling its user "no") once the sender holds
+/// enough escrows the sender's money and answers `ok`: two answers for one
+/// packet id, and money moved after the requester was told nothing moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_create_refused_for_funds_stays_refused_and_moves_nothing_later() {
+    let mut env = TestEnv::new(&[]).await;
+    env.start_fleet().await;
+    let client = env.client().await;
+    fund(&env, 7, 500).await;
+    let req = create("rp-short", 7, 1_000, 5, 1, 3600);
+    let first = client.call("refill", &req, T).await.unwrap();
+    assert_eq!(code(&first), "insufficient_funds", "{first}");
+    // The sender is paid in later (an unrelated top-up).
+    fund(&env, 7, 1_000).await;
+    let again = client.call("refill", &req, T).await.unwrap();
+    assert_eq!(
+        again["status"], first["status"],
+        "one packet id, two answers: first {first}, then {again}"
+    );
+    assert_eq!(
+        coins(&env, 7).await,
+        1_500,
+        "the sender was told `insufficient_funds`, yet the same request escrowed their money later"
+    );
+}
+
+/// docs/protocol.md, "Who may publish what": a `redpacket.expire` is
+/// internal and "an early one closes nothing and is delayed again". Every
+/// forged early expiry is delayed again on its own: N forgeries become N
+/// expiry messages cycling through the delay queues until the packet's
+/// expiry (a 30-day packet hops through the 6 h queue ~120 times, each hop a
+/// refill-queue delivery and a Postgres read), then N closes and N refund
+/// publications. One upstream message buys the fleet unbounded work: a
+/// packet must have one pending expiry, whatever is forged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn forged_early_expiries_do_not_multiply_pending_expiries() {
+    let mut env = TestEnv::new(&[]).await;
+    env.start_fleet().await;
+    let client = env.client().await;
+    fund(&env, 7, 10_000).await;
+    let reply = client
+        .call("refill", &create("rp-amp", 7, 1_000, 5, 1, 3 * 3600), T)
+        .await
+        .unwrap();
+    assert_eq!(reply["status"], "ok", "{reply}");
+    let delayed = || async {
+        let mut n = 0;
+        for q in ["1s", "10s", "1m", "10m", "1h", "6h"] {
+            n += env.queue_depth(&format!("prizepool.delay.{q}")).await;
+        }
+        n
+    };
+    let before = delayed().await;
+    assert_eq!(before, 1, "the create schedules one expiry");
+    let forged = 40;
+    for _ in 0..forged {
+        client
+            .send(
+                "refill",
+                &json!({"type": "redpacket.expire", "packet_id": "rp-amp"}),
+            )
+            .await
+            .unwrap();
+    }
+    // Let the refill worker take every forgery.
+    let deadline = tokio::time::Instant::now() + T;
+    while env.queue_depth("prizepool.refill").await > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = delayed().await;
+    assert!(
+        after <= 2,
+        "{forged} forged early expiries left {after} expiry messages cycling through the delay queues (1 before)"
+    );
+}
