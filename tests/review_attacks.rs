@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{pool_toml, TestEnv};
+use common::{raw::Raw, TestEnv};
 use prizepool::messages::SettleRequest;
 use serde_json::{json, Value};
 
@@ -147,5 +147,67 @@ async fn forged_early_expiries_do_not_multiply_pending_expiries() {
     assert!(
         after <= 2,
         "{forged} forged early expiries left {after} expiry messages cycling through the delay queues (1 before)"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Settlement
+// ---------------------------------------------------------------------------
+
+/// SPEC §7 / protocol "Exactly one reply": "A dead letter is likewise
+/// confirmed before its `rejected` reply" and the request is acked after.
+/// The settle worker dead-letters and answers a bad message of a batch
+/// before it books the batch, and acks the batch only after the booking:
+/// a stop while Postgres is away (the booking keeps retrying, then gives up
+/// on shutdown) leaves the bad message unacked, so after the restart it is
+/// dead-lettered and answered a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bad_settle_message_is_answered_and_dead_lettered_once_across_a_stop_during_an_outage() {
+    let mut env = TestEnv::new(&[]).await;
+    // A settle worker whose database is away, batching for long enough to
+    // take both messages in one batch.
+    let mut away = env.config.clone();
+    away.database_url = "postgres://postgres@127.0.0.1:1/nowhere".into();
+    away.settle_batch_wait = Duration::from_millis(1_000);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let health = prizepool::ops::Health::default();
+    let worker = tokio::spawn(prizepool::settle::run(away, health.clone(), stop.clone()));
+    let deadline = tokio::time::Instant::now() + T;
+    while !health.is_ready() {
+        assert!(tokio::time::Instant::now() < deadline, "worker not ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let raw = Raw::new(&env).await;
+    raw.publish_all(&[
+        ("settle", b"{not json".to_vec(), "bad".to_owned()),
+        (
+            "settle",
+            serde_json::to_vec(
+                &json!({"type": "settle", "entry_id": "topup:once", "account": 5,
+                "asset": "coin", "amount": 100, "reason": "topup"}),
+            )
+            .unwrap(),
+            "good".to_owned(),
+        ),
+    ])
+    .await;
+    let first = raw.reply("bad").await;
+    assert_eq!(code(&first), "invalid_request", "{first}");
+    // The good entry waits for the database; the worker is stopped.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    stop.cancel();
+    let _ = worker.await;
+    // A worker with the database back.
+    env.start_settle_worker().await;
+    let good = raw.reply("good").await;
+    assert_eq!(good["status"], "ok", "{good}");
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let answers = raw.replies_to("bad");
+    let dead = env.queue_depth("prizepool.settle.dlq").await;
+    assert_eq!(
+        (answers.len(), dead),
+        (1, 1),
+        "one bad message: {} replies {answers:?} and {dead} dead letters",
+        answers.len()
     );
 }
