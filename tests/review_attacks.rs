@@ -211,3 +211,67 @@ async fn a_bad_settle_message_is_answered_and_dead_lettered_once_across_a_stop_d
         answers.len()
     );
 }
+
+/// The settle lag gauge (`prizepool_settle_lag_seconds`, alerting above 60 s
+/// in deploy/prometheus/alerts.yml) is the age of the oldest message of a
+/// batch by its AMQP `timestamp`, which the publisher sets: one upstream
+/// top-up stamped `timestamp: 0` reports a lag of 56 years and pages the
+/// operators. The lag should come from the worker's own stamp (or ignore
+/// stamps it cannot trust, e.g. from the future or before the worker began).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_upstream_timestamp_cannot_fake_the_settle_lag() {
+    let env = TestEnv::new(&[]).await;
+    let addr = format!("127.0.0.1:{}", common::free_port());
+    let _worker = common::KillOnDrop(
+        std::process::Command::new(env!("CARGO_BIN_EXE_settle-worker"))
+            .envs(env.env())
+            .env("METRICS_ADDR", &addr)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let raw = Raw::new(&env).await;
+    let body = serde_json::to_vec(&json!({"type": "settle", "entry_id": "topup:stamp",
+        "account": 5, "asset": "coin", "amount": 100, "reason": "topup"}))
+    .unwrap();
+    // Wait for the worker's queue, then publish with a forged stamp.
+    let deadline = tokio::time::Instant::now() + T;
+    while metrics_text(&addr).await.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no metrics endpoint"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    raw.publish("settle", &body, raw.props("stamp").with_timestamp(0))
+        .await;
+    let reply = raw.reply("stamp").await;
+    assert_eq!(reply["status"], "ok", "{reply}");
+    let text = metrics_text(&addr).await;
+    let lag: f64 = text
+        .lines()
+        .find(|l| l.starts_with("prizepool_settle_lag_seconds"))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(-1.0);
+    assert!(
+        (0.0..60.0).contains(&lag),
+        "a settle that waited under a second shows a lag of {lag} s (alert threshold 60 s)"
+    );
+}
+
+/// The worker's `/metrics` page (empty while the endpoint is not up).
+async fn metrics_text(addr: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
+        return String::new();
+    };
+    stream
+        .write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut text = String::new();
+    let _ = stream.read_to_string(&mut text).await;
+    text
+}
