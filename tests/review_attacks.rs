@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{raw::Raw, TestEnv};
+use common::{activity_toml, raw::Raw, TestEnv};
 use prizepool::messages::SettleRequest;
 use serde_json::{json, Value};
 
@@ -274,4 +274,43 @@ async fn metrics_text(addr: &str) -> String {
     let mut text = String::new();
     let _ = stream.read_to_string(&mut text).await;
     text
+}
+
+// ---------------------------------------------------------------------------
+// Lottery
+// ---------------------------------------------------------------------------
+
+/// SPEC §7: a redelivered request "returns its first result". A
+/// `lottery.grant` sent again answers with the user's chances *now*
+/// (`lua/grant_chances.lua` reads the chances hash on a replay), not the
+/// answer it first gave: after one draw the same grant id says
+/// `chances_left: 2` where it first said 3, so an upstream reconciling by
+/// grant id sees one grant with two different outcomes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_grant_sent_again_replays_its_first_answer() {
+    let mut env = TestEnv::new(&[]).await;
+    let now = chrono::Utc::now();
+    env.load_activities(&activity_toml(
+        "act-replay",
+        now - chrono::Duration::hours(1),
+        now + chrono::Duration::hours(1),
+        r#"{ id = "cup", weight = 1, stock = 10 }"#,
+    ))
+    .await;
+    env.start_fleet().await;
+    let client = env.client().await;
+    let grant = json!({"type": "lottery.grant", "grant_id": "g-replay", "activity": "act-replay",
+                       "user_id": 9, "chances": 3});
+    let first = client.call("draw", &grant, T).await.unwrap();
+    assert_eq!(first["status"], "ok", "{first}");
+    let drew = client
+        .call("draw", &draw_as("d-replay", "act-replay", 9, 1), T)
+        .await
+        .unwrap();
+    assert_eq!(drew["status"], "ok", "{drew}");
+    let again = client.call("draw", &grant, T).await.unwrap();
+    assert_eq!(
+        again, first,
+        "one grant id, two answers: first {first}, then {again}"
+    );
 }
