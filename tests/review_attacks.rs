@@ -314,3 +314,44 @@ async fn a_grant_sent_again_replays_its_first_answer() {
         "one grant id, two answers: first {first}, then {again}"
     );
 }
+
+/// The `redpacket_result` promises `expires_at` in whole seconds, cut down
+/// (`wire_time` truncates), while the packet really closes at the stored
+/// instant with its fraction: a grab made after the answer's `expires_at`
+/// still takes a share (up to a second after the promised close). The
+/// promised instant must not be earlier than the real one (round up, or
+/// store the expiry in whole seconds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_share_is_grabbed_after_the_expiry_the_create_answered() {
+    let mut env = TestEnv::new(&[]).await;
+    env.start_fleet().await;
+    let client = env.client().await;
+    fund(&env, 7, 100_000).await;
+    let mut late_grabs = Vec::new();
+    for n in 0..3 {
+        let id = format!("rp-late-{n}");
+        let reply = client
+            .call("refill", &create(&id, 7, 1_000, 10, 1, 2), T)
+            .await
+            .unwrap();
+        assert_eq!(reply["status"], "ok", "{reply}");
+        let promised: chrono::DateTime<chrono::Utc> =
+            reply["expires_at"].as_str().unwrap().parse().unwrap();
+        // Wait until the promised expiry has passed, then grab.
+        let wait = (promised - chrono::Utc::now()).num_milliseconds() + 20;
+        if wait > 0 {
+            tokio::time::sleep(Duration::from_millis(wait.unsigned_abs())).await;
+        }
+        let grab = client
+            .call("draw", &draw_as(&format!("late-{n}"), &id, 100 + n, 1), T)
+            .await
+            .unwrap();
+        if grab["status"] == "ok" {
+            late_grabs.push((promised.to_rfc3339(), grab));
+        }
+    }
+    assert!(
+        late_grabs.is_empty(),
+        "shares were grabbed after the expiry the create answered: {late_grabs:?}"
+    );
+}
