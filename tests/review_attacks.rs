@@ -355,3 +355,62 @@ async fn no_share_is_grabbed_after_the_expiry_the_create_answered() {
         "shares were grabbed after the expiry the create answered: {late_grabs:?}"
     );
 }
+
+/// Fault: Redis loses a packet's keys (a restart or failover without
+/// `appendfsync always`, which docs/design.md says costs "a second of
+/// steps", or an eviction). A later `redpacket.create` sent again with the
+/// same content (an upstream retrying a lost reply) stocks the packet again
+/// from Postgres with *every* share, the ones already grabbed and paid
+/// included: `existing()` cannot tell "never stocked" from "stocked, then
+/// lost", so the escrow pays its shares twice. A packet stocked once must
+/// never be stocked again (record the stocking in Postgres with the packet).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_create_sent_again_after_redis_lost_the_packet_never_pays_a_share_twice() {
+    let mut env = TestEnv::new(&[]).await;
+    env.start_fleet().await;
+    let client = env.client().await;
+    fund(&env, 7, 10_000).await;
+    let req = create("rp-lost", 7, 1_000, 4, 1, 3600);
+    let reply = client.call("refill", &req, T).await.unwrap();
+    assert_eq!(reply["status"], "ok", "{reply}");
+    for u in 0..4 {
+        let r = client
+            .call(
+                "draw",
+                &draw_as(&format!("lost-a{u}"), "rp-lost", 100 + u, 1),
+                T,
+            )
+            .await
+            .unwrap();
+        assert_eq!(r["status"], "ok", "{r}");
+    }
+    // Redis loses the packet (its keys gone as after a lossy restart).
+    let keys = env.keys("rp-lost");
+    let mut redis = env.redis.clone();
+    let _: i64 = redis::cmd("DEL")
+        .arg(keys.meta())
+        .arg(keys.shares())
+        .arg(keys.grabbed())
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    // The upstream sends its create again.
+    let again = client.call("refill", &req, T).await.unwrap();
+    assert_eq!(again["status"], "ok", "{again}");
+    let mut paid_again = 0;
+    for u in 0..4 {
+        let r = client
+            .call(
+                "draw",
+                &draw_as(&format!("lost-b{u}"), "rp-lost", 200 + u, 1),
+                T,
+            )
+            .await
+            .unwrap();
+        paid_again += r["reward"].as_i64().unwrap_or(0);
+    }
+    assert_eq!(
+        paid_again, 0,
+        "the packet's 1000 were grabbed and paid, then the create sent again restocked it and paid {paid_again} more"
+    );
+}
