@@ -52,19 +52,6 @@ async fn coins(env: &TestEnv, account: i64) -> i64 {
         .map_or(0, |b| b.balance)
 }
 
-/// Waits until `pool` is at batch `generation` (or the time is up) and
-/// returns the generation it is at.
-async fn wait_generation(env: &TestEnv, pool: &str, generation: u64, within: Duration) -> u64 {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        let g = env.status(pool).await.generation;
-        if g >= generation || tokio::time::Instant::now() > deadline {
-            return g;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 // ---------------------------------------------------------------------------
 // Red packets
 // ---------------------------------------------------------------------------
