@@ -67,6 +67,7 @@ pub struct Scripts {
     pub draw_sparse: Script,
     pub sparse_stock: Script,
     pub red_packet_status: Script,
+    pub red_packet_expiry: Script,
 }
 
 impl Scripts {
@@ -91,6 +92,7 @@ impl Scripts {
             draw_sparse: lucky_gift!("../lua/draw_sparse.lua"),
             sparse_stock: Script::new(include_str!("../lua/sparse_stock.lua")),
             red_packet_status: Script::new(include_str!("../lua/red_packet_status.lua")),
+            red_packet_expiry: Script::new(include_str!("../lua/red_packet_expiry.lua")),
         }
     }
 }
