@@ -72,6 +72,7 @@ pub struct Scripts {
     pub claim: Script,
     pub remember_refusal: Script,
     pub forget: Script,
+    pub red_packet_expiry: Script,
 }
 
 impl Scripts {
@@ -99,6 +100,7 @@ impl Scripts {
             claim: answering!("../lua/claim.lua"),
             remember_refusal: answering!("../lua/remember_refusal.lua"),
             forget: answering!("../lua/forget.lua"),
+            red_packet_expiry: Script::new(include_str!("../lua/red_packet_expiry.lua")),
         }
     }
 }
