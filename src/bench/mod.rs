@@ -12,6 +12,7 @@
 
 mod ceilings;
 mod fleet;
+mod plan;
 mod report;
 mod stats;
 
@@ -77,6 +78,22 @@ pub struct BenchArgs {
     /// costs (default 1,000,000; 100,000 with `--quick`).
     #[arg(long)]
     results: Option<u64>,
+    /// Measure nothing: print what a peak of RATE draws/s (for SECONDS, or
+    /// steady) needs, from the costs of an earlier run (`--plan-from`).
+    #[arg(long, value_name = "RATE[:SECONDS]")]
+    plan: Option<plan::Peak>,
+    /// The report a plan is made from.
+    #[arg(long, default_value = "results/latest/report.json")]
+    plan_from: std::path::PathBuf,
+    /// Cores of one node, for the plan.
+    #[arg(long, default_value_t = 16.0)]
+    node_cores: f64,
+    /// Share of each core a part may use at the peak, for the plan.
+    #[arg(long, default_value_t = 0.6)]
+    utilisation: f64,
+    /// Memory one Redis master may fill, in GB, for the plan.
+    #[arg(long, default_value_t = 25.0)]
+    redis_master_gb: f64,
     /// Where reports are written.
     #[arg(long, default_value = "results")]
     out: std::path::PathBuf,
@@ -199,6 +216,20 @@ async fn remove_run_keys(config: &Config) -> anyhow::Result<Option<u64>> {
 
 /// Runs the benchmark and writes its reports.
 pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
+    if let Some(peak) = args.plan {
+        let text = std::fs::read_to_string(&args.plan_from)
+            .with_context(|| format!("reading {}", args.plan_from.display()))?;
+        let report: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("parsing {}", args.plan_from.display()))?;
+        let shape = plan::Shape {
+            cores_per_node: args.node_cores,
+            utilisation: args.utilisation,
+            gb_per_redis_master: args.redis_master_gb,
+            result_ttl_s: config.result_ttl.as_secs_f64(),
+        };
+        println!("{}", plan::plan(&report, peak, shape)?);
+        return Ok(());
+    }
     // The run's keys, its workers' included, live under a prefix of its own,
     // so the cleanup finds them all and removes nothing else.
     let config = &Config {
