@@ -32,7 +32,8 @@ impl std::str::FromStr for Peak {
                     .map_err(|_| format!("{s:?} is not seconds"))
             })
             .transpose()?;
-        if !(rate > 0.0 && rate.is_finite()) || seconds.is_some_and(|s| !(s > 0.0)) {
+        let positive = |v: f64| v.is_finite() && v > 0.0;
+        if !positive(rate) || seconds.is_some_and(|s| !positive(s)) {
             return Err("a peak is a positive rate and, optionally, positive seconds".into());
         }
         Ok(Self { rate, seconds })
