@@ -142,6 +142,35 @@ pub fn lucky_gift_batch<T: Clone>(
         .collect()
 }
 
+/// One combo of a batch's composition: its id and its (multiplier, count)
+/// pairs in configuration order.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ComboStock {
+    pub combo: String,
+    pub stock: Vec<(u64, u64)>,
+}
+
+/// The order of lucky-gift batch `generation` of `pool` under config
+/// `version` with this composition, as (combo id, multiplier) per position:
+/// what a verifier recomputes from a revealed seed.
+pub fn lucky_gift_order(
+    seed: &Seed,
+    pool: &str,
+    generation: u64,
+    version: i64,
+    composition: &[ComboStock],
+) -> Vec<(String, u64)> {
+    let combos: Vec<Vec<(u64, u64)>> = composition.iter().map(|c| c.stock.clone()).collect();
+    let mut stream = seed.stream(&lucky_gift_context(pool, generation, version));
+    lucky_gift_batch(&mut stream, &combos)
+        .into_iter()
+        .flat_map(|(c, prizes)| {
+            let id = composition[c].combo.clone();
+            prizes.into_iter().map(move |m| (id.clone(), m))
+        })
+        .collect()
+}
+
 fn to_hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -132,6 +132,13 @@ pub struct PoolRefilled {
     pub version: i64,
     /// Asked by a draw that found the pool short.
     pub urgent: bool,
+    /// `SHA-256` of the batch's secret seed, committed before the batch
+    /// became visible (`docs/fairness.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commitment: Option<String>,
+    /// The combos the batch was built from, in configuration order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub composition: Option<Vec<crate::fairness::ComboStock>>,
 }
 
 /// `{"type":"settle_result", ...}`: the reply to a `settle` (with its
@@ -343,6 +350,49 @@ pub struct DrawResult {
     pub error: Option<ErrorBody>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous: Option<Prize>,
+    /// Lucky gift: the pool's draw counter after this draw (the serial of
+    /// its ledger entry id); names the draw for ever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<i64>,
+    /// Lucky gift: the config version the draw used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<i64>,
+    /// Lucky gift: where the prizes came from, in the order of `prizes`
+    /// (`docs/fairness.md`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub positions: Vec<PrizeRun>,
+    /// Lucky gift: jackpots this draw met while they were gated and parked
+    /// at the pool's head, where they came from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held_back: Vec<BatchPosition>,
+    /// Lucky gift: the seeds of the batches this draw used up, revealed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub revealed: Vec<Reveal>,
+}
+
+/// `count` consecutive prizes of a draw taken from positions `position`,
+/// `position + 1`, … of batch `generation` (generation 0: a batch stocked
+/// before batches were committed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrizeRun {
+    pub generation: u64,
+    pub position: u64,
+    pub count: u64,
+}
+
+/// A position in the order of batch `generation`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchPosition {
+    pub generation: u64,
+    pub position: u64,
+}
+
+/// A revealed batch seed: `SHA-256(seed)` is the batch's commitment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reveal {
+    pub generation: u64,
+    pub version: i64,
+    pub seed: String,
 }
 
 /// `ok` or `rejected`.

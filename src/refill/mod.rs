@@ -102,18 +102,24 @@ impl RefillWorker {
         let attempt = self.attempt(&req.pool, req.trigger);
         let token = attempt.lock().await;
         loop {
-            let outcome = lucky_gift::stock_next_as(
+            // The batch's commitment goes to Postgres before the batch is
+            // visible, and into the `pool.refilled` event.
+            let recorder = crate::audit::PgRecorder::new(&self.db);
+            let outcome = lucky_gift::stock_committed(
                 &mut conn,
                 &self.scripts,
                 &keys,
                 &pool,
+                version,
                 &table,
                 req.trigger,
                 self.config.refill_chunk,
                 lucky_gift::DEFAULT_LEASE_MS,
                 &token,
+                &recorder,
             )
             .await;
+            let committed = recorder.take();
             // The attempt is over unless it waits for another one or meets
             // a server that is away (then it tries again under its token).
             if !matches!(outcome, Ok(StockOutcome::Busy { .. }) | Err(_)) {
@@ -135,6 +141,8 @@ impl RefillWorker {
                         size,
                         version,
                         urgent: req.urgent,
+                        commitment: committed.as_ref().map(|c| c.commitment.clone()),
+                        composition: committed.map(|c| c.composition),
                     };
                     return Ok(Outcome {
                         reply: Some(refilled(&req.pool, generation)),
