@@ -66,3 +66,319 @@ fn lucky_gift_batches_match_an_independent_implementation() {
         assert_eq!(theirs, json!(ours), "round {round}");
     }
 }
+
+mod common;
+
+use std::{collections::BTreeMap, time::Duration};
+
+use common::{pool_toml, TestEnv};
+use prizepool::{
+    audit,
+    kinds::{
+        lucky_gift::{self, Batch, CodeTable, PoolConfig},
+        Ask, Kinds, Step,
+    },
+};
+
+/// A pool of three combos with one distinguished prize each, so the
+/// positions of those prizes and the order of the combos can be counted.
+fn stats_config() -> PoolConfig {
+    let text = pool_toml(
+        "stat",
+        "refill_at = 0.5",
+        &[
+            ("a", &[(0, 9), (7, 1)]),
+            ("b", &[(0, 4), (3, 1)]),
+            ("c", &[(0, 2), (5, 1), (50, 2)]),
+        ],
+    );
+    lucky_gift::parse_file(&text).unwrap().remove(0)
+}
+
+/// Batch `g` of the stats pool, shuffled from seed `seed`, as (combo id,
+/// multiplier) per position.
+fn batch_of(config: &PoolConfig, table: &CodeTable, seed: &Seed, g: u64) -> Vec<(String, u64)> {
+    let mut stream = seed.stream(&lucky_gift_context(&config.id, g, 1));
+    Batch::build_fair(config, table, &mut stream)
+        .codes
+        .iter()
+        .map(|c| {
+            let (combo, m) = table.decode(*c).unwrap();
+            (combo.to_owned(), m)
+        })
+        .collect()
+}
+
+/// Pearson's statistic of `observed` counts against equal expectations.
+fn chi_square_uniform(observed: &[u64]) -> f64 {
+    let total: u64 = observed.iter().sum();
+    let expected = total as f64 / observed.len() as f64;
+    observed
+        .iter()
+        .map(|&o| (o as f64 - expected).powi(2) / expected)
+        .sum()
+}
+
+/// Pearson's statistic of independence of a contingency table.
+fn chi_square_independence(table: &[Vec<u64>]) -> f64 {
+    let total: u64 = table.iter().flatten().sum();
+    let rows: Vec<u64> = table.iter().map(|r| r.iter().sum()).collect();
+    let cols: Vec<u64> = (0..table[0].len())
+        .map(|j| table.iter().map(|r| r[j]).sum())
+        .collect();
+    let mut chi2 = 0.0;
+    for (i, row) in table.iter().enumerate() {
+        for (j, &o) in row.iter().enumerate() {
+            let e = rows[i] as f64 * cols[j] as f64 / total as f64;
+            chi2 += (o as f64 - e).powi(2) / e;
+        }
+    }
+    chi2
+}
+
+// Upper 0.001 quantiles of the chi-square distribution (tables; the last by
+// the Wilson-Hilferty approximation). The seeds are fixed, so each
+// statistic is one number that either passes or fails, every run.
+const CHI2_999_DF5: f64 = 20.515;
+const CHI2_999_DF9: f64 = 27.877;
+const CHI2_999_DF81: f64 = 126.2;
+
+/// The statistics of a run of batches: (combo-order counts over the six
+/// orders, position counts of the 7x prize inside combo `a`, contingency
+/// of that position between consecutive batches).
+fn batch_statistics(batches: &[Vec<(String, u64)>]) -> (Vec<u64>, Vec<u64>, Vec<Vec<u64>>) {
+    let mut orders: BTreeMap<String, u64> = BTreeMap::new();
+    let mut positions = vec![0u64; 10];
+    let mut pairs = vec![vec![0u64; 10]; 10];
+    let mut previous: Option<usize> = None;
+    for batch in batches {
+        let mut order = String::new();
+        for (combo, _) in batch {
+            if !order.ends_with(combo.as_str()) {
+                order.push_str(combo);
+            }
+        }
+        *orders.entry(order).or_default() += 1;
+        let start = batch.iter().position(|(c, _)| c == "a").unwrap();
+        let at = batch[start..].iter().position(|p| p.1 == 7).unwrap();
+        positions[at] += 1;
+        if let Some(p) = previous {
+            pairs[p][at] += 1;
+        }
+        previous = Some(at);
+    }
+    let mut order_counts: Vec<u64> = orders.into_values().collect();
+    order_counts.resize(6, 0);
+    (order_counts, positions, pairs)
+}
+
+fn fails_a_test(batches: &[Vec<(String, u64)>]) -> Vec<&'static str> {
+    let (orders, positions, pairs) = batch_statistics(batches);
+    let mut failed = Vec::new();
+    if chi_square_uniform(&orders) >= CHI2_999_DF5 {
+        failed.push("combo order");
+    }
+    if chi_square_uniform(&positions) >= CHI2_999_DF9 {
+        failed.push("prize position");
+    }
+    // A table with an empty row or column is as dependent as it gets.
+    let degenerate = pairs.iter().any(|r| r.iter().sum::<u64>() == 0)
+        || (0..10).any(|j| pairs.iter().map(|r| r[j]).sum::<u64>() == 0);
+    if degenerate || chi_square_independence(&pairs) >= CHI2_999_DF81 {
+        failed.push("independence");
+    }
+    failed
+}
+
+/// Over many committed batches (a fresh seed each, as the refill worker
+/// draws them; here from a fixed generator so the run is reproducible):
+/// every batch pays exactly the configured return; the combo order, the
+/// prize positions and consecutive batches pass chi-square tests. The same
+/// tests catch a batch that is sorted and a seed that is reused.
+#[test]
+fn committed_batches_pay_exactly_and_pass_chi_square_tests() {
+    let config = stats_config();
+    let table = CodeTable::extend(None, &config);
+    let configured: u64 = config
+        .combos
+        .iter()
+        .flat_map(|c| c.stock.iter().map(|(m, n)| m * n))
+        .sum();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
+    let n = 6000u64;
+    let batches: Vec<Vec<(String, u64)>> = (1..=n)
+        .map(|g| batch_of(&config, &table, &Seed(rng.random()), g))
+        .collect();
+    for (g, batch) in batches.iter().enumerate() {
+        let paid: u64 = batch.iter().map(|p| p.1).sum();
+        assert_eq!(paid, configured, "batch {}", g + 1);
+        assert_eq!(batch.len() as u64, config.batch_size());
+    }
+    assert_eq!(fails_a_test(&batches), Vec::<&str>::new());
+
+    // Mutations the tests must catch. A sorted batch:
+    let sorted: Vec<Vec<(String, u64)>> = batches
+        .iter()
+        .map(|b| {
+            let mut b = b.clone();
+            b.sort();
+            b
+        })
+        .collect();
+    assert!(fails_a_test(&sorted).contains(&"prize position"));
+    // One seed reused for every batch (with the same context).
+    let seed = Seed(rng.random());
+    let reused: Vec<Vec<(String, u64)>> =
+        (1..=n).map(|_| batch_of(&config, &table, &seed, 1)).collect();
+    assert!(fails_a_test(&reused).contains(&"independence"));
+}
+
+/// Draws `count` from `pool` straight through the seam (no broker) and
+/// records the result in the audit trail as the audit consumer would.
+async fn draw_and_record(env: &TestEnv, kinds: &Kinds, pool: &str, n: usize, count: u32) -> Step {
+    let request_id = format!("{pool}-{n}");
+    let fingerprint = prizepool::kinds::fingerprint("draw", &[&pool, &1i64, &count]);
+    let ask = Ask {
+        request_id: &request_id,
+        pool,
+        user: 1,
+        count,
+        fingerprint: &fingerprint,
+        result_ttl_s: 600,
+    };
+    let kind = kinds.resolve(pool).await.unwrap().unwrap();
+    let step = kinds.draw(kind, &ask).await.unwrap();
+    if let Step::Awarded(award) = &step {
+        audit::record_draw(&env.db, &award.result).await.unwrap();
+    }
+    step
+}
+
+/// Stocks the batch after `trigger` as the refill worker does (the
+/// commitment recorded in Postgres first).
+async fn refill(env: &TestEnv, pool: &str, trigger: u64) {
+    let mut redis = env.redis.clone();
+    let keys = env.keys(pool);
+    let (version, config, table) = lucky_gift::stored_config(&mut redis, &keys)
+        .await
+        .unwrap()
+        .unwrap();
+    let recorder = audit::PgRecorder::new(&env.db);
+    let outcome = lucky_gift::stock_committed(
+        &mut redis,
+        &env.scripts,
+        &keys,
+        &config,
+        version,
+        &table,
+        trigger,
+        500,
+        30_000,
+        "test",
+        &recorder,
+    )
+    .await
+    .unwrap();
+    assert!(matches!(outcome, lucky_gift::StockOutcome::Stocked { .. }), "{outcome:?}");
+}
+
+/// Draws batch 1 of `pool` to its end, 8 prizes a draw (refilling at its
+/// refill point), which reveals it; answers the draws' results in order.
+async fn use_up_batch_one(
+    env: &TestEnv,
+    kinds: &Kinds,
+    pool: &str,
+) -> Vec<prizepool::messages::DrawResult> {
+    let mut results = Vec::new();
+    for n in 0..20 {
+        match draw_and_record(env, kinds, pool, n, 8).await {
+            Step::Awarded(a) => {
+                if let Some(r) = &a.refill {
+                    refill(env, pool, r.trigger).await;
+                }
+                let revealed = a.result.revealed.iter().any(|r| r.generation == 1);
+                results.push(a.result);
+                if revealed {
+                    return results;
+                }
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    panic!("batch 1 of {pool} was never revealed");
+}
+
+/// The request id of the first draw in `results` (8 prizes each, from
+/// position 0 of batch 1) whose prizes are not the ones `seed` puts there.
+fn first_unfair(results: &[prizepool::messages::DrawResult], seed: &str, pool: &str) -> Option<String> {
+    let composition = lucky_gift::composition(&lucky_gift::parse_file(&pool_toml(pool, "refill_at = 0.5\nmax_count = 100", SMALL)).unwrap()[0]);
+    let order = prizepool::fairness::lucky_gift_order(&Seed::from_hex(seed).unwrap(), pool, 1, 1, &composition);
+    results.iter().enumerate().find_map(|(n, r)| {
+        let got: Vec<(String, u64)> = r
+            .prizes
+            .iter()
+            .map(|p| match p {
+                prizepool::messages::Prize::Multiplier { multiplier, combo } => (combo.clone(), *multiplier),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        (got[..] != order[8 * n..8 * n + 8]).then(|| r.request_id.clone())
+    })
+}
+
+const SMALL: &[(&str, &[(u64, u64)])] = &[
+    ("a", &[(0, 30), (1, 10), (5, 5)]),
+    ("b", &[(0, 20), (2, 10), (10, 5)]),
+];
+
+/// A batch sorted in Redis before it is drawn is caught by the verifier,
+/// at the first draw that got a prize the seed did not put there; a seed
+/// used for a second batch is caught too.
+#[tokio::test]
+async fn a_sorted_batch_and_a_reused_seed_are_caught() {
+    let env = TestEnv::new(&[]).await;
+    let kinds = Kinds::new(env.redis.clone(), &env.config.redis_prefix);
+    let mut redis = env.redis.clone();
+    for pool in ["honest", "sorted", "reused"] {
+        env.load(&pool_toml(pool, "refill_at = 0.5\nmax_count = 100", SMALL)).await;
+    }
+    // Sort batch 1 of "sorted" in place (flags stay where they were).
+    let q = env.keys("sorted").queue();
+    let items: Vec<String> = redis::cmd("LRANGE").arg(&q).arg(0).arg(-1).query_async(&mut redis).await.unwrap();
+    let mut codes: Vec<u32> = items.iter().map(|i| i.split('f').next().unwrap().parse().unwrap()).collect();
+    codes.sort();
+    for (i, item) in items.iter().enumerate() {
+        let flag = item.find('f').map(|at| &item[at..]).unwrap_or("");
+        redis::cmd("LSET").arg(&q).arg(i).arg(format!("{}{flag}", codes[i])).query_async::<()>(&mut redis).await.unwrap();
+    }
+    use_up_batch_one(&env, &kinds, "honest").await;
+    let results = use_up_batch_one(&env, &kinds, "sorted").await;
+    let honest = audit::verify(&env.db, "honest", Some(1)).await.unwrap();
+    assert!(honest.ok, "{honest:?}");
+    assert_eq!(honest.batches[0].status, "ok");
+    assert!(honest.batches[0].complete, "{honest:?}");
+    assert_eq!(honest.batches[0].prizes_checked, 80);
+    let sorted = audit::verify(&env.db, "sorted", Some(1)).await.unwrap();
+    assert!(!sorted.ok, "{sorted:?}");
+    let m = sorted.batches[0].first_mismatch.clone().unwrap();
+    let seed = sorted.batches[0].seed.clone().unwrap();
+    let expected = first_unfair(&results, &seed, "sorted");
+    assert!(expected.is_some(), "the sorted batch is the fair one");
+    assert_eq!(m.request_id, expected, "{m:?}");
+
+    // "reused": batch 2 is stocked with batch 1's seed.
+    use_up_batch_one(&env, &kinds, "reused").await;
+    let first = audit::verify(&env.db, "reused", Some(1)).await.unwrap();
+    assert!(first.ok, "{first:?}");
+    let seed = first.batches[0].seed.clone().unwrap();
+    let meta = env.keys("reused").meta();
+    let s = env.status("reused").await;
+    let g = s.generation;
+    // Make the next batch due and plant the old seed as its pending seed.
+    redis::cmd("HSET").arg(&meta).arg("due").arg(g).arg("fair_next").arg(format!("{}|{seed}", g + 1)).query_async::<()>(&mut redis).await.unwrap();
+    refill(&env, "reused", g).await;
+    let again = audit::verify(&env.db, "reused", Some(1)).await.unwrap();
+    assert!(!again.ok, "{again:?}");
+    let reason = again.batches[0].first_mismatch.clone().unwrap().reason;
+    assert!(reason.contains("reused"), "{reason}");
+}

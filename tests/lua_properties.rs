@@ -275,7 +275,7 @@ async fn run(env: &TestEnv, n: usize, case: Case) -> Result<(), TestCaseError> {
                     .await
                     .unwrap();
                 for item in items {
-                    let code = item.split('f').next().unwrap().parse::<u32>().unwrap();
+                    let code = item.split(['f', ':']).next().unwrap().parse::<u32>().unwrap();
                     *in_pool.entry(code).or_default() += 1;
                 }
             }

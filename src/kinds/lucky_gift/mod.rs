@@ -210,6 +210,55 @@ pub async fn status<C: ConnectionLike + Send>(
     }))
 }
 
+/// Where a pool's committed batches stand (`docs/fairness.md`), as `pool
+/// status` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct FairState {
+    /// The batch the next prize comes from (0 before the first committed batch).
+    pub drawing: u64,
+    /// Batches whose seed is still secret: (generation, config version,
+    /// commitment), oldest first.
+    pub committed: Vec<(u64, i64, String)>,
+    /// The last batch revealed: (generation, config version, seed).
+    pub last_revealed: Option<(u64, i64, String)>,
+}
+
+/// Reads a pool's [`FairState`] from its meta hash.
+pub async fn fair_state<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &PoolKeys,
+) -> Result<FairState, redis::RedisError> {
+    let meta: std::collections::HashMap<String, String> =
+        redis::cmd("HGETALL").arg(keys.meta()).query_async(conn).await?;
+    let record = |text: &str| -> Option<(i64, crate::fairness::Seed)> {
+        let (version, seed) = text.split_once('|')?;
+        Some((version.parse().ok()?, crate::fairness::Seed::from_hex(seed)?))
+    };
+    let mut state = FairState {
+        drawing: meta.get("hgen").and_then(|g| g.parse().ok()).unwrap_or(0),
+        ..FairState::default()
+    };
+    for (field, value) in &meta {
+        if let Some(g) = field.strip_prefix("c:").and_then(|g| g.parse::<u64>().ok()) {
+            if let Some((version, seed)) = record(value) {
+                state.committed.push((g, version, seed.commitment()));
+            }
+        }
+    }
+    state.committed.sort();
+    state.last_revealed = meta.get("revealed").and_then(|r| {
+        let (g, rest) = r.split_once('|')?;
+        let (version, seed) = record(rest)?;
+        Some((g.parse().ok()?, version, seed.to_hex()))
+    });
+    // The batch being drawn may be the first committed one if the pointer
+    // has not moved yet.
+    if state.drawing == 0 {
+        state.drawing = state.committed.first().map_or(0, |c| c.0);
+    }
+    Ok(state)
+}
+
 /// The config a pool was last loaded with, its version and its code table,
 /// as stored in Redis by [`configure`]; `None` if the pool is unknown there.
 pub async fn stored_config<C: ConnectionLike + Send>(
