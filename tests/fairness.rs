@@ -382,3 +382,112 @@ async fn a_sorted_batch_and_a_reused_seed_are_caught() {
     let reason = again.batches[0].first_mismatch.clone().unwrap().reason;
     assert!(reason.contains("reused"), "{reason}");
 }
+
+/// The positions a draw reply names, prize by prize: (generation, position).
+fn positions_of(reply: &Value) -> Vec<(u64, u64)> {
+    reply["positions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|run| {
+            let g = run["generation"].as_u64().unwrap();
+            let p = run["position"].as_u64().unwrap();
+            (p..p + run["count"].as_u64().unwrap()).map(move |p| (g, p))
+        })
+        .collect()
+}
+
+/// Through the whole fleet: every reply names its prizes' positions, the
+/// audit consumer records the commitments, draws and reveals, and the
+/// verifier accepts the honest batch and names the first draw of a batch
+/// whose prizes were swapped in Redis before they were drawn.
+#[tokio::test]
+async fn the_verifier_names_the_first_draw_of_a_tampered_batch() {
+    let mut env = TestEnv::new(&[]).await;
+    env.load(&pool_toml("fair", "refill_at = 0.5\nmax_count = 100", SMALL))
+        .await;
+    env.start_fleet().await;
+    let client = env.client().await;
+    let call = |i: i64| {
+        let client = &client;
+        async move {
+            let reply = client
+                .call("draw", &common::draw("fair", i, 10), Duration::from_secs(10))
+                .await
+                .unwrap();
+            assert_eq!(reply["status"], "ok", "{reply}");
+            assert_eq!(positions_of(&reply).len(), 10, "{reply}");
+            reply
+        }
+    };
+    // Past batch 1's refill point: batch 2 is committed and stocked.
+    let mut replies = Vec::new();
+    for i in 0..4 {
+        replies.push(call(i).await);
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while env.status("fair").await.generation < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "batch 2 never came");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Batch 2 sits behind the 40 prizes left of batch 1: swap two of its
+    // prizes that differ (neither the refill flag).
+    let mut redis = env.redis.clone();
+    let q = env.keys("fair").queue();
+    let items: Vec<String> = redis::cmd("LRANGE").arg(&q).arg(40).arg(119).query_async(&mut redis).await.unwrap();
+    let i = (0..80).find(|&i| !items[i].contains('f')).unwrap();
+    let j = (i + 1..80).find(|&j| !items[j].contains('f') && items[j] != items[i]).unwrap();
+    for (at, value) in [(i, &items[j]), (j, &items[i])] {
+        redis::cmd("LSET").arg(&q).arg(40 + at).arg(value).query_async::<()>(&mut redis).await.unwrap();
+    }
+    // Draw batch 2 to its end and into batch 3 (which reveals batch 2).
+    for k in 4..17 {
+        replies.push(call(k).await);
+    }
+    let tampered = replies
+        .iter()
+        .find(|r| positions_of(r).contains(&(2, i as u64)))
+        .map(|r| r["request_id"].as_str().unwrap().to_owned());
+    assert!(tampered.is_some());
+    let revealed: Vec<u64> = replies
+        .iter()
+        .flat_map(|r| r["revealed"].as_array().cloned().unwrap_or_default())
+        .map(|r| r["generation"].as_u64().unwrap())
+        .collect();
+    assert_eq!(revealed, vec![1, 2]);
+    // The audit consumer records asynchronously: wait for all 17 draws.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (draws,): (i64,) = sqlx::query_as("SELECT count(*) FROM fair_draws WHERE pool = 'fair'")
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
+        let (reveals,): (i64,) = sqlx::query_as("SELECT count(*) FROM fair_reveals WHERE pool = 'fair'")
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
+        if draws == 17 && reveals == 2 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "audit trail: {draws} draws, {reveals} reveals");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let verdict = audit::verify(&env.db, "fair", None).await.unwrap();
+    assert!(!verdict.ok);
+    let by_generation: BTreeMap<u64, &audit::BatchVerdict> =
+        verdict.batches.iter().map(|b| (b.generation, b)).collect();
+    assert_eq!(by_generation[&1].status, "ok", "{verdict:?}");
+    assert!(by_generation[&1].complete);
+    assert_eq!(by_generation[&2].status, "mismatch");
+    let m = by_generation[&2].first_mismatch.clone().unwrap();
+    assert_eq!(m.request_id, tampered, "{m:?}");
+    assert_eq!(m.position, Some(i as u64));
+    // Batch 3 is committed (recorded before it was visible) and secret.
+    assert_eq!(by_generation[&3].status, "unrevealed");
+    let state = lucky_gift::fair_state(&mut redis, &env.keys("fair")).await.unwrap();
+    assert!(state
+        .committed
+        .iter()
+        .any(|(g, _, c)| *g == 3 && Some(c) == by_generation[&3].commitment.as_ref()));
+    env.stop_workers().await;
+}
