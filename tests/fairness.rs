@@ -489,5 +489,49 @@ async fn the_verifier_names_the_first_draw_of_a_tampered_batch() {
         .committed
         .iter()
         .any(|(g, _, c)| *g == 3 && Some(c) == by_generation[&3].commitment.as_ref()));
+
+    // Anyone who may publish on the events exchange cannot write the trail:
+    // a draw that never happened and a commitment to another seed are
+    // dead-lettered, not recorded.
+    let conn = prizepool::amqp::connect(&env.config.amqp_url, "forger").await.unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    let seed = Seed([3; 32]);
+    let forged = [
+        ("draw.completed", json!({"type": "draw.completed", "request_id": "forged-1", "status": "ok",
+            "pool": "fair", "user_id": 9, "prizes": [{"multiplier": 10, "combo": "b"}], "serial": 9999,
+            "version": 1, "positions": [{"generation": 3, "position": 0, "count": 1}]})),
+        ("pool.refilled", json!({"type": "pool.refilled", "pool": "fair", "generation": 4, "size": 80,
+            "version": 1, "urgent": false, "commitment": seed.commitment(),
+            "composition": [{"combo": "a", "stock": [[0, 30], [1, 10], [5, 5]]},
+                            {"combo": "b", "stock": [[0, 20], [2, 10], [10, 5]]}]})),
+    ];
+    for (key, body) in &forged {
+        channel
+            .basic_publish(
+                prizepool::amqp::EVENTS.into(),
+                (*key).into(),
+                Default::default(),
+                body.to_string().as_bytes(),
+                lapin::BasicProperties::default(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while env.queue_depth(audit::ROUTE.dlq).await < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "forged events not dead-lettered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (forged_rows,): (i64,) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM fair_draws WHERE request_id = 'forged-1')
+              + (SELECT count(*) FROM fair_batches WHERE pool = 'fair' AND generation = 4)",
+    )
+    .fetch_one(&env.db)
+    .await
+    .unwrap();
+    assert_eq!(forged_rows, 0);
+    let _ = conn.close(200, "bye".into()).await;
     env.stop_workers().await;
 }

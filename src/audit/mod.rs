@@ -14,7 +14,8 @@
 //! before the batch is visible ([`PgRecorder`]); when Postgres is away it
 //! goes on stocking, and the commitment reaches Postgres later through the
 //! `pool.refilled` event, which the audit queue keeps until Postgres is
-//! back.
+//! back. Events are checked against stored state before they are recorded
+//! ([`AuditWorker`]).
 
 mod verify;
 
@@ -172,16 +173,111 @@ impl Recorder for PgRecorder<'_> {
     }
 }
 
-/// The audit consumer: records the events of [`EVENTS`].
+/// The audit consumer: records the events of [`EVENTS`], each checked
+/// against stored state first (anyone who may publish on the events
+/// exchange could otherwise write the trail): a draw against its stored
+/// answer in Redis, a commitment against the seed kept in Redis (or already
+/// revealed) and the composition against the pool's stored config version.
+/// An event that does not match is dead-lettered with the reason; one
+/// whose stored state is gone (an answer past `RESULT_TTL_S`) too, so
+/// nothing leaves the trail unseen.
 #[derive(Debug)]
 pub struct AuditWorker {
     db: PgPool,
+    redis: crate::redis_conn::RedisConn,
+    prefix: String,
 }
 
 impl AuditWorker {
-    /// A consumer writing to `db`.
-    pub fn new(db: PgPool) -> Self {
-        Self { db }
+    /// A consumer writing to `db`, checking against the pools under `prefix`.
+    pub fn new(db: PgPool, redis: crate::redis_conn::RedisConn, prefix: &str) -> Self {
+        Self {
+            db,
+            redis,
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    /// Refuses a draw record its stored answer does not vouch for.
+    async fn check_draw(&self, result: &DrawResult) -> Result<(), HandleError> {
+        let (Status::Ok, Some(pool), Some(_)) = (result.status, result.pool.as_deref(), result.serial)
+        else {
+            return Ok(());
+        };
+        crate::messages::check_id("pool", pool)?;
+        crate::messages::check_id("request_id", &result.request_id)?;
+        let keys = crate::scripts::PoolKeys::new(&self.prefix, pool);
+        let mut conn = self.redis.clone();
+        let Some(stored) = crate::kinds::lucky_gift::stored_award(&mut conn, &keys, &result.request_id).await? else {
+            return Err(Invalid::new(format!(
+                "draw {} of pool {pool} has no stored answer to check its record against",
+                result.request_id
+            ))
+            .into());
+        };
+        let same = Some(stored.serial) == result.serial
+            && Some(stored.version) == result.version
+            && stored.codes.len() == result.prizes.len()
+            && stored.positions == result.positions
+            && stored.held_back == result.held_back
+            && stored.revealed == result.revealed;
+        if !same {
+            return Err(Invalid::new(format!(
+                "draw {} of pool {pool} does not match its stored answer",
+                result.request_id
+            ))
+            .into());
+        }
+        Ok(())
+    }
+
+    /// Refuses a commitment the pool's state does not vouch for.
+    async fn check_batch(&self, c: &Commitment) -> Result<(), HandleError> {
+        crate::messages::check_id("pool", &c.pool)?;
+        let keys = crate::scripts::PoolKeys::new(&self.prefix, &c.pool);
+        let mut conn = self.redis.clone();
+        let kept: Option<String> = redis::cmd("HGET")
+            .arg(keys.meta())
+            .arg(format!("c:{}", c.generation))
+            .query_async(&mut conn)
+            .await?;
+        let seed = match kept.as_deref().and_then(|k| k.split_once('|')) {
+            Some((version, seed)) if version.parse::<i64>().ok() == Some(c.version) => {
+                Some(seed.to_owned())
+            }
+            Some(_) => None,
+            None => sqlx::query_scalar(
+                "SELECT seed FROM fair_reveals WHERE pool = $1 AND generation = $2 AND version = $3",
+            )
+            .bind(&c.pool)
+            .bind(c.generation as i64)
+            .bind(c.version)
+            .fetch_optional(&self.db)
+            .await?,
+        };
+        let seed_ok = seed
+            .as_deref()
+            .and_then(crate::fairness::Seed::from_hex)
+            .is_some_and(|s| s.commitment() == c.commitment);
+        let config: Option<Json<crate::kinds::lucky_gift::PoolConfig>> = sqlx::query_scalar(
+            "SELECT config FROM pool_versions WHERE pool_id = $1 AND version = $2",
+        )
+        .bind(&c.pool)
+        .bind(c.version)
+        .fetch_optional(&self.db)
+        .await?;
+        let composition_ok = config.is_some_and(|Json(config)| {
+            crate::kinds::lucky_gift::composition(&config) == c.composition
+                && config.batch_size() == c.size
+        });
+        if !(seed_ok && composition_ok) {
+            return Err(Invalid::new(format!(
+                "the commitment of batch {} of pool {} does not match the pool's state",
+                c.generation, c.pool
+            ))
+            .into());
+        }
+        Ok(())
     }
 
     /// Records one event.
@@ -191,6 +287,7 @@ impl AuditWorker {
             "draw.completed" => {
                 let result: DrawResult = serde_json::from_value(event.clone())
                     .map_err(|e| Invalid::new(format!("a draw.completed that does not read: {e}")))?;
+                self.check_draw(&result).await?;
                 record_draw(&self.db, &result).await?;
             }
             "draw.completed.batch" => {
@@ -202,7 +299,17 @@ impl AuditWorker {
                     let result: DrawResult = serde_json::from_value(e.clone()).map_err(|e| {
                         Invalid::new(format!("a draw.completed that does not read: {e}"))
                     })?;
-                    record_draw(&self.db, &result).await?;
+                    // One bad record must not keep the others of its group
+                    // out of the trail: it is logged and counted, the rest
+                    // recorded (a lone bad event is dead-lettered).
+                    match self.check_draw(&result).await {
+                        Ok(()) => record_draw(&self.db, &result).await?,
+                        Err(HandleError::Invalid(invalid)) => {
+                            metrics::counter!("prizepool_audit_refused_total").increment(1);
+                            tracing::error!(request.id = %result.request_id, reason = %invalid, "draw record refused by the audit");
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
             }
             "pool.refilled" => {
@@ -218,6 +325,7 @@ impl AuditWorker {
                         size: event.size as u64,
                         composition,
                     };
+                    self.check_batch(&c).await?;
                     record_batch(&self.db, &c).await?;
                 }
             }
@@ -322,5 +430,7 @@ pub async fn run(config: Config, health: Health, shutdown: CancellationToken) ->
             }
         }
     }
-    amqp::run(&config, Arc::new(AuditWorker::new(db)), health, shutdown).await
+    let redis = crate::redis_conn::connect(&config.redis_url).await?;
+    let worker = AuditWorker::new(db, redis, &config.redis_prefix);
+    amqp::run(&config, Arc::new(worker), health, shutdown).await
 }

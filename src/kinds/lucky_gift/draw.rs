@@ -133,6 +133,25 @@ fn numbers<const N: usize>(text: &str) -> Option<[u64; N]> {
     it.next().is_none().then_some(out)
 }
 
+/// The award stored for `request_id` on the pool behind `keys`, if its
+/// answer is still kept and is an award (`"<fingerprint>;<body>"`,
+/// `lua/lib/answer.lua`): what the audit trail checks a `draw.completed`
+/// event against, since events travel on an exchange it cannot vouch for.
+pub async fn stored_award<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &PoolKeys,
+    request_id: &str,
+) -> Result<Option<Drawn>, HandleError> {
+    let stored: Option<String> = redis::cmd("GET")
+        .arg(keys.result(request_id))
+        .query_async(conn)
+        .await?;
+    match stored.as_deref().and_then(|s| s.split_once(';')) {
+        Some((_, body)) if !body.starts_with('!') => Drawn::parse(body).map(Some),
+        _ => Ok(None),
+    }
+}
+
 /// What one draw step answered.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DrawStep {

@@ -23,7 +23,7 @@ use redis::aio::ConnectionLike;
 
 pub use codes::{Batch, CodeTable};
 pub use config::{parse_file, PoolConfig, Storage};
-pub use draw::{draw, draw_call, draw_once, draw_script, Decoder, DrawStep, Drawn};
+pub use draw::{draw, draw_call, draw_once, draw_script, stored_award, Decoder, DrawStep, Drawn};
 pub use stock::{
     composition, stock_committed, stock_next, stock_next_as, Commitment, Recorder, StockError,
     StockOutcome, DEFAULT_LEASE_MS,
