@@ -223,6 +223,38 @@ mod tests {
         assert_eq!(items, vec![2, 7, 9, 1, 6, 4, 5, 8, 0, 3]);
     }
 
+    /// The lucky-gift batch vector of `docs/fairness.md` (computed by
+    /// `scripts/fairness-reference.py`).
+    #[test]
+    fn the_documented_batch_vector_holds() {
+        let seed =
+            Seed::from_hex("000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f")
+                .unwrap();
+        let combo = |id: &str, stock: &[(u64, u64)]| ComboStock {
+            combo: id.to_owned(),
+            stock: stock.to_vec(),
+        };
+        let composition = [
+            combo("c1", &[(0, 3), (10, 1)]),
+            combo("c2", &[(0, 2), (50, 1)]),
+            combo("c3", &[(5, 2)]),
+        ];
+        let order = lucky_gift_order(&seed, "gift", 7, 3, &composition);
+        let expected = [
+            ("c1", 0),
+            ("c1", 0),
+            ("c1", 10),
+            ("c1", 0),
+            ("c3", 5),
+            ("c3", 5),
+            ("c2", 0),
+            ("c2", 50),
+            ("c2", 0),
+        ];
+        let order: Vec<(&str, u64)> = order.iter().map(|(c, m)| (c.as_str(), *m)).collect();
+        assert_eq!(order, expected);
+    }
+
     #[test]
     fn hex_round_trips_and_rejects_junk() {
         let seed = Seed::fresh().unwrap();
