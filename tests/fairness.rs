@@ -228,8 +228,9 @@ fn committed_batches_pay_exactly_and_pass_chi_square_tests() {
     assert!(fails_a_test(&sorted).contains(&"prize position"));
     // One seed reused for every batch (with the same context).
     let seed = Seed(rng.random());
-    let reused: Vec<Vec<(String, u64)>> =
-        (1..=n).map(|_| batch_of(&config, &table, &seed, 1)).collect();
+    let reused: Vec<Vec<(String, u64)>> = (1..=n)
+        .map(|_| batch_of(&config, &table, &seed, 1))
+        .collect();
     assert!(fails_a_test(&reused).contains(&"independence"));
 }
 
@@ -279,7 +280,10 @@ async fn refill(env: &TestEnv, pool: &str, trigger: u64) {
     )
     .await
     .unwrap();
-    assert!(matches!(outcome, lucky_gift::StockOutcome::Stocked { .. }), "{outcome:?}");
+    assert!(
+        matches!(outcome, lucky_gift::StockOutcome::Stocked { .. }),
+        "{outcome:?}"
+    );
 }
 
 /// Draws batch 1 of `pool` to its end, 8 prizes a draw (refilling at its
@@ -310,15 +314,30 @@ async fn use_up_batch_one(
 
 /// The request id of the first draw in `results` (8 prizes each, from
 /// position 0 of batch 1) whose prizes are not the ones `seed` puts there.
-fn first_unfair(results: &[prizepool::messages::DrawResult], seed: &str, pool: &str) -> Option<String> {
-    let composition = lucky_gift::composition(&lucky_gift::parse_file(&pool_toml(pool, "refill_at = 0.5\nmax_count = 100", SMALL)).unwrap()[0]);
-    let order = prizepool::fairness::lucky_gift_order(&Seed::from_hex(seed).unwrap(), pool, 1, 1, &composition);
+fn first_unfair(
+    results: &[prizepool::messages::DrawResult],
+    seed: &str,
+    pool: &str,
+) -> Option<String> {
+    let composition = lucky_gift::composition(
+        &lucky_gift::parse_file(&pool_toml(pool, "refill_at = 0.5\nmax_count = 100", SMALL))
+            .unwrap()[0],
+    );
+    let order = prizepool::fairness::lucky_gift_order(
+        &Seed::from_hex(seed).unwrap(),
+        pool,
+        1,
+        1,
+        &composition,
+    );
     results.iter().enumerate().find_map(|(n, r)| {
         let got: Vec<(String, u64)> = r
             .prizes
             .iter()
             .map(|p| match p {
-                prizepool::messages::Prize::Multiplier { multiplier, combo } => (combo.clone(), *multiplier),
+                prizepool::messages::Prize::Multiplier { multiplier, combo } => {
+                    (combo.clone(), *multiplier)
+                }
                 other => panic!("{other:?}"),
             })
             .collect();
@@ -340,16 +359,32 @@ async fn a_sorted_batch_and_a_reused_seed_are_caught() {
     let kinds = Kinds::new(env.redis.clone(), &env.config.redis_prefix);
     let mut redis = env.redis.clone();
     for pool in ["honest", "sorted", "reused"] {
-        env.load(&pool_toml(pool, "refill_at = 0.5\nmax_count = 100", SMALL)).await;
+        env.load(&pool_toml(pool, "refill_at = 0.5\nmax_count = 100", SMALL))
+            .await;
     }
     // Sort batch 1 of "sorted" in place (flags stay where they were).
     let q = env.keys("sorted").queue();
-    let items: Vec<String> = redis::cmd("LRANGE").arg(&q).arg(0).arg(-1).query_async(&mut redis).await.unwrap();
-    let mut codes: Vec<u32> = items.iter().map(|i| i.split('f').next().unwrap().parse().unwrap()).collect();
+    let items: Vec<String> = redis::cmd("LRANGE")
+        .arg(&q)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let mut codes: Vec<u32> = items
+        .iter()
+        .map(|i| i.split('f').next().unwrap().parse().unwrap())
+        .collect();
     codes.sort();
     for (i, item) in items.iter().enumerate() {
         let flag = item.find('f').map(|at| &item[at..]).unwrap_or("");
-        redis::cmd("LSET").arg(&q).arg(i).arg(format!("{}{flag}", codes[i])).query_async::<()>(&mut redis).await.unwrap();
+        redis::cmd("LSET")
+            .arg(&q)
+            .arg(i)
+            .arg(format!("{}{flag}", codes[i]))
+            .query_async::<()>(&mut redis)
+            .await
+            .unwrap();
     }
     use_up_batch_one(&env, &kinds, "honest").await;
     let results = use_up_batch_one(&env, &kinds, "sorted").await;
@@ -375,7 +410,15 @@ async fn a_sorted_batch_and_a_reused_seed_are_caught() {
     let s = env.status("reused").await;
     let g = s.generation;
     // Make the next batch due and plant the old seed as its pending seed.
-    redis::cmd("HSET").arg(&meta).arg("due").arg(g).arg("fair_next").arg(format!("{}|{seed}", g + 1)).query_async::<()>(&mut redis).await.unwrap();
+    redis::cmd("HSET")
+        .arg(&meta)
+        .arg("due")
+        .arg(g)
+        .arg("fair_next")
+        .arg(format!("{}|{seed}", g + 1))
+        .query_async::<()>(&mut redis)
+        .await
+        .unwrap();
     refill(&env, "reused", g).await;
     let again = audit::verify(&env.db, "reused", Some(1)).await.unwrap();
     assert!(!again.ok, "{again:?}");
@@ -404,15 +447,23 @@ fn positions_of(reply: &Value) -> Vec<(u64, u64)> {
 #[tokio::test]
 async fn the_verifier_names_the_first_draw_of_a_tampered_batch() {
     let mut env = TestEnv::new(&[]).await;
-    env.load(&pool_toml("fair", "refill_at = 0.5\nmax_count = 100", SMALL))
-        .await;
+    env.load(&pool_toml(
+        "fair",
+        "refill_at = 0.5\nmax_count = 100",
+        SMALL,
+    ))
+    .await;
     env.start_fleet().await;
     let client = env.client().await;
     let call = |i: i64| {
         let client = &client;
         async move {
             let reply = client
-                .call("draw", &common::draw("fair", i, 10), Duration::from_secs(10))
+                .call(
+                    "draw",
+                    &common::draw("fair", i, 10),
+                    Duration::from_secs(10),
+                )
                 .await
                 .unwrap();
             assert_eq!(reply["status"], "ok", "{reply}");
@@ -434,11 +485,25 @@ async fn the_verifier_names_the_first_draw_of_a_tampered_batch() {
     // prizes that differ (neither the refill flag).
     let mut redis = env.redis.clone();
     let q = env.keys("fair").queue();
-    let items: Vec<String> = redis::cmd("LRANGE").arg(&q).arg(40).arg(119).query_async(&mut redis).await.unwrap();
+    let items: Vec<String> = redis::cmd("LRANGE")
+        .arg(&q)
+        .arg(40)
+        .arg(119)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
     let i = (0..80).find(|&i| !items[i].contains('f')).unwrap();
-    let j = (i + 1..80).find(|&j| !items[j].contains('f') && items[j] != items[i]).unwrap();
+    let j = (i + 1..80)
+        .find(|&j| !items[j].contains('f') && items[j] != items[i])
+        .unwrap();
     for (at, value) in [(i, &items[j]), (j, &items[i])] {
-        redis::cmd("LSET").arg(&q).arg(40 + at).arg(value).query_async::<()>(&mut redis).await.unwrap();
+        redis::cmd("LSET")
+            .arg(&q)
+            .arg(40 + at)
+            .arg(value)
+            .query_async::<()>(&mut redis)
+            .await
+            .unwrap();
     }
     // Draw batch 2 to its end and into batch 3 (which reveals batch 2).
     for k in 4..17 {
@@ -458,18 +523,23 @@ async fn the_verifier_names_the_first_draw_of_a_tampered_batch() {
     // The audit consumer records asynchronously: wait for all 17 draws.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let (draws,): (i64,) = sqlx::query_as("SELECT count(*) FROM fair_draws WHERE pool = 'fair'")
-            .fetch_one(&env.db)
-            .await
-            .unwrap();
-        let (reveals,): (i64,) = sqlx::query_as("SELECT count(*) FROM fair_reveals WHERE pool = 'fair'")
-            .fetch_one(&env.db)
-            .await
-            .unwrap();
+        let (draws,): (i64,) =
+            sqlx::query_as("SELECT count(*) FROM fair_draws WHERE pool = 'fair'")
+                .fetch_one(&env.db)
+                .await
+                .unwrap();
+        let (reveals,): (i64,) =
+            sqlx::query_as("SELECT count(*) FROM fair_reveals WHERE pool = 'fair'")
+                .fetch_one(&env.db)
+                .await
+                .unwrap();
         if draws == 17 && reveals == 2 {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "audit trail: {draws} draws, {reveals} reveals");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "audit trail: {draws} draws, {reveals} reveals"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let verdict = audit::verify(&env.db, "fair", None).await.unwrap();
@@ -484,7 +554,9 @@ async fn the_verifier_names_the_first_draw_of_a_tampered_batch() {
     assert_eq!(m.position, Some(i as u64));
     // Batch 3 is committed (recorded before it was visible) and secret.
     assert_eq!(by_generation[&3].status, "unrevealed");
-    let state = lucky_gift::fair_state(&mut redis, &env.keys("fair")).await.unwrap();
+    let state = lucky_gift::fair_state(&mut redis, &env.keys("fair"))
+        .await
+        .unwrap();
     assert!(state
         .committed
         .iter()
@@ -493,17 +565,25 @@ async fn the_verifier_names_the_first_draw_of_a_tampered_batch() {
     // Anyone who may publish on the events exchange cannot write the trail:
     // a draw that never happened and a commitment to another seed are
     // dead-lettered, not recorded.
-    let conn = prizepool::amqp::connect(&env.config.amqp_url, "forger").await.unwrap();
+    let conn = prizepool::amqp::connect(&env.config.amqp_url, "forger")
+        .await
+        .unwrap();
     let channel = conn.create_channel().await.unwrap();
     let seed = Seed([3; 32]);
     let forged = [
-        ("draw.completed", json!({"type": "draw.completed", "request_id": "forged-1", "status": "ok",
+        (
+            "draw.completed",
+            json!({"type": "draw.completed", "request_id": "forged-1", "status": "ok",
             "pool": "fair", "user_id": 9, "prizes": [{"multiplier": 10, "combo": "b"}], "serial": 9999,
-            "version": 1, "positions": [{"generation": 3, "position": 0, "count": 1}]})),
-        ("pool.refilled", json!({"type": "pool.refilled", "pool": "fair", "generation": 4, "size": 80,
+            "version": 1, "positions": [{"generation": 3, "position": 0, "count": 1}]}),
+        ),
+        (
+            "pool.refilled",
+            json!({"type": "pool.refilled", "pool": "fair", "generation": 4, "size": 80,
             "version": 1, "urgent": false, "commitment": seed.commitment(),
             "composition": [{"combo": "a", "stock": [[0, 30], [1, 10], [5, 5]]},
-                            {"combo": "b", "stock": [[0, 20], [2, 10], [10, 5]]}]})),
+                            {"combo": "b", "stock": [[0, 20], [2, 10], [10, 5]]}]}),
+        ),
     ];
     for (key, body) in &forged {
         channel
@@ -521,7 +601,10 @@ async fn the_verifier_names_the_first_draw_of_a_tampered_batch() {
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while env.queue_depth(audit::ROUTE.dlq).await < 2 {
-        assert!(tokio::time::Instant::now() < deadline, "forged events not dead-lettered");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "forged events not dead-lettered"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let (forged_rows,): (i64,) = sqlx::query_as(

@@ -210,7 +210,7 @@ async fn check_positions(
     fair: &mut Fair,
 ) -> Result<(), TestCaseError> {
     let mut redis = env.redis.clone();
-    let mut seeds: BTreeMap<u64, (i64, String)> = d
+    let seeds: BTreeMap<u64, (i64, String)> = d
         .revealed
         .iter()
         .map(|r| (r.generation, (r.version, r.seed.clone())))
@@ -222,11 +222,19 @@ async fn check_positions(
         }
     }
     prop_assert_eq!(at.len(), d.codes.len(), "every prize names its position");
-    let parked: Vec<(u64, u64)> = d.held_back.iter().map(|h| (h.generation, h.position)).collect();
+    let parked: Vec<(u64, u64)> = d
+        .held_back
+        .iter()
+        .map(|h| (h.generation, h.position))
+        .collect();
     for &(g, _) in at.iter().chain(&parked) {
         prop_assert!(g > 0, "every batch here is committed");
-        if !fair.orders.contains_key(&g) {
-            if !seeds.contains_key(&g) {
+        if fair.orders.contains_key(&g) {
+            continue;
+        }
+        let (version, seed) = match seeds.get(&g) {
+            Some(known) => known.clone(),
+            None => {
                 let record: String = redis::cmd("HGET")
                     .arg(env.keys(id).meta())
                     .arg(format!("c:{g}"))
@@ -234,22 +242,35 @@ async fn check_positions(
                     .await
                     .unwrap();
                 let (v, seed) = record.split_once('|').unwrap();
-                seeds.insert(g, (v.parse().unwrap(), seed.to_owned()));
+                (v.parse().unwrap(), seed.to_owned())
             }
-            let (version, seed) = &seeds[&g];
-            let seed = prizepool::fairness::Seed::from_hex(seed).unwrap();
-            let context = prizepool::fairness::lucky_gift_context(id, g, *version);
-            let batch = lucky_gift::Batch::build_fair(config, table, &mut seed.stream(&context));
-            fair.orders.insert(g, batch.codes);
-        }
+        };
+        let seed = prizepool::fairness::Seed::from_hex(&seed).unwrap();
+        let context = prizepool::fairness::lucky_gift_context(id, g, version);
+        let batch = lucky_gift::Batch::build_fair(config, table, &mut seed.stream(&context));
+        fair.orders.insert(g, batch.codes);
     }
     for (&(g, p), code) in at.iter().zip(&d.codes) {
-        prop_assert_eq!(fair.orders[&g].get(p as usize), Some(code), "batch {} position {}", g, p);
-        prop_assert!(fair.drawn.entry(g).or_default().insert(p), "position {}:{} drawn twice", g, p);
+        prop_assert_eq!(
+            fair.orders[&g].get(p as usize),
+            Some(code),
+            "batch {} position {}",
+            g,
+            p
+        );
+        prop_assert!(
+            fair.drawn.entry(g).or_default().insert(p),
+            "position {}:{} drawn twice",
+            g,
+            p
+        );
     }
     for &(g, p) in &parked {
         let code = fair.orders[&g][p as usize];
-        prop_assert!(table.decode(code).unwrap().1 >= jackpot_min, "a parked prize is a jackpot");
+        prop_assert!(
+            table.decode(code).unwrap().1 >= jackpot_min,
+            "a parked prize is a jackpot"
+        );
         prop_assert!(
             fair.drawn.get(&g).is_none_or(|s| !s.contains(&p)),
             "position {}:{} parked after it was drawn",
@@ -364,7 +385,12 @@ async fn run(env: &TestEnv, n: usize, case: Case) -> Result<(), TestCaseError> {
                     .await
                     .unwrap();
                 for item in items {
-                    let code = item.split(['f', ':']).next().unwrap().parse::<u32>().unwrap();
+                    let code = item
+                        .split(['f', ':'])
+                        .next()
+                        .unwrap()
+                        .parse::<u32>()
+                        .unwrap();
                     *in_pool.entry(code).or_default() += 1;
                 }
             }

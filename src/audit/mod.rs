@@ -200,7 +200,8 @@ impl AuditWorker {
 
     /// Refuses a draw record its stored answer does not vouch for.
     async fn check_draw(&self, result: &DrawResult) -> Result<(), HandleError> {
-        let (Status::Ok, Some(pool), Some(_)) = (result.status, result.pool.as_deref(), result.serial)
+        let (Status::Ok, Some(pool), Some(_)) =
+            (result.status, result.pool.as_deref(), result.serial)
         else {
             return Ok(());
         };
@@ -208,7 +209,9 @@ impl AuditWorker {
         crate::messages::check_id("request_id", &result.request_id)?;
         let keys = crate::scripts::PoolKeys::new(&self.prefix, pool);
         let mut conn = self.redis.clone();
-        let Some(stored) = crate::kinds::lucky_gift::stored_award(&mut conn, &keys, &result.request_id).await? else {
+        let Some(stored) =
+            crate::kinds::lucky_gift::stored_award(&mut conn, &keys, &result.request_id).await?
+        else {
             return Err(Invalid::new(format!(
                 "draw {} of pool {pool} has no stored answer to check its record against",
                 result.request_id
@@ -282,11 +285,15 @@ impl AuditWorker {
 
     /// Records one event.
     pub async fn record(&self, event: &Value) -> Result<(), HandleError> {
-        let kind = event.get("type").and_then(Value::as_str).unwrap_or_default();
+        let kind = event
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         match kind {
             "draw.completed" => {
-                let result: DrawResult = serde_json::from_value(event.clone())
-                    .map_err(|e| Invalid::new(format!("a draw.completed that does not read: {e}")))?;
+                let result: DrawResult = serde_json::from_value(event.clone()).map_err(|e| {
+                    Invalid::new(format!("a draw.completed that does not read: {e}"))
+                })?;
                 self.check_draw(&result).await?;
                 record_draw(&self.db, &result).await?;
             }
@@ -313,8 +320,9 @@ impl AuditWorker {
                 }
             }
             "pool.refilled" => {
-                let event: PoolRefilled = serde_json::from_value(event.clone())
-                    .map_err(|e| Invalid::new(format!("a pool.refilled that does not read: {e}")))?;
+                let event: PoolRefilled = serde_json::from_value(event.clone()).map_err(|e| {
+                    Invalid::new(format!("a pool.refilled that does not read: {e}"))
+                })?;
                 if let (Some(commitment), Some(composition)) = (event.commitment, event.composition)
                 {
                     let c = Commitment {
@@ -341,7 +349,11 @@ impl Handler for AuditWorker {
         ROUTE
     }
 
-    async fn handle(&self, envelope: &Value, _publisher: &Publisher) -> Result<Outcome, HandleError> {
+    async fn handle(
+        &self,
+        envelope: &Value,
+        _publisher: &Publisher,
+    ) -> Result<Outcome, HandleError> {
         self.record(envelope).await?;
         Ok(Outcome::default())
     }
@@ -403,7 +415,11 @@ pub async fn declare(channel: &lapin::Channel, delivery_limit: u32) -> anyhow::R
 
 /// Runs the audit consumer until `shutdown`: declares its queue (retrying
 /// while the broker is away), then consumes it with the shared loop.
-pub async fn run(config: Config, health: Health, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(
+    config: Config,
+    health: Health,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let db = sqlx::postgres::PgPoolOptions::new()
         .max_connections(2)
         .acquire_timeout(Duration::from_secs(3))
@@ -421,7 +437,11 @@ pub async fn run(config: Config, health: Health, shutdown: CancellationToken) ->
         match declared.await {
             Ok(()) => break,
             Err(e) => {
-                tracing::warn!(error = format!("{e:#}"), ?delay, "declaring the audit queue; retrying");
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    ?delay,
+                    "declaring the audit queue; retrying"
+                );
                 tokio::select! {
                     _ = shutdown.cancelled() => return Ok(()),
                     _ = tokio::time::sleep(delay) => {}

@@ -132,12 +132,13 @@ async fn verify_batch(db: &PgPool, pool: &str, g: u64) -> Result<BatchVerdict, s
     .bind(g as i64)
     .fetch_all(db)
     .await?;
-    let reveal: Option<(i64, String)> =
-        sqlx::query_as("SELECT version, seed FROM fair_reveals WHERE pool = $1 AND generation = $2")
-            .bind(pool)
-            .bind(g as i64)
-            .fetch_optional(db)
-            .await?;
+    let reveal: Option<(i64, String)> = sqlx::query_as(
+        "SELECT version, seed FROM fair_reveals WHERE pool = $1 AND generation = $2",
+    )
+    .bind(pool)
+    .bind(g as i64)
+    .fetch_optional(db)
+    .await?;
     let mut verdict = BatchVerdict {
         generation: g,
         status: "ok",
@@ -169,7 +170,10 @@ async fn verify_batch(db: &PgPool, pool: &str, g: u64) -> Result<BatchVerdict, s
     verdict.seed = Some(seed_hex.clone());
     verdict.version = Some(version);
     let Some(seed) = Seed::from_hex(&seed_hex) else {
-        return fail(verdict, Mismatch::about("the revealed seed is not 64 hex digits"));
+        return fail(
+            verdict,
+            Mismatch::about("the revealed seed is not 64 hex digits"),
+        );
     };
     let Some((_, commitment, size, Json(composition))) = rows.into_iter().find(|r| r.0 == version)
     else {
@@ -248,17 +252,29 @@ async fn verify_batch(db: &PgPool, pool: &str, g: u64) -> Result<BatchVerdict, s
                     continue;
                 }
                 let found = match prize {
-                    Some(Prize::Multiplier { multiplier, combo }) => Some((combo.clone(), *multiplier)),
+                    Some(Prize::Multiplier { multiplier, combo }) => {
+                        Some((combo.clone(), *multiplier))
+                    }
                     _ => None,
                 };
                 if position as usize >= order.len() {
-                    return fail(verdict, at(position, "a position past the end of the batch", found));
+                    return fail(
+                        verdict,
+                        at(position, "a position past the end of the batch", found),
+                    );
                 }
                 if !drawn.insert(position) {
                     return fail(verdict, at(position, "a position drawn twice", found));
                 }
                 if found.as_ref() != order.get(position as usize) {
-                    return fail(verdict, at(position, "the prize is not the one the seed puts there", found));
+                    return fail(
+                        verdict,
+                        at(
+                            position,
+                            "the prize is not the one the seed puts there",
+                            found,
+                        ),
+                    );
                 }
                 verdict.prizes_checked += 1;
             }
@@ -266,12 +282,22 @@ async fn verify_batch(db: &PgPool, pool: &str, g: u64) -> Result<BatchVerdict, s
         if k != prizes.len() {
             return fail(
                 verdict,
-                at(0, "the positions do not account for the draw's prizes", None),
+                at(
+                    0,
+                    "the positions do not account for the draw's prizes",
+                    None,
+                ),
             );
         }
         for h in held_back.iter().filter(|h| h.generation == g) {
-            if h.position as usize >= order.len() || drawn.contains(&h.position) || !parked.insert(h.position) {
-                return fail(verdict, at(h.position, "a parked position that was taken already", None));
+            if h.position as usize >= order.len()
+                || drawn.contains(&h.position)
+                || !parked.insert(h.position)
+            {
+                return fail(
+                    verdict,
+                    at(h.position, "a parked position that was taken already", None),
+                );
             }
         }
     }

@@ -261,10 +261,7 @@ async fn audit(config: &Config, command: AuditCommand) -> anyhow::Result<()> {
                 ),
             }
         }
-        println!(
-            "verdict: {}",
-            if verdict.ok { "ok" } else { "MISMATCH" }
-        );
+        println!("verdict: {}", if verdict.ok { "ok" } else { "MISMATCH" });
     }
     if !verdict.ok {
         std::process::exit(1);
@@ -326,7 +323,9 @@ async fn pool(config: &Config, command: PoolCommand) -> anyhow::Result<()> {
                 println!("spent today    {}", status.spent_today);
                 println!("drawing batch  {}", fair.drawing);
                 for (g, version, commitment) in &fair.committed {
-                    println!("committed      batch {g} (config v{version}): sha256(seed) = {commitment}");
+                    println!(
+                        "committed      batch {g} (config v{version}): sha256(seed) = {commitment}"
+                    );
                 }
                 if let Some((g, version, seed)) = &fair.last_revealed {
                     println!("last revealed  batch {g} (config v{version}): seed = {seed}");

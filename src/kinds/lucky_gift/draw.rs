@@ -66,8 +66,8 @@ impl Drawn {
         let unit_price = number()?;
         let trigger = number()?;
         let mut record = parts.next().ok_or_else(bad)?.split('/');
-        let codes: Vec<u32> = list(record.next().unwrap_or_default(), |s| s.parse().ok())
-            .ok_or_else(bad)?;
+        let codes: Vec<u32> =
+            list(record.next().unwrap_or_default(), |s| s.parse().ok()).ok_or_else(bad)?;
         let positions = list(record.next().unwrap_or_default(), |s| {
             let [generation, position, count] = numbers(s)?;
             Some(PrizeRun {
@@ -120,7 +120,10 @@ impl Drawn {
 /// The comma-separated items of `text`, each read by `item`; `None` if one
 /// does not read.
 fn list<T>(text: &str, item: impl Fn(&str) -> Option<T>) -> Option<Vec<T>> {
-    text.split(',').filter(|s| !s.is_empty()).map(item).collect()
+    text.split(',')
+        .filter(|s| !s.is_empty())
+        .map(item)
+        .collect()
 }
 
 /// Exactly `N` dot-separated integers.
@@ -429,18 +432,45 @@ mod tests {
         assert_eq!(d.asset, "item:a|b");
         assert_eq!(Drawn::parse("1|1|1|4||coin").unwrap().trigger, Some(4));
         let seed = "ab".repeat(32);
-        let d = Drawn::parse(&format!("5|2|10|-1|7,8,9/3.10.2,0.0.1/3.12/2.1.{seed}|coin")).unwrap();
+        let d = Drawn::parse(&format!(
+            "5|2|10|-1|7,8,9/3.10.2,0.0.1/3.12/2.1.{seed}|coin"
+        ))
+        .unwrap();
         assert_eq!(d.codes, vec![7, 8, 9]);
         assert_eq!(
             d.positions,
             vec![
-                PrizeRun { generation: 3, position: 10, count: 2 },
-                PrizeRun { generation: 0, position: 0, count: 1 }
+                PrizeRun {
+                    generation: 3,
+                    position: 10,
+                    count: 2
+                },
+                PrizeRun {
+                    generation: 0,
+                    position: 0,
+                    count: 1
+                }
             ]
         );
-        assert_eq!(d.held_back, vec![BatchPosition { generation: 3, position: 12 }]);
-        assert_eq!(d.revealed, vec![Reveal { generation: 2, version: 1, seed }]);
-        assert_eq!(Drawn::parse("5|2|10|-1|7///|coin").unwrap().positions, vec![]);
+        assert_eq!(
+            d.held_back,
+            vec![BatchPosition {
+                generation: 3,
+                position: 12
+            }]
+        );
+        assert_eq!(
+            d.revealed,
+            vec![Reveal {
+                generation: 2,
+                version: 1,
+                seed
+            }]
+        );
+        assert_eq!(
+            Drawn::parse("5|2|10|-1|7///|coin").unwrap().positions,
+            vec![]
+        );
         for bad in [
             "",
             "1|1|1|1|1",

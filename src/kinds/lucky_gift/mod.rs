@@ -228,11 +228,16 @@ pub async fn fair_state<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &PoolKeys,
 ) -> Result<FairState, redis::RedisError> {
-    let meta: std::collections::HashMap<String, String> =
-        redis::cmd("HGETALL").arg(keys.meta()).query_async(conn).await?;
+    let meta: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(keys.meta())
+        .query_async(conn)
+        .await?;
     let record = |text: &str| -> Option<(i64, crate::fairness::Seed)> {
         let (version, seed) = text.split_once('|')?;
-        Some((version.parse().ok()?, crate::fairness::Seed::from_hex(seed)?))
+        Some((
+            version.parse().ok()?,
+            crate::fairness::Seed::from_hex(seed)?,
+        ))
     };
     let mut state = FairState {
         drawing: meta.get("hgen").and_then(|g| g.parse().ok()).unwrap_or(0),
