@@ -659,3 +659,101 @@ async fn the_verifier_names_the_first_draw_of_a_tampered_batch() {
     let _ = conn.close(200, "bye".into()).await;
     env.stop_workers().await;
 }
+
+/// With Postgres away, a batch is still stocked at once (draws never wait
+/// for the audit trail); its commitment reaches Postgres later, from the
+/// `pool.refilled` event, and the seed revealed afterwards matches it.
+#[tokio::test]
+async fn stocking_goes_on_while_postgres_is_away_and_the_commitment_comes_later() {
+    let env = TestEnv::new(&[]).await;
+    let kinds = Kinds::new(env.redis.clone(), &env.config.redis_prefix);
+    env.load(&pool_toml(
+        "away",
+        "refill_at = 0.5\nmax_count = 100",
+        SMALL,
+    ))
+    .await;
+    // Draw to batch 1's refill point.
+    let mut n = 0;
+    let trigger = loop {
+        let Step::Awarded(a) = draw_and_record(&env, &kinds, "away", n, 8).await else {
+            panic!("short")
+        };
+        n += 1;
+        if let Some(r) = a.refill {
+            break r.trigger;
+        }
+    };
+    let away = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(300))
+        .connect_lazy("postgres://postgres@127.0.0.1:1/nowhere")
+        .unwrap();
+    let recorder = audit::PgRecorder::new(&away);
+    let mut redis = env.redis.clone();
+    let keys = env.keys("away");
+    let (version, config, table) = lucky_gift::stored_config(&mut redis, &keys)
+        .await
+        .unwrap()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let outcome = lucky_gift::stock_committed(
+        &mut redis,
+        &env.scripts,
+        &keys,
+        &config,
+        version,
+        &table,
+        trigger,
+        500,
+        30_000,
+        "t",
+        &recorder,
+    )
+    .await
+    .unwrap();
+    assert!(matches!(
+        outcome,
+        lucky_gift::StockOutcome::Stocked { generation: 2, .. }
+    ));
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    let committed = recorder.take().unwrap();
+    let rows = |g: i64| {
+        sqlx::query_scalar::<_, String>(
+            "SELECT commitment FROM fair_batches WHERE pool = 'away' AND generation = $1",
+        )
+        .bind(g)
+        .fetch_all(&env.db)
+    };
+    assert!(rows(2).await.unwrap().is_empty());
+    // The event the refill worker publishes brings it to Postgres.
+    let event = json!({"type": "pool.refilled", "pool": "away", "generation": 2, "size": 80,
+        "version": version, "urgent": false, "commitment": committed.commitment,
+        "composition": committed.composition});
+    let worker =
+        audit::AuditWorker::new(env.db.clone(), env.redis.clone(), &env.config.redis_prefix);
+    worker.record(&event).await.unwrap();
+    assert_eq!(rows(2).await.unwrap(), vec![committed.commitment.clone()]);
+    // Batch 2, used up later, reveals the seed of that commitment.
+    for _ in 0..30 {
+        n += 1;
+        let Step::Awarded(a) = draw_and_record(&env, &kinds, "away", n, 8).await else {
+            panic!("short")
+        };
+        if let Some(r) = a.refill {
+            refill(&env, "away", r.trigger).await;
+        }
+        if a.result.revealed.iter().any(|r| r.generation == 2) {
+            break;
+        }
+    }
+    let verdict = audit::verify(&env.db, "away", Some(2)).await.unwrap();
+    assert!(
+        verdict.ok && verdict.batches[0].status == "ok",
+        "{verdict:?}"
+    );
+    assert!(verdict.batches[0].complete, "{verdict:?}");
+}
