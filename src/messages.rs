@@ -368,6 +368,41 @@ pub struct DrawResult {
     /// Lucky gift: the seeds of the batches this draw used up, revealed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub revealed: Vec<Reveal>,
+    /// Lottery with a random pick: what the pick used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pick: Option<LotteryPick>,
+}
+
+/// The random pick of a lottery draw: `value` (uniform in `[0, 2^52)`,
+/// below the largest multiple of the total weight) and the candidates it
+/// was read against, in order. The prize is the candidate where
+/// `value mod total` falls when the weights are laid end to end.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LotteryPick {
+    pub value: u64,
+    pub weights: Vec<PrizeWeight>,
+}
+
+/// One candidate of a lottery pick.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrizeWeight {
+    pub prize: String,
+    pub weight: u64,
+}
+
+impl LotteryPick {
+    /// The prize this pick lands on (`None` if the weights are all zero).
+    pub fn prize(&self) -> Option<&str> {
+        let total: u64 = self.weights.iter().map(|w| w.weight).sum();
+        let mut r = self.value.checked_rem(total)?;
+        for w in &self.weights {
+            if r < w.weight {
+                return Some(&w.prize);
+            }
+            r -= w.weight;
+        }
+        None
+    }
 }
 
 /// `count` consecutive prizes of a draw taken from positions `position`,

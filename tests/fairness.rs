@@ -757,3 +757,79 @@ async fn stocking_goes_on_while_postgres_is_away_and_the_commitment_comes_later(
     );
     assert!(verdict.batches[0].complete, "{verdict:?}");
 }
+
+/// Every lottery award records the random value and the weights its pick
+/// used, and recomputing the pick from them gives the prize awarded; a
+/// prize whose stock ran out is no longer among the weights.
+#[tokio::test]
+async fn lottery_draws_record_their_random_value_and_weights() {
+    let env = TestEnv::new(&[]).await;
+    let now = chrono::Utc::now();
+    env.load_activities(&common::activity_toml(
+        "spin",
+        now - chrono::Duration::hours(1),
+        now + chrono::Duration::hours(1),
+        r#"{ id = "ipad", weight = 40, stock = 3 }, { id = "coupon", weight = 50, stock = 100 }"#,
+    ))
+    .await;
+    let kinds = Kinds::new(env.redis.clone(), &env.config.redis_prefix);
+    let mut redis = env.redis.clone();
+    prizepool::kinds::lottery::grant(
+        &mut redis,
+        &env.scripts,
+        &env.keys("spin"),
+        "spin",
+        "g-1",
+        7,
+        60,
+    )
+    .await
+    .unwrap();
+    let mut ipads = 0;
+    for n in 0..60 {
+        let request_id = format!("spin-{n}");
+        let fingerprint = prizepool::kinds::fingerprint("draw", &[&"spin", &7i64, &1u32]);
+        let ask = Ask {
+            request_id: &request_id,
+            pool: "spin",
+            user: 7,
+            count: 1,
+            fingerprint: &fingerprint,
+            result_ttl_s: 600,
+        };
+        let kind = kinds.resolve("spin").await.unwrap().unwrap();
+        let Step::Awarded(award) = kinds.draw(kind, &ask).await.unwrap() else {
+            panic!("no award")
+        };
+        let pick = award
+            .result
+            .pick
+            .clone()
+            .expect("a wheel draw records its pick");
+        let prize = match &award.result.prizes[0] {
+            prizepool::messages::Prize::Item { prize, .. } => prize.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(pick.prize(), Some(prize.as_str()), "{pick:?}");
+        assert!(pick.value < 1 << 52);
+        let names: Vec<&str> = pick.weights.iter().map(|w| w.prize.as_str()).collect();
+        let expected: Vec<&str> = if ipads < 3 {
+            vec!["ipad", "coupon", "points-10"]
+        } else {
+            vec!["coupon", "points-10"]
+        };
+        assert_eq!(names, expected, "draw {n}");
+        // The value is below the largest multiple of the total in 2^52.
+        let total: u64 = pick.weights.iter().map(|w| w.weight).sum();
+        assert!(pick.value < (1u64 << 52) - (1u64 << 52) % total);
+        if prize == "ipad" {
+            ipads += 1;
+        }
+        // A replay answers the same pick.
+        let Step::Awarded(again) = kinds.draw(kind, &ask).await.unwrap() else {
+            panic!("no replay")
+        };
+        assert_eq!(again.result.pick, Some(pick));
+    }
+    assert_eq!(ipads, 3, "three ipads in 60 draws at 40/91 each");
+}

@@ -86,43 +86,50 @@ pub async fn record_reveal(db: &PgPool, pool: &str, reveal: &Reveal) -> Result<(
 /// kinds, refusals and draws stocked before batches were committed (no
 /// positions) record nothing.
 pub async fn record_draw(db: &PgPool, result: &DrawResult) -> Result<(), sqlx::Error> {
-    let (Status::Ok, Some(pool), Some(user), Some(serial), Some(version)) = (
-        result.status,
-        result.pool.as_deref(),
-        result.user_id,
-        result.serial,
-        result.version,
-    ) else {
-        return Ok(());
-    };
+    record_draws(db, std::slice::from_ref(result)).await
+}
+
+/// Records several draws in one transaction (a `draw.completed.batch`).
+pub async fn record_draws(db: &PgPool, results: &[DrawResult]) -> Result<(), sqlx::Error> {
     let mut tx = db.begin().await?;
-    for reveal in &result.revealed {
-        sqlx::query(
-            "INSERT INTO fair_reveals (pool, generation, version, seed)
-             VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-        )
-        .bind(pool)
-        .bind(reveal.generation as i64)
-        .bind(reveal.version)
-        .bind(&reveal.seed)
-        .execute(&mut *tx)
-        .await?;
-    }
-    if !result.positions.is_empty() {
-        sqlx::query(
-            "INSERT INTO fair_draws (pool, serial, request_id, user_id, version, prizes, positions, held_back)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
-        )
-        .bind(pool)
-        .bind(serial)
-        .bind(&result.request_id)
-        .bind(user)
-        .bind(version)
-        .bind(Json(&result.prizes))
-        .bind(Json(&result.positions))
-        .bind(Json(&result.held_back))
-        .execute(&mut *tx)
-        .await?;
+    for result in results {
+        let (Status::Ok, Some(pool), Some(user), Some(serial), Some(version)) = (
+            result.status,
+            result.pool.as_deref(),
+            result.user_id,
+            result.serial,
+            result.version,
+        ) else {
+            continue;
+        };
+        for reveal in &result.revealed {
+            sqlx::query(
+                "INSERT INTO fair_reveals (pool, generation, version, seed)
+                 VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+            )
+            .bind(pool)
+            .bind(reveal.generation as i64)
+            .bind(reveal.version)
+            .bind(&reveal.seed)
+            .execute(&mut *tx)
+            .await?;
+        }
+        if !result.positions.is_empty() {
+            sqlx::query(
+                "INSERT INTO fair_draws (pool, serial, request_id, user_id, version, prizes, positions, held_back)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
+            )
+            .bind(pool)
+            .bind(serial)
+            .bind(&result.request_id)
+            .bind(user)
+            .bind(version)
+            .bind(Json(&result.prizes))
+            .bind(Json(&result.positions))
+            .bind(Json(&result.held_back))
+            .execute(&mut *tx)
+            .await?;
+        }
     }
     tx.commit().await
 }
@@ -302,6 +309,7 @@ impl AuditWorker {
                     .get("events")
                     .and_then(Value::as_array)
                     .ok_or_else(|| Invalid::new("draw.completed.batch without events"))?;
+                let mut checked = Vec::with_capacity(events.len());
                 for e in events {
                     let result: DrawResult = serde_json::from_value(e.clone()).map_err(|e| {
                         Invalid::new(format!("a draw.completed that does not read: {e}"))
@@ -310,7 +318,7 @@ impl AuditWorker {
                     // out of the trail: it is logged and counted, the rest
                     // recorded (a lone bad event is dead-lettered).
                     match self.check_draw(&result).await {
-                        Ok(()) => record_draw(&self.db, &result).await?,
+                        Ok(()) => checked.push(result),
                         Err(HandleError::Invalid(invalid)) => {
                             metrics::counter!("prizepool_audit_refused_total").increment(1);
                             tracing::error!(request.id = %result.request_id, reason = %invalid, "draw record refused by the audit");
@@ -318,6 +326,7 @@ impl AuditWorker {
                         Err(e) => return Err(e),
                     }
                 }
+                record_draws(&self.db, &checked).await?;
             }
             "pool.refilled" => {
                 let event: PoolRefilled = serde_json::from_value(event.clone()).map_err(|e| {
