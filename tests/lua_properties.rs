@@ -4,7 +4,10 @@
 //! pools, counts far above what the pool holds, and refills in between.
 //! After every call the step either completed (its prizes left the pool and
 //! were answered) or changed nothing (only the batch's `due` mark may move,
-//! and a refusal is remembered), and conservation holds exactly.
+//! and a refusal is remembered), and conservation holds exactly. Every
+//! prize an answer names is the one its batch's committed seed put at the
+//! position the answer gives, no position is drawn twice, a parked prize is
+//! a jackpot, and a seed is revealed only once its whole batch is drawn.
 #![allow(clippy::unwrap_used)]
 
 mod common;
