@@ -28,7 +28,7 @@
 -- point is stored as "<code>f<batch>". Everything is checked before the
 -- first write, so a step either completes or changes nothing.
 
-local seen = replay(KEYS[5], ARGV[4])
+local seen = replay_award(KEYS[1], KEYS[5], ARGV[4])
 if seen then return seen end
 
 local m = redis.call('HMGET', KEYS[1], 'kind', 'visible', 'unit_price',
@@ -150,5 +150,7 @@ if trigger > (tonumber(m[11]) or -1) then redis.call('HSET', KEYS[1], 'due', int
 redis.call('SET', KEYS[4], int(spent), 'EX', tonumber(ARGV[3]))
 local body = int(serial) .. '|' .. (m[8] or '0') .. '|' .. int(unit_price) .. '|' .. int(trigger) .. '|'
   .. table.concat(codes, ',') .. record .. '|' .. (m[9] or 'coin')
-remember(KEYS[5], ARGV[4], body, ARGV[2])
+-- The fairness record travels inside the codes field of the stored form.
+remember(KEYS[5], ARGV[4], award_stored(KEYS[1], serial, m[8] or '0', unit_price, trigger,
+  table.concat(codes, ',') .. record, m[9] or 'coin'), ARGV[2])
 return {'ok', body, 0}

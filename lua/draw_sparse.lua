@@ -26,7 +26,7 @@
 -- Everything is read and checked before the first write, so a step either
 -- completes or changes nothing.
 
-local seen = replay(KEYS[7], ARGV[5])
+local seen = replay_award(KEYS[1], KEYS[7], ARGV[5])
 if seen then return seen end
 local m = redis.call('HMGET', KEYS[1], 'kind', 'storage', 'max_index', 'cur', 'unit_price',
   'jackpot_threshold', 'jackpot_codes', 'max_count', 'gen', 'version', 'asset', 'due', 'hgen')
@@ -154,5 +154,7 @@ if trigger > (tonumber(m[12]) or -1) then redis.call('HSET', KEYS[1], 'due', int
 redis.call('SET', KEYS[6], int(spent), 'EX', tonumber(ARGV[3]))
 local body = int(serial) .. '|' .. (m[10] or '0') .. '|' .. int(unit_price) .. '|' .. int(trigger) .. '|'
   .. table.concat(codes, ',') .. record .. '|' .. (m[11] or 'coin')
-remember(KEYS[7], ARGV[5], body, ARGV[2])
+-- The fairness record travels inside the codes field of the stored form.
+remember(KEYS[7], ARGV[5], award_stored(KEYS[1], serial, m[10] or '0', unit_price, trigger,
+  table.concat(codes, ',') .. record, m[11] or 'coin'), ARGV[2])
 return {'ok', body, 0}

@@ -190,6 +190,25 @@ struct Settings {
         requires = "tls_cert_file"
     )]
     tls_key_file: Option<PathBuf>,
+    /// OTLP/HTTP collector that receives traces (base URL, e.g.
+    /// `http://otel-collector:4318`; spans go to `<URL>/v1/traces`; http://
+    /// only); unset: no trace export. The W3C trace context travels in AMQP
+    /// headers.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL", value_parser = otlp_endpoint)]
+    otel_exporter_otlp_endpoint: Option<String>,
+}
+
+fn otlp_endpoint(value: &str) -> Result<String, String> {
+    let parsed = url::Url::parse(value.trim()).map_err(|e| format!("not a URL: {e}"))?;
+    // The exporter is built without a TLS stack: traces go to a collector
+    // next to the worker (a sidecar or the node's agent), which forwards
+    // them. An https:// URL is refused rather than sent in plaintext.
+    match parsed.scheme() {
+        "http" => Ok(value.trim().to_owned()),
+        other => Err(format!(
+            "{other}:// is not supported (OTLP/HTTP to a nearby collector: http://host:4318)"
+        )),
+    }
 }
 
 fn redis_url(value: &str) -> Result<String, String> {
@@ -361,6 +380,9 @@ pub struct Config {
     /// `LEDGER_SEAL_KEY`: the key of the seals on the fleet's own ledger
     /// entries (see [`crate::ledger::Sealer`]); `None`: a key kept in Redis.
     pub ledger_seal_key: Option<SealKey>,
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`: where traces are exported with OTLP/HTTP
+    /// ([`crate::telemetry::export_traces`]); `None`: off.
+    pub otel_endpoint: Option<String>,
 }
 
 /// A secret that never shows in logs or `Debug` output.
@@ -445,6 +467,7 @@ impl Config {
             "health_check_interval_ms": self.health_check_interval.as_millis() as u64,
             "ledger_seal_key": if self.ledger_seal_key.is_some() { "set" } else { "unset: kept in Redis" },
             "tls": self.tls,
+            "otel_exporter_otlp_endpoint": self.otel_endpoint.as_deref().map(redact),
         })
     }
 }
@@ -571,6 +594,7 @@ impl Settings {
             health_check_interval: Duration::from_millis(self.health_check_interval_ms),
             tls,
             ledger_seal_key: self.ledger_seal_key.filter(|k| !k.is_empty()).map(SealKey),
+            otel_endpoint: self.otel_exporter_otlp_endpoint,
         })
     }
 }
@@ -664,6 +688,26 @@ mod tests {
         assert_eq!(cfg.metrics_addr.as_deref(), Some(DEFAULT_METRICS_ADDR));
         let off = Config::from_lookup(|n| (n == "METRICS_ADDR").then(String::new)).unwrap();
         assert!(off.metrics_addr.is_none());
+    }
+
+    #[test]
+    fn trace_export_is_off_by_default_and_takes_only_an_http_url() {
+        assert_eq!(Config::from_lookup(|_| None).unwrap().otel_endpoint, None);
+        let endpoint = |v: &str| with("OTEL_EXPORTER_OTLP_ENDPOINT", v).map(|c| c.otel_endpoint);
+        assert_eq!(endpoint("").unwrap(), None);
+        assert_eq!(
+            endpoint("http://collector:4318").unwrap().as_deref(),
+            Some("http://collector:4318")
+        );
+        for bad in [
+            "collector:4318",
+            "grpc://collector:4317",
+            "https://collector:4318",
+            "not a url",
+        ] {
+            let err = endpoint(bad).unwrap_err().to_string();
+            assert!(err.contains("OTEL_EXPORTER_OTLP_ENDPOINT"), "{bad}: {err}");
+        }
     }
 
     #[test]

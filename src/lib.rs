@@ -6,7 +6,7 @@
 //!
 //! | module | what lives there |
 //! |--------|------------------|
-//! | [`config`], [`telemetry`], [`shutdown`], [`ops`] | start-up plumbing: environment, logs, signals, `/metrics` + health |
+//! | [`config`], [`telemetry`], [`shutdown`], [`ops`] | start-up plumbing: environment, logs and traces (OTLP, trace context in AMQP headers), signals, `/metrics` + health |
 //! | [`amqp`] | topology, publishing with confirms, the shared consume loop, coalesced acks, grouped ledger entries, dead letters |
 //! | [`messages`] | the wire contract: payloads, validation, error codes |
 //! | [`scripts`] | the Lua scripts of `lua/` and the Redis key names |

@@ -244,9 +244,14 @@ fn default_asset() -> String {
 #[serde(deny_unknown_fields)]
 pub struct RedPacketExpire {
     pub packet_id: String,
-    /// When the packet expires; an early message is delayed again.
+    /// When the packet expires (informative: the packet's stored expiry
+    /// decides).
     #[serde(default)]
     pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Which expiry message this is: an early one is delayed again only if
+    /// its packet names it as its one pending expiry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
 }
 
 /// `{"type":"refill","pool":…,"trigger":N}`: batch `trigger` of `pool` reached

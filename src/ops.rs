@@ -210,6 +210,9 @@ where
     let result = async {
         config.tls.install();
         tracing::info!(service, config = %config.summary(), "effective configuration");
+        // Kept to the end: dropping it sends the last spans.
+        let _traces = crate::telemetry::export_traces(config.otel_endpoint.as_deref(), service)
+            .context("OTEL_EXPORTER_OTLP_ENDPOINT")?;
         let shutdown = crate::shutdown::signal();
         let health = Health::default();
         if let Some(addr) = &config.metrics_addr {

@@ -34,12 +34,14 @@ macro_rules! lottery {
 }
 
 /// A lucky-gift draw script (or a step on its parked jackpots): the answer
-/// prelude, then `lua/lib/jackpot.lua` (the jackpot rule, once for both
-/// storages), then the script.
+/// prelude, `lua/lib/award.lua` (how an award is stored) and
+/// `lua/lib/jackpot.lua` (the jackpot rule, once for both storages), then
+/// the script.
 macro_rules! lucky_gift {
     ($path:literal) => {
         Script::new(concat!(
             include_str!("../lua/lib/answer.lua"),
+            include_str!("../lua/lib/award.lua"),
             include_str!("../lua/lib/jackpot.lua"),
             include_str!($path)
         ))
@@ -68,6 +70,10 @@ pub struct Scripts {
     pub draw_sparse: Script,
     pub sparse_stock: Script,
     pub red_packet_status: Script,
+    pub claim: Script,
+    pub remember_refusal: Script,
+    pub forget: Script,
+    pub red_packet_expiry: Script,
 }
 
 impl Scripts {
@@ -93,6 +99,10 @@ impl Scripts {
             draw_sparse: lucky_gift!("../lua/draw_sparse.lua"),
             sparse_stock: Script::new(include_str!("../lua/sparse_stock.lua")),
             red_packet_status: Script::new(include_str!("../lua/red_packet_status.lua")),
+            claim: answering!("../lua/claim.lua"),
+            remember_refusal: answering!("../lua/remember_refusal.lua"),
+            forget: answering!("../lua/forget.lua"),
+            red_packet_expiry: Script::new(include_str!("../lua/red_packet_expiry.lua")),
         }
     }
 }
@@ -197,9 +207,10 @@ impl PoolKeys {
         self.key(&format!("uv:{day}"))
     }
 
-    /// Stored result of one request, for idempotent replays.
-    pub fn result(&self, request_id: &str) -> String {
-        self.key(&format!("r:{request_id}"))
+    /// The store of the answers of the pool's requests, for idempotent
+    /// replays (`lua/lib/answer.lua`: a meta hash, its buckets beside it).
+    pub fn results(&self) -> String {
+        self.key("rs")
     }
 }
 

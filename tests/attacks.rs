@@ -156,13 +156,7 @@ async fn assert_balances_follow_entries(env: &TestEnv) {
 /// Forgets the stored answer and the claim of `request_id` on `pool`, as
 /// `RESULT_TTL_S` does a day later.
 async fn expire_answer(env: &TestEnv, pool: &str, request_id: &str) {
-    let mut redis = env.redis.clone();
-    let _: () = redis::cmd("DEL")
-        .arg(env.keys(pool).result(request_id))
-        .arg(format!("{}:rq:{{{request_id}}}", env.config.redis_prefix))
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    env.forget_answer(pool, request_id).await;
 }
 
 #[tokio::test]

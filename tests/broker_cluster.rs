@@ -157,8 +157,22 @@ async fn losing_the_node_that_leads_the_draw_queue_stalls_nothing() {
                     "consumers",
                 ],
             );
+            let errors: String = nodes
+                .iter()
+                .filter(|n| n.node != leading)
+                .flat_map(|n| {
+                    let log = n.dir.join("log").join(format!("{}.log", n.node));
+                    std::fs::read_to_string(log)
+                        .unwrap_or_default()
+                        .lines()
+                        .filter(|l| l.contains("[error]"))
+                        .take(20)
+                        .map(|l| format!("{}: {l}\n", n.node))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
             panic!(
-                "draws stalled without {leading}: {} answered before, {} now\n{}",
+                "draws stalled without {leading}: {} answered before, {} now\n{}\n{errors}",
                 before,
                 answered.load(Ordering::Relaxed),
                 String::from_utf8_lossy(&out.stdout)

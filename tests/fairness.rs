@@ -75,6 +75,7 @@ use common::{pool_toml, TestEnv};
 use prizepool::{
     audit,
     kinds::{
+        answer::Tokens,
         lucky_gift::{self, Batch, CodeTable, PoolConfig},
         Ask, Kinds, Step,
     },
@@ -250,17 +251,43 @@ async fn cli(env: &TestEnv, args: &[&str]) -> std::process::Output {
 async fn draw_and_record(env: &TestEnv, kinds: &Kinds, pool: &str, n: usize, count: u32) -> Step {
     let request_id = format!("{pool}-{n}");
     let fingerprint = prizepool::kinds::fingerprint("draw", &[&pool, &1i64, &count]);
+    let ttl = env.config.result_ttl.as_secs();
+    let tokens = Tokens::new(
+        &env.config.redis_prefix,
+        "rq",
+        &request_id,
+        fingerprint,
+        ttl,
+    );
     let ask = Ask {
         request_id: &request_id,
         pool,
         user: 1,
         count,
-        fingerprint: &fingerprint,
-        result_ttl_s: 600,
+        token: &tokens.answer,
+        result_ttl_s: ttl,
     };
     let kind = kinds.resolve(pool).await.unwrap().unwrap();
     let step = kinds.draw(kind, &ask).await.unwrap();
     if let Step::Awarded(award) = &step {
+        // What the audit consumer checks an event against: the stored answer.
+        let mut redis = env.redis.clone();
+        let stored = lucky_gift::stored_award(
+            &mut redis,
+            &env.scripts,
+            &env.config.redis_prefix,
+            &env.keys(pool),
+            pool,
+            &request_id,
+            1,
+            count,
+            ttl,
+        )
+        .await
+        .unwrap()
+        .expect("the answer is stored");
+        assert_eq!(Some(stored.serial), award.result.serial);
+        assert_eq!(stored.positions, award.result.positions);
         audit::record_draw(&env.db, &award.result).await.unwrap();
     }
     step
@@ -733,8 +760,12 @@ async fn stocking_goes_on_while_postgres_is_away_and_the_commitment_comes_later(
     let event = json!({"type": "pool.refilled", "pool": "away", "generation": 2, "size": 80,
         "version": version, "urgent": false, "commitment": committed.commitment,
         "composition": committed.composition});
-    let worker =
-        audit::AuditWorker::new(env.db.clone(), env.redis.clone(), &env.config.redis_prefix);
+    let worker = audit::AuditWorker::new(
+        env.db.clone(),
+        env.redis.clone(),
+        &env.config.redis_prefix,
+        env.config.result_ttl.as_secs(),
+    );
     worker.record(&event).await.unwrap();
     assert_eq!(rows(2).await.unwrap(), vec![committed.commitment.clone()]);
     // Batch 2, used up later, reveals the seed of that commitment.
@@ -789,13 +820,21 @@ async fn lottery_draws_record_their_random_value_and_weights() {
     for n in 0..60 {
         let request_id = format!("spin-{n}");
         let fingerprint = prizepool::kinds::fingerprint("draw", &[&"spin", &7i64, &1u32]);
+        let ttl = env.config.result_ttl.as_secs();
+        let tokens = Tokens::new(
+            &env.config.redis_prefix,
+            "rq",
+            &request_id,
+            fingerprint,
+            ttl,
+        );
         let ask = Ask {
             request_id: &request_id,
             pool: "spin",
             user: 7,
             count: 1,
-            fingerprint: &fingerprint,
-            result_ttl_s: 600,
+            token: &tokens.answer,
+            result_ttl_s: ttl,
         };
         let kind = kinds.resolve("spin").await.unwrap().unwrap();
         let Step::Awarded(award) = kinds.draw(kind, &ask).await.unwrap() else {

@@ -179,7 +179,7 @@ async fn fifty_refill_requests_for_one_trigger_through_the_queue_stock_one_batch
         "past-the-flag",
         400,
         3600,
-        "fp",
+        &env.tokens("rq", "past-the-flag").answer,
     )
     .await
     .unwrap();

@@ -441,13 +441,7 @@ async fn a_request_id_sent_again_after_its_answer_expired_is_a_new_draw_paid_in_
     assert_eq!(first["reward"], 60, "{first}");
     assert_eq!(env.wait_ledger("late", 60).await, 60);
     // A day later the answer and the claim have expired (RESULT_TTL_S).
-    let mut redis = env.redis.clone();
-    let _: () = redis::cmd("DEL")
-        .arg(env.keys("late").result("late-1"))
-        .arg(format!("{}:rq:{{late-1}}", env.config.redis_prefix))
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    env.forget_answer("late", "late-1").await;
     // The same id now names a new draw: it takes new prizes, and its reply
     // is paid too, under an entry of its own.
     let again = client

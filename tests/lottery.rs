@@ -243,7 +243,7 @@ async fn the_wheel_script_picks_exactly_as_the_reference_model() {
             .key(keys.chances())
             .key(keys.stock())
             .key(keys.awarded())
-            .key(keys.result(&format!("r{n}")))
+            .key(keys.results())
             .key(keys.pv("d"))
             .key(keys.uv("d"))
             .arg(1)
@@ -251,7 +251,7 @@ async fn the_wheel_script_picks_exactly_as_the_reference_model() {
             .arg(&list)
             .arg(60)
             .arg(60)
-            .arg("fp")
+            .arg(env.tokens("rq", &format!("r{n}")).answer)
             .invoke_async(&mut redis)
             .await
             .unwrap();
@@ -267,7 +267,7 @@ async fn the_wheel_script_picks_exactly_as_the_reference_model() {
         .key(keys.chances())
         .key(keys.stock())
         .key(keys.awarded())
-        .key(keys.result("rejected"))
+        .key(keys.results())
         .key(keys.pv("d"))
         .key(keys.uv("d"))
         .arg(1)
@@ -275,16 +275,12 @@ async fn the_wheel_script_picks_exactly_as_the_reference_model() {
         .arg(format!("{},{}", span - 1, span - 2))
         .arg(60)
         .arg(60)
-        .arg("fp")
+        .arg(env.tokens("rq", "rejected").answer)
         .invoke_async(&mut redis)
         .await
         .unwrap();
     assert_eq!(status, "retry");
-    let stored: Option<String> = redis::cmd("GET")
-        .arg(keys.result("rejected"))
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    let (_, stored) = env.stored_answer("model", "rejected").await;
     assert_eq!(stored, None);
 }
 

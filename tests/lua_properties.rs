@@ -334,7 +334,7 @@ async fn run(env: &TestEnv, n: usize, case: Case) -> Result<(), TestCaseError> {
             &rid,
             *count,
             600,
-            "fp",
+            &env.tokens("rq", &rid).answer,
         )
         .await
         .unwrap();
@@ -357,7 +357,7 @@ async fn run(env: &TestEnv, n: usize, case: Case) -> Result<(), TestCaseError> {
                     &rid,
                     *count,
                     600,
-                    "fp",
+                    &env.tokens("rq", &rid).answer,
                 )
                 .await
                 .unwrap();
@@ -460,7 +460,7 @@ fn a_gated_draw_walks_a_long_jackpot_run() {
                 "all-zeros",
                 5,
                 600,
-                "fp",
+                &env.tokens("rq", "all-zeros").answer,
             )
             .await
             .unwrap();
@@ -481,7 +481,7 @@ fn a_gated_draw_walks_a_long_jackpot_run() {
                 "gated",
                 1,
                 600,
-                "fp",
+                &env.tokens("rq", "gated").answer,
             )
             .await
             .unwrap();
@@ -508,7 +508,7 @@ fn a_gated_draw_walks_a_long_jackpot_run() {
                 "freed",
                 1000,
                 600,
-                "fp",
+                &env.tokens("rq", "freed").answer,
             )
             .await
             .unwrap();

@@ -15,15 +15,16 @@ async fn draw(env: &TestEnv, pool: &str, count: u32) -> DrawStep {
         .await
         .unwrap()
         .unwrap_or(lucky_gift::Storage::List);
+    let id = ulid::Ulid::new().to_string();
     lucky_gift::draw_once(
         &mut redis,
         &env.scripts,
         &env.keys(pool),
         storage,
-        &ulid::Ulid::new().to_string(),
+        &id,
         count,
         3600,
-        "test",
+        &env.tokens("rq", &id).answer,
     )
     .await
     .unwrap()
@@ -260,9 +261,10 @@ async fn gated_jackpots_wait_at_the_head_for_the_first_draw_that_may_win_them(st
     refill(&env, pool).await;
     let d = drawn(draw(&env, pool, 1).await);
     assert!(multipliers(&d)[0] < 100);
-    // Both jackpots of batch 1 wait; one of batch 2 may too if it came first.
+    // Both jackpots of batch 1 wait; those of batch 2 that came before its
+    // first blank wait too (both, once in 45 shuffles).
     let waiting = env.status(pool).await.held_jackpots;
-    assert!((2..=3).contains(&waiting), "{waiting} jackpots wait");
+    assert!((2..=4).contains(&waiting), "{waiting} jackpots wait");
     let d = drawn(draw(&env, pool, 2).await);
     assert_eq!(
         multipliers(&d),

@@ -21,7 +21,7 @@ const WORKERS: [&str; 3] = [
 ];
 
 /// Every variable a worker reads, as `--help` must list it.
-const VARIABLES: [&str; 23] = [
+const VARIABLES: [&str; 24] = [
     "AMQP_URL",
     "REDIS_URL",
     "DATABASE_URL",
@@ -44,6 +44,7 @@ const VARIABLES: [&str; 23] = [
     "TLS_CA_FILE",
     "TLS_CERT_FILE",
     "TLS_KEY_FILE",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
     "LOG_FORMAT",
 ];
 

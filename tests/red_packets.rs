@@ -35,12 +35,13 @@ async fn grab_share(
     user: i64,
 ) -> Option<i64> {
     let fingerprint = prizepool::kinds::fingerprint("draw", &[&packet, &user, &1u32]);
+    let tokens = prizepool::kinds::Tokens::new("t", "rq", request_id, fingerprint, 60);
     let ask = prizepool::kinds::Ask {
         request_id,
         pool: packet,
         user,
         count: 1,
-        fingerprint: &fingerprint,
+        token: &tokens.answer,
         result_ttl_s: 60,
     };
     match red_packet::grab(conn, scripts, keys, &ask).await.unwrap() {
@@ -712,7 +713,14 @@ async fn closing_refunds_once_and_lets_the_keys_expire() {
     let early = w.expire_red_packet(expire.clone()).await.unwrap();
     assert_eq!(reply_of(&early)["closed"], false);
     assert!(!packet(&env, "rp-short").await.unwrap().closed);
-    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    // Due at the whole second the create answered (at most two away).
+    let due: chrono::DateTime<chrono::Utc> = reply_of(&created)["expires_at"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let wait = (due - chrono::Utc::now()).num_milliseconds().max(0) + 100;
+    tokio::time::sleep(Duration::from_millis(wait.unsigned_abs())).await;
     // A closer that dies after the Redis step: the next expiry records the
     // close, refunds and announces it, once.
     let step = red_packet::close(&mut conn, &env.scripts, &keys)

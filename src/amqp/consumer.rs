@@ -32,6 +32,7 @@ use super::{
     acks::{Acks, Settle},
     grouped::{self, Grouper},
     publish::{with_header, without_expiration, Outgoing, Publisher},
+    reply::{Replier, Sent},
     Route, DLX, ERROR_CODE_HEADER, ERROR_HEADER,
 };
 use crate::{
@@ -209,11 +210,12 @@ pub async fn run<H: Handler>(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let mut backoff = reconnect_backoff();
+    let replier = Replier::new(&config.amqp_url, handler.route().queue);
     loop {
         if shutdown.is_cancelled() {
             return Ok(());
         }
-        match session(config, &handler, &health, &shutdown).await {
+        match session(config, &handler, &replier, &health, &shutdown).await {
             Ok(()) => return Ok(()),
             Err(error) => {
                 health.set_ready(false);
@@ -244,6 +246,7 @@ fn reconnect_backoff() -> impl Iterator<Item = std::time::Duration> {
 async fn session<H: Handler>(
     config: &Config,
     handler: &Arc<H>,
+    replier: &Replier,
     health: &Health,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
@@ -271,7 +274,11 @@ async fn session<H: Handler>(
     let (acks, acker) = Acks::start(channel.clone());
     let (ledger, ledger_task) = Grouper::start(publisher.clone(), grouped::LEDGER);
     let (events, events_task) = Grouper::start(publisher.clone(), grouped::DRAW_COMPLETED);
-    let groupers = Groupers { ledger, events };
+    let groupers = Groupers {
+        ledger,
+        events,
+        replier: replier.clone(),
+    };
     let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
     let result = loop {
         let next = tokio::select! {
@@ -352,11 +359,13 @@ async fn session<H: Handler>(
     result
 }
 
-/// The grouping publishers a worker's deliveries share.
+/// The grouping publishers and the reply connection a worker's deliveries
+/// share.
 #[derive(Clone, Debug)]
 struct Groupers {
     ledger: Grouper,
     events: Grouper,
+    replier: Replier,
 }
 
 /// Handles one delivery end to end and says how to settle it; never panics.
@@ -379,6 +388,7 @@ async fn process<H: Handler>(
     .map(|(_, id)| id)
     .unwrap_or_default();
     let span = info_span!("delivery", queue = route.queue, request.id = %request_id);
+    crate::telemetry::continue_trace(&span, delivery.properties.headers().as_ref());
     async move {
         let outcome = match envelope {
             Err(invalid) => Err(HandleError::Invalid(invalid)),
@@ -389,6 +399,7 @@ async fn process<H: Handler>(
             Err(HandleError::Invalid(invalid)) => {
                 dead_letter(
                     publisher,
+                    &groupers.replier,
                     &delivery,
                     route,
                     ErrorCode::InvalidRequest,
@@ -402,7 +413,15 @@ async fn process<H: Handler>(
                     "permanent failure; dead-lettering"
                 );
                 let reason = Invalid::new(format!("{error:#}"));
-                dead_letter(publisher, &delivery, route, ErrorCode::Internal, &reason).await
+                dead_letter(
+                    publisher,
+                    &groupers.replier,
+                    &delivery,
+                    route,
+                    ErrorCode::Internal,
+                    &reason,
+                )
+                .await
             }
             Err(HandleError::Transient(error)) => {
                 tracing::error!(
@@ -524,20 +543,23 @@ async fn finish(
         groupers.ledger.settle(&outcome.ledger),
         groupers.events.publish(outcome.events),
     );
-    let mut result = published
+    let result = published
         .map_err(anyhow::Error::from)
         .and(settled)
         .and(told);
     if result.is_ok() {
         if let (Some(reply), Some(reply_to)) = (outcome.reply, delivery.properties.reply_to()) {
-            result = publisher
-                .publish(Outgoing::reply(
-                    reply_to.as_str(),
-                    delivery.properties.correlation_id().as_ref(),
-                    reply,
-                ))
-                .await
-                .map_err(anyhow::Error::from);
+            let reply = Outgoing::reply(
+                reply_to.as_str(),
+                delivery.properties.correlation_id().as_ref(),
+                reply,
+            );
+            if groupers.replier.send(vec![reply]).await == Sent::GivenUp {
+                // Everything the request caused is confirmed and its answer
+                // is stored: a requester still waiting sends the same id again
+                // and gets it replayed.
+                tracing::warn!("the reply could not be delivered; its requester is gone");
+            }
         }
     }
     match result {
@@ -558,6 +580,7 @@ async fn finish(
 /// and answers the requester, in that order; the original may then be acked.
 async fn dead_letter(
     publisher: &Publisher,
+    replier: &Replier,
     delivery: &Delivery,
     route: Route,
     code: ErrorCode,
@@ -578,19 +601,11 @@ async fn dead_letter(
     let Some(reply) = rejected_reply_message(delivery, code, invalid) else {
         return (label, how);
     };
-    match publisher.publish(reply).await {
-        Ok(()) => (label, how),
-        Err(error) if how == Settle::Ack => {
-            // The request must be answered: it comes back, is dead-lettered
-            // again (a second copy in the DLQ) and answered then.
-            tracing::error!(%error, "could not publish the rejected reply; requeueing");
-            ("requeued", Settle::Requeue)
-        }
-        Err(error) => {
-            tracing::error!(%error, "could not publish the rejected reply");
-            (label, how)
-        }
+    if replier.send(vec![reply]).await == Sent::GivenUp {
+        // Requeueing would dead-letter a second copy and fail the same way.
+        tracing::warn!("the rejected reply could not be delivered; its requester is gone");
     }
+    (label, how)
 }
 
 /// The `rejected` reply to `delivery`, when it asked for one.
@@ -641,12 +656,14 @@ fn dead_letter_message(
 /// `rejected` when the request asked for a reply.
 pub async fn publish_dead_letter(
     publisher: &Publisher,
+    replier: &Replier,
     delivery: &Delivery,
     route: Route,
     invalid: &Invalid,
 ) -> Result<(), super::publish::PublishError> {
     publish_dead_letter_as(
         publisher,
+        replier,
         delivery,
         route,
         ErrorCode::InvalidRequest,
@@ -663,6 +680,7 @@ pub async fn publish_dead_letter(
 /// carries the request's id whenever the body had a usable one.
 pub async fn publish_dead_letter_as(
     publisher: &Publisher,
+    replier: &Replier,
     delivery: &Delivery,
     route: Route,
     code: ErrorCode,
@@ -678,7 +696,9 @@ pub async fn publish_dead_letter_as(
         ))
         .await?;
     if let Some(reply) = rejected_reply_message(delivery, code, invalid) {
-        publisher.publish(reply).await?;
+        if replier.send(vec![reply]).await == Sent::GivenUp {
+            tracing::warn!("the rejected reply could not be delivered; its requester is gone");
+        }
     }
     Ok(())
 }

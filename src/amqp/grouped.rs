@@ -19,6 +19,7 @@ use tokio::{
     sync::{mpsc, oneshot},
     task::JoinHandle,
 };
+use tracing::Instrument;
 
 use super::{publish::Outgoing, Publisher, SETTLE};
 use crate::messages::SettleRequest;
@@ -66,6 +67,9 @@ type Confirmed = oneshot::Sender<Result<(), String>>;
 struct Pending {
     bodies: Vec<Vec<u8>>,
     done: Confirmed,
+    /// The delivery's span: a group's message continues the trace of its
+    /// first delivery (`telemetry`).
+    span: tracing::Span,
 }
 
 impl std::fmt::Debug for Pending {
@@ -101,7 +105,11 @@ impl Grouper {
         }
         let (done, confirmed) = oneshot::channel();
         self.tx
-            .send(Pending { bodies, done })
+            .send(Pending {
+                bodies,
+                done,
+                span: tracing::Span::current(),
+            })
             .map_err(|_| anyhow::anyhow!("the grouping publisher has stopped"))?;
         match confirmed.await {
             Ok(Ok(())) => Ok(()),
@@ -133,6 +141,9 @@ async fn group_and_publish(
         while in_flight.len() < GROUPS_IN_FLIGHT && !waiting.is_empty() {
             let (body, waiters) = next_group(&group, &mut waiting);
             let publisher = publisher.clone();
+            let span = waiters
+                .first()
+                .map_or_else(tracing::Span::none, |w| w.span.clone());
             in_flight.push(async move {
                 metrics::histogram!("prizepool_group_bodies", "type" => group.batch_type).record(
                     waiters
@@ -142,6 +153,7 @@ async fn group_and_publish(
                 );
                 let result = publisher
                     .publish((group.message)(group.routing_key, body))
+                    .instrument(span)
                     .await
                     .map_err(|e| e.to_string());
                 for w in waiters {
@@ -232,6 +244,7 @@ mod tests {
             Pending {
                 bodies: entries,
                 done,
+                span: tracing::Span::none(),
             },
             rx,
         )
@@ -285,6 +298,7 @@ mod tests {
             .map(|e| Pending {
                 bodies: vec![serde_json::to_vec(e).unwrap()],
                 done: oneshot::channel().0,
+                span: tracing::Span::none(),
             })
             .collect();
         let (body, group) = next_group(&DRAW_COMPLETED, &mut waiting);

@@ -17,6 +17,7 @@ pub mod depth;
 pub mod dlq;
 pub mod grouped;
 mod publish;
+mod reply;
 pub mod rpc;
 
 use anyhow::Context;
@@ -31,6 +32,7 @@ pub use consumer::{
     Handler, Outcome,
 };
 pub use publish::{Outgoing, Publisher};
+pub use reply::{Replier, Sent};
 
 /// The request exchange (direct).
 pub const EXCHANGE: &str = "prizepool";

@@ -144,8 +144,10 @@ impl Publisher {
         // `try_join_all` polls the publishes in order, and a publish takes
         // its place on the channel (and its confirm tag) on its first poll.
         let channel = &self.channel;
-        let confirms =
-            futures_util::future::try_join_all(messages.into_iter().map(|m| async move {
+        let confirms = futures_util::future::try_join_all(messages.into_iter().map(|mut m| {
+            // The publishing span's trace goes with the message.
+            m.properties = crate::telemetry::with_trace_context(m.properties);
+            async move {
                 let confirm = channel
                     .basic_publish(
                         m.exchange.as_str().into(),
@@ -159,8 +161,9 @@ impl Publisher {
                     )
                     .await?;
                 Ok::<_, lapin::Error>((m.exchange, m.routing_key, confirm))
-            }))
-            .await?;
+            }
+        }))
+        .await?;
         for (exchange, routing_key, confirm) in confirms {
             let confirmation = confirm.await?;
             if confirmation.is_nack() {

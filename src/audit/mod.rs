@@ -1,7 +1,7 @@
 //! The audit trail of provably fair lucky-gift batches (`docs/fairness.md`):
 //! what each batch committed to, the seeds revealed, and every draw with
 //! the positions of its prizes, kept in Postgres in append-only tables
-//! (`migrations/20261125000001_fairness.sql`), and the verifier that
+//! (`migrations/20261125000002_fairness.sql`), and the verifier that
 //! recomputes a batch from its revealed seed ([`verify`]).
 //!
 //! The trail is fed by the events the fleet publishes anyway: the audit
@@ -192,16 +192,27 @@ impl Recorder for PgRecorder<'_> {
 pub struct AuditWorker {
     db: PgPool,
     redis: crate::redis_conn::RedisConn,
+    scripts: crate::scripts::Scripts,
     prefix: String,
+    /// `RESULT_TTL_S`: where the draw workers keep answers depends on it.
+    result_ttl_s: u64,
 }
 
 impl AuditWorker {
-    /// A consumer writing to `db`, checking against the pools under `prefix`.
-    pub fn new(db: PgPool, redis: crate::redis_conn::RedisConn, prefix: &str) -> Self {
+    /// A consumer writing to `db`, checking against the pools under
+    /// `prefix` whose answers are kept `result_ttl_s` seconds.
+    pub fn new(
+        db: PgPool,
+        redis: crate::redis_conn::RedisConn,
+        prefix: &str,
+        result_ttl_s: u64,
+    ) -> Self {
         Self {
             db,
             redis,
+            scripts: crate::scripts::Scripts::new(),
             prefix: prefix.to_owned(),
+            result_ttl_s,
         }
     }
 
@@ -216,8 +227,21 @@ impl AuditWorker {
         crate::messages::check_id("request_id", &result.request_id)?;
         let keys = crate::scripts::PoolKeys::new(&self.prefix, pool);
         let mut conn = self.redis.clone();
-        let Some(stored) =
-            crate::kinds::lucky_gift::stored_award(&mut conn, &keys, &result.request_id).await?
+        let (Some(user), Ok(count)) = (result.user_id, u32::try_from(result.prizes.len())) else {
+            return Err(Invalid::new("a draw record without its user").into());
+        };
+        let Some(stored) = crate::kinds::lucky_gift::stored_award(
+            &mut conn,
+            &self.scripts,
+            &self.prefix,
+            &keys,
+            pool,
+            &result.request_id,
+            user,
+            count,
+            self.result_ttl_s,
+        )
+        .await?
         else {
             return Err(Invalid::new(format!(
                 "draw {} of pool {pool} has no stored answer to check its record against",
@@ -460,6 +484,6 @@ pub async fn run(
         }
     }
     let redis = crate::redis_conn::connect(&config.redis_url).await?;
-    let worker = AuditWorker::new(db, redis, &config.redis_prefix);
+    let worker = AuditWorker::new(db, redis, &config.redis_prefix, config.result_ttl.as_secs());
     amqp::run(&config, Arc::new(worker), health, shutdown).await
 }

@@ -82,8 +82,12 @@ pub(super) enum Step {
 
 /// How long the passes keep their result keys.
 const TTL_S: u64 = 120;
-/// The request fingerprint of every ceiling call (each call has an id of its own).
-const FINGERPRINT: &str = "bench";
+/// The answer token of call `id`, as the worker builds it (each call has an
+/// id of its own and asks the same).
+fn token(id: &str) -> Vec<u8> {
+    let fingerprint = kinds::fingerprint("bench", &[]);
+    kinds::Tokens::new("bench", "rq", id, fingerprint, TTL_S).answer
+}
 
 impl Step {
     /// The keys and user of the `n`th call of a pass (lucky-gift draws name
@@ -114,13 +118,12 @@ impl Step {
                 keys,
                 *storage,
                 day,
-                id,
                 *count,
                 TTL_S,
-                FINGERPRINT,
+                &token(id),
             ),
             Self::RedPacket { .. } => {
-                red_packet::grab_call(&scripts.grab_red_packet, keys, id, user, TTL_S, FINGERPRINT)
+                red_packet::grab_call(&scripts.grab_red_packet, keys, user, TTL_S, &token(id))
             }
             Self::Lottery { strategy, .. } => strategy.invocation(
                 scripts,
@@ -130,7 +133,7 @@ impl Step {
                     pool: "",
                     user,
                     count: 1,
-                    fingerprint: FINGERPRINT,
+                    token: &token(id),
                     result_ttl_s: TTL_S,
                 },
                 &lottery::random_values(),
@@ -147,12 +150,13 @@ impl Step {
         id: &str,
         user: i64,
     ) -> anyhow::Result<bool> {
+        let token = token(id);
         let ask = Ask {
             request_id: id,
             pool: "bench",
             user,
             count: 1,
-            fingerprint: FINGERPRINT,
+            token: &token,
             result_ttl_s: TTL_S,
         };
         let step = match self {
@@ -162,14 +166,7 @@ impl Step {
                     ..ask
                 };
                 let drawn = lucky_gift::draw_once(
-                    conn,
-                    scripts,
-                    keys,
-                    *storage,
-                    id,
-                    ask.count,
-                    TTL_S,
-                    FINGERPRINT,
+                    conn, scripts, keys, *storage, id, ask.count, TTL_S, &token,
                 )
                 .await?;
                 return Ok(matches!(drawn, lucky_gift::DrawStep::Drawn(_)));

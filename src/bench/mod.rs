@@ -73,6 +73,10 @@ pub struct BenchArgs {
     /// Skip the slow one-off measurements (pool-size flatness, 3M-prize stocking).
     #[arg(long)]
     quick: bool,
+    /// Requests claimed and answered to measure what a remembered result
+    /// costs (default 1,000,000; 100,000 with `--quick`).
+    #[arg(long)]
+    results: Option<u64>,
     /// Where reports are written.
     #[arg(long, default_value = "results")]
     out: std::path::PathBuf,
@@ -143,13 +147,11 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}-{}-{n}", run_id())
 }
 
-/// The patterns the Redis keys of this run match: its pools' keys and the
-/// claims of its request ids.
-fn run_keys(config: &Config) -> [String; 2] {
-    [
-        format!("{}:{{*-{}-*", config.redis_prefix, run_id()),
-        format!("{}:rq:{{*-{}-*", config.redis_prefix, run_id()),
-    ]
+/// The patterns the Redis keys of this run match: every key of the run
+/// lives under a key prefix of its own ([`run`]), its pools' and the claim
+/// stores of its request ids alike.
+fn run_keys(config: &Config) -> [String; 1] {
+    [format!("{}:*", config.redis_prefix)]
 }
 
 /// Keys looked at per `SCAN` step of the cleanup. A step of 10,000 kept
@@ -197,6 +199,12 @@ async fn remove_run_keys(config: &Config) -> anyhow::Result<Option<u64>> {
 
 /// Runs the benchmark and writes its reports.
 pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
+    // The run's keys, its workers' included, live under a prefix of its own,
+    // so the cleanup finds them all and removes nothing else.
+    let config = &Config {
+        redis_prefix: format!("{}-bench-{}", config.redis_prefix, run_id()),
+        ..config.clone()
+    };
     // Ctrl-C or SIGTERM stops the fleet (dropped with `measure`) and still
     // removes what the run created.
     let interrupted = crate::shutdown::signal();
@@ -250,6 +258,17 @@ async fn measure(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
     svc.load(&ceiling_pool).await?;
     let keys = PoolKeys::new(&config.redis_prefix, &ceiling_pool.id);
     rep.memory.list_bytes_per_prize = list_bytes_per_prize(redis, &keys).await?;
+    let results = args
+        .results
+        .unwrap_or(if args.quick { 100_000 } else { 1_000_000 });
+    println!("remembered results ({results})");
+    rep.memory.results = remembered_results(&svc, results).await?;
+    println!(
+        "  {:.1} bytes per result (claim {:.1}, answer {:.1})",
+        rep.memory.results.total_bytes,
+        rep.memory.results.claim_bytes,
+        rep.memory.results.answer_bytes
+    );
     (
         rep.memory.sparse_bytes_per_nonzero,
         rep.memory.sparse_bytes_for_zeros,
@@ -482,6 +501,102 @@ async fn list_bytes_per_prize(
     Ok(bytes as f64 / len.max(1) as f64)
 }
 
+/// Redis `used_memory`, in bytes.
+async fn used_memory(conn: &mut crate::redis_conn::RedisConn) -> anyhow::Result<u64> {
+    let info: String = redis::cmd("INFO").arg("memory").query_async(conn).await?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .context("INFO memory has no used_memory")
+}
+
+/// What remembering `n` results costs: `n` request ids claimed (the claim
+/// stores of the id groups) and then answered (one pool's answer store,
+/// with bodies the size of a count-1 lucky-gift award) through the workers'
+/// own scripts, with `used_memory` read around each half. On a Redis
+/// Cluster, the figure is the node the connection reports on.
+async fn remembered_results(svc: &Services<'_>, n: u64) -> anyhow::Result<report::Results> {
+    let mut conn = svc.redis.clone();
+    let scripts = &svc.scripts;
+    let ttl = svc.config.result_ttl.as_secs();
+    let store = PoolKeys::new(&svc.config.redis_prefix, &unique("bench-results")).results();
+    let claim_sha = scripts.claim.prepare_invoke().load_async(&mut conn).await?;
+    let answer_sha = scripts
+        .remember_refusal
+        .prepare_invoke()
+        .load_async(&mut conn)
+        .await?;
+    let fingerprint = crate::kinds::fingerprint("bench", &[]);
+    let ids: Vec<String> = (0..n).map(|i| unique(&format!("r{i}"))).collect();
+    // A count-1 lucky-gift award as it is stored (`lua/lib/award.lua`).
+    let body = |i: u64| format!("{}|1||{}", 1_000_000 + i, i % 40);
+    let mut memory = [used_memory(&mut conn).await?, 0, 0];
+    let mut samples = [String::new(), String::new()];
+    for (half, sha) in [&claim_sha, &answer_sha].into_iter().enumerate() {
+        for chunk in ids.chunks(500).enumerate() {
+            let (c, chunk) = chunk;
+            let mut pipe = redis::pipe();
+            for (j, id) in chunk.iter().enumerate() {
+                let tokens =
+                    crate::kinds::Tokens::new(&svc.config.redis_prefix, "rq", id, fingerprint, ttl);
+                let i = (c * 500 + j) as u64;
+                if half == 0 {
+                    pipe.cmd("EVALSHA")
+                        .arg(sha)
+                        .arg(1)
+                        .arg(&tokens.claim_store)
+                        .arg(&tokens.claim)
+                        .arg("claim")
+                        .ignore();
+                } else {
+                    pipe.cmd("EVALSHA")
+                        .arg(sha)
+                        .arg(1)
+                        .arg(&store)
+                        .arg(&tokens.answer)
+                        .arg(body(i))
+                        .ignore();
+                }
+            }
+            let _: () = pipe.query_async(&mut conn).await?;
+        }
+        memory[half + 1] = used_memory(&mut conn).await?;
+        let pattern = if half == 0 {
+            format!("{}:rq:{{*}}:*", svc.config.redis_prefix)
+        } else {
+            format!("{store}:*")
+        };
+        let (_, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(0)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(10_000)
+            .query_async(&mut conn)
+            .await?;
+        if let Some(key) = keys.first() {
+            samples[half] = redis::cmd("OBJECT")
+                .arg("ENCODING")
+                .arg(key)
+                .query_async(&mut conn)
+                .await?;
+        }
+    }
+    let per = |bytes: u64| bytes as f64 / n.max(1) as f64;
+    let (claim, answer) = (
+        per(memory[1].saturating_sub(memory[0])),
+        per(memory[2].saturating_sub(memory[1])),
+    );
+    Ok(report::Results {
+        results: n,
+        claim_bytes: claim,
+        answer_bytes: answer,
+        total_bytes: claim + answer,
+        body_bytes: body(n / 2).len() + 1,
+        encodings: samples,
+    })
+}
+
 /// Sparse storage: bytes per non-zero prize of a pool stocked like the
 /// SPEC's combos, and bytes of a pool stocked with zeros alone.
 async fn sparse_memory(svc: &Services<'_>) -> anyhow::Result<(f64, u64)> {
@@ -580,16 +695,19 @@ async fn fixed_draws(
     for _ in 0..16 {
         let (mut conn, keys, scripts) = (redis.clone(), keys.clone(), scripts.clone());
         tasks.push(tokio::spawn(async move {
+            let fingerprint = crate::kinds::fingerprint("bench", &[]);
             for _ in 0..per_task {
+                let id = ulid::Ulid::new().to_string();
+                let token = crate::kinds::Tokens::new("bench", "rq", &id, fingerprint, 120);
                 lucky_gift::draw_once(
                     &mut conn,
                     &scripts,
                     &keys,
                     Storage::List,
-                    &ulid::Ulid::new().to_string(),
+                    &id,
                     1,
                     120,
-                    "bench",
+                    &token.answer,
                 )
                 .await?;
             }

@@ -28,6 +28,24 @@ pub(super) struct Memory {
     /// Bytes a sparse pool stocked with [`Memory::SPARSE_ZEROS`] zero prizes
     /// and nothing else takes: what zeros cost.
     pub sparse_bytes_for_zeros: u64,
+    /// What remembering a request's answer for its idempotency window costs.
+    pub results: Results,
+}
+
+/// Redis memory per remembered result: the claim of its id and its answer,
+/// measured by `used_memory` around `results` requests claimed and answered
+/// through the workers' own scripts.
+#[derive(Debug, Default, Serialize)]
+pub(super) struct Results {
+    pub results: u64,
+    pub claim_bytes: f64,
+    pub answer_bytes: f64,
+    pub total_bytes: f64,
+    /// Bytes of each stored answer's body (the size of a count-1 lucky-gift
+    /// award as stored, plus one).
+    pub body_bytes: usize,
+    /// `OBJECT ENCODING` of a claim bucket and of an answer bucket.
+    pub encodings: [String; 2],
 }
 
 impl Memory {
@@ -381,6 +399,12 @@ impl Report {
             "| sparse storage, bytes for {} zero prizes and nothing else | {} | no entry per zero |",
             Memory::SPARSE_ZEROS,
             self.memory.sparse_bytes_for_zeros
+        );
+        let r = &self.memory.results;
+        let _ = writeln!(
+            md,
+            "| remembered result (claim {:.1} + answer {:.1} with a {}-byte body), bytes, over {} results; buckets {} / {} | {:.1} | ≤ 64 |",
+            r.claim_bytes, r.answer_bytes, r.body_bytes, r.results, r.encodings[0], r.encodings[1], r.total_bytes
         );
         md
     }

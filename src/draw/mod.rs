@@ -24,7 +24,7 @@ use serde_json::Value;
 use crate::{
     amqp::{self, grouped::DRAW_COMPLETED, HandleError, Handler, Outcome, Outgoing, Publisher},
     config::{Config, DrawEvents},
-    kinds::{self, answer, lottery, Ask, Award, Claim, Kinds, Refusal, Step},
+    kinds::{self, answer, lottery, Ask, Award, Claim, Kinds, Refusal, Step, Tokens},
     messages::{
         decode_typed, retype, typed_json, DrawQueueMessage, DrawRequest, DrawResult, ErrorBody,
         ErrorCode, GrantRequest, GrantResult, RefillRequest, Status,
@@ -70,8 +70,15 @@ impl DrawWorker {
         let fingerprint = kinds::fingerprint("draw", &[&req.pool, &req.user_id, &req.count]);
         let ttl = self.config.result_ttl.as_secs();
         let mut conn = self.kinds.redis();
-        let claim_key = answer::claim_key(&self.config.redis_prefix, "rq", &req.request_id);
-        if kinds::claim(&mut conn, &claim_key, &fingerprint, ttl).await? == Claim::Reused {
+        let scripts = self.kinds.scripts();
+        let tokens = Tokens::new(
+            &self.config.redis_prefix,
+            "rq",
+            &req.request_id,
+            fingerprint,
+            ttl,
+        );
+        if kinds::claim(&mut conn, scripts, &tokens).await? == Claim::Reused {
             return Err(answer::reused("request_id", &req.request_id));
         }
         let ask = Ask {
@@ -79,7 +86,7 @@ impl DrawWorker {
             pool: &req.pool,
             user: req.user_id,
             count: req.count,
-            fingerprint: &fingerprint,
+            token: &tokens.answer,
             result_ttl_s: ttl,
         };
         let Some(kind) = self.kinds.resolve(&req.pool).await? else {
@@ -101,7 +108,7 @@ impl DrawWorker {
                     // Bad for this pool (a count past its maximum, a grab
                     // of two shares): nothing was stored, so the id stays
                     // free for the request the upstream meant to send.
-                    answer::release(&mut conn, &claim_key, &fingerprint).await?;
+                    answer::release(&mut conn, scripts, &tokens).await?;
                     return Err(HandleError::Invalid(why));
                 }
                 step => step?,
@@ -180,8 +187,16 @@ impl DrawWorker {
     /// request was answered meanwhile (a concurrent copy), that answer wins.
     async fn refuse(&self, ask: &Ask<'_>, refusal: Refusal) -> Result<Outcome, HandleError> {
         let mut conn = self.kinds.redis();
-        let key = self.kinds.keys(ask.pool).result(ask.request_id);
-        match kinds::remember(&mut conn, &key, ask.fingerprint, &refusal, ask.result_ttl_s).await? {
+        let results = self.kinds.keys(ask.pool).results();
+        match kinds::remember(
+            &mut conn,
+            self.kinds.scripts(),
+            &results,
+            ask.token,
+            &refusal,
+        )
+        .await?
+        {
             None => Ok(refused(ask, refusal)),
             Some(kinds::ScriptReply::Refused(stored)) => Ok(refused(ask, stored)),
             // An award stored meanwhile: the kind's step replays it.
@@ -237,9 +252,14 @@ impl DrawWorker {
         let fingerprint =
             kinds::fingerprint("grant", &[&grant.activity, &grant.user_id, &grant.chances]);
         let mut conn = self.kinds.redis();
-        let claim_key = answer::claim_key(&self.config.redis_prefix, "gr", &grant.grant_id);
-        let ttl = lottery::GRANT_TTL_S;
-        if kinds::claim(&mut conn, &claim_key, &fingerprint, ttl).await? == Claim::Reused {
+        let tokens = Tokens::new(
+            &self.config.redis_prefix,
+            "gr",
+            &grant.grant_id,
+            fingerprint,
+            lottery::GRANT_TTL_S,
+        );
+        if kinds::claim(&mut conn, self.kinds.scripts(), &tokens).await? == Claim::Reused {
             return Err(answer::reused("grant_id", &grant.grant_id));
         }
         let keys = self.kinds.keys(&grant.activity);

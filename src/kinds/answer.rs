@@ -1,18 +1,25 @@
 //! The Rust side of `lua/lib/answer.lua`: request fingerprints, id claims,
 //! stored answers and the replies every answering script gives.
 //!
-//! A request's answer is stored under its result key as
-//! `"<fingerprint>;<body>"`, where the body is the kind's award or
+//! A request's answer is stored in its pool's answer store (small hashes
+//! that expire whole, so a remembered answer costs a few dozen bytes, not a
+//! key of its own; the layout is in `lua/lib/answer.lua`) as
+//! `fingerprint ‖ body`, where the body is the kind's award or
 //! `"!<code>[:<detail>]"` for a refusal. The fingerprint binds the id to the
 //! content it first asked for (Stripe's rule): the same id with other
 //! content is refused and moves nothing.
 //!
-//! Result keys live in the pool's slot (the answer is written in the same
+//! Answers live in the pool's slot (the answer is written in the same
 //! atomic step as the draw), so they alone cannot see an id reused on
-//! another pool. The claim does: one key per id, outside any pool, set to the
-//! fingerprint before the pool step. A claim that is set but whose pool step
-//! never ran (the worker died in between) is harmless: the redelivery finds
-//! the same fingerprint and runs the step.
+//! another pool. The claim does: an entry per id in a claim store outside
+//! any pool, bound to the fingerprint before the pool step. A claim that is
+//! set but whose pool step never ran (the worker died in between) is
+//! harmless: the redelivery finds the same fingerprint and runs the step.
+//!
+//! Both stores key an id by bytes of its SHA-256, not by the id itself: 8
+//! bytes in the claim store (plus the 12 bits that pick its group and the
+//! bucket selector), 6 bytes inside one pool's store, where the claim has
+//! already told ids apart.
 
 use std::fmt::Display;
 
@@ -22,12 +29,24 @@ use sha2::{Digest, Sha256};
 use crate::{
     amqp::HandleError,
     messages::{ErrorCode, Invalid, Prize},
+    scripts::Scripts,
 };
 
 /// A short, stable fingerprint of a request's content: the first 8 bytes of
-/// SHA-256 over the kind and the fields, in hex. Stable across versions and
+/// SHA-256 over the kind and the fields. Stable across versions and
 /// machines (a rolling deploy must not see a reuse where there is none).
-pub fn fingerprint(kind: &str, fields: &[&dyn Display]) -> String {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fingerprint(pub [u8; 8]);
+
+impl Fingerprint {
+    /// In lowercase hex, as grant keys store it.
+    pub fn hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// The [`Fingerprint`] of a request of `kind` with `fields`.
+pub fn fingerprint(kind: &str, fields: &[&dyn Display]) -> Fingerprint {
     let mut hash = Sha256::new();
     hash.update(kind.as_bytes());
     for field in fields {
@@ -35,10 +54,10 @@ pub fn fingerprint(kind: &str, fields: &[&dyn Display]) -> String {
         hash.update(b"\n");
         hash.update(field.to_string().as_bytes());
     }
-    hash.finalize()[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    let digest = hash.finalize();
+    let mut bytes = [0; 8];
+    bytes.copy_from_slice(&digest[..8]);
+    Fingerprint(bytes)
 }
 
 /// The ledger entry id of draw `serial` of `pool` asked by `request_id`,
@@ -56,10 +75,44 @@ pub fn entry_id(scheme: &str, pool: &str, request_id: &str, serial: impl Display
     format!("{scheme}:{pool}:{request_id}:{serial}")
 }
 
-/// The claim key of id `id` in namespace `space` (`rq` for request ids,
-/// `gr` for grant ids): its own hash tag, so claims spread over the cluster.
-pub fn claim_key(prefix: &str, space: &str, id: &str) -> String {
-    format!("{prefix}:{space}:{{{id}}}")
+/// Claim groups: ids spread over this many claim stores (and so over the
+/// slots of a Redis Cluster).
+const CLAIM_GROUPS: u16 = 1024;
+
+/// Where one request's claim and answer live, and what it asked: the
+/// tokens `lua/lib/answer.lua` reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tokens {
+    /// The claim store of the id's group: `<prefix>:<space>:{<group>}`.
+    pub claim_store: String,
+    /// `"<ttl>:<selector>:" ‖ 8 id-hash bytes ‖ 8 fingerprint bytes`.
+    pub claim: Vec<u8>,
+    /// `"<ttl>:<selector>:" ‖ 6 id-hash bytes ‖ 4 fingerprint bytes ‖ id`.
+    pub answer: Vec<u8>,
+}
+
+impl Tokens {
+    /// The tokens of id `id` in namespace `space` (`rq` for request ids,
+    /// `gr` for grant ids) under `prefix`, asking `fingerprint`, remembered
+    /// for `ttl_s` seconds.
+    pub fn new(prefix: &str, space: &str, id: &str, fingerprint: Fingerprint, ttl_s: u64) -> Self {
+        let h = Sha256::digest(id.as_bytes());
+        let group = u16::from_be_bytes([h[0], h[1]]) % CLAIM_GROUPS;
+        let selector = u32::from_be_bytes([h[2], h[3], h[4], h[5]]);
+        let head = format!("{ttl_s}:{selector}:");
+        let mut claim = head.clone().into_bytes();
+        claim.extend_from_slice(&h[6..14]);
+        claim.extend_from_slice(&fingerprint.0);
+        let mut answer = head.into_bytes();
+        answer.extend_from_slice(&h[14..20]);
+        answer.extend_from_slice(&fingerprint.0[..4]);
+        answer.extend_from_slice(id.as_bytes());
+        Self {
+            claim_store: format!("{prefix}:{space}:{{{group}}}"),
+            claim,
+            answer,
+        }
+    }
 }
 
 /// What claiming an id found.
@@ -71,45 +124,75 @@ pub enum Claim {
     Reused,
 }
 
-/// Binds `key` (a [`claim_key`]) to `fingerprint` for `ttl_s` seconds, unless
-/// it is bound already; says whether the id may go on.
+/// Binds the id of `tokens` to its fingerprint for the answer TTL, unless it
+/// is bound already; says whether the id may go on.
 pub async fn claim<C: ConnectionLike + Send>(
     conn: &mut C,
-    key: &str,
-    fingerprint: &str,
-    ttl_s: u64,
+    scripts: &Scripts,
+    tokens: &Tokens,
 ) -> Result<Claim, HandleError> {
-    let previous: Option<String> = redis::cmd("SET")
-        .arg(key)
-        .arg(fingerprint)
-        .arg("NX")
-        .arg("GET")
-        .arg("EX")
-        .arg(ttl_s)
-        .query_async(conn)
+    let ours: i64 = scripts
+        .claim
+        .key(&tokens.claim_store)
+        .arg(&tokens.claim)
+        .arg("claim")
+        .invoke_async(conn)
         .await?;
-    Ok(match previous {
-        Some(p) if p != fingerprint => Claim::Reused,
-        _ => Claim::Ours,
+    Ok(if ours == 1 {
+        Claim::Ours
+    } else {
+        Claim::Reused
     })
 }
 
-/// Frees the claim `key` if it still binds `fingerprint`: for a request
-/// refused as invalid before anything was stored (Stripe's rule: a request
-/// that failed validation binds nothing). A claim bound since to other
+/// Frees the claim of `tokens` if it still binds their fingerprint: for a
+/// request refused as invalid before anything was stored (Stripe's rule: a
+/// request that failed validation binds nothing). A claim bound to other
 /// content is left alone.
 pub async fn release<C: ConnectionLike + Send>(
     conn: &mut C,
-    key: &str,
-    fingerprint: &str,
+    scripts: &Scripts,
+    tokens: &Tokens,
 ) -> Result<(), HandleError> {
-    static RELEASE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-        redis::Script::new(
-            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
-        )
-    });
-    let _: i64 = RELEASE.key(key).arg(fingerprint).invoke_async(conn).await?;
+    let _: i64 = scripts
+        .claim
+        .key(&tokens.claim_store)
+        .arg(&tokens.claim)
+        .arg("release")
+        .invoke_async(conn)
+        .await?;
     Ok(())
+}
+
+/// What the stores hold for a request: its claim's fingerprint and its
+/// answer (fingerprint bytes, then the body) in the answer store `results`.
+/// With `forget`, both are removed, as their expiry would a day later: for
+/// operators and tests.
+pub async fn stored<C: ConnectionLike + Send>(
+    conn: &mut C,
+    scripts: &Scripts,
+    results: &str,
+    tokens: &Tokens,
+    forget: bool,
+) -> Result<(Option<Vec<u8>>, Option<Vec<u8>>), HandleError> {
+    let how = if forget { "forget" } else { "peek" };
+    let claim: Option<Vec<u8>> = scripts
+        .forget
+        .key(&tokens.claim_store)
+        .arg(&tokens.claim)
+        .arg("claim")
+        .arg(how)
+        .invoke_async(conn)
+        .await?;
+    let answer: Option<Vec<u8>> = scripts
+        .forget
+        .key(results)
+        .arg(&tokens.answer)
+        .arg("answer")
+        .arg(how)
+        .invoke_async(conn)
+        .await?;
+    Ok((claim, answer))
 }
 
 /// The refusal of a request whose id was first used for other content.
@@ -120,28 +203,27 @@ pub fn reused(field: &str, id: &str) -> HandleError {
     .into()
 }
 
-/// Stores `refusal` as the answer of the request behind `result_key`, unless
-/// it has an answer already. Returns `None` when the refusal was stored, or
-/// the stored answer's reply (see [`ScriptReply::read_stored`]).
+/// Stores `refusal` as the answer of the request with `token` in the answer
+/// store `results`, unless it has an answer already. Returns `None` when the
+/// refusal was stored, or the stored answer's reply.
 pub async fn remember<C: ConnectionLike + Send>(
     conn: &mut C,
-    result_key: &str,
-    fingerprint: &str,
+    scripts: &Scripts,
+    results: &str,
+    token: &[u8],
     refusal: &Refusal,
-    ttl_s: u64,
 ) -> Result<Option<ScriptReply>, HandleError> {
-    let previous: Option<String> = redis::cmd("SET")
-        .arg(result_key)
-        .arg(format!("{fingerprint};{}", refusal.body()))
-        .arg("NX")
-        .arg("GET")
-        .arg("EX")
-        .arg(ttl_s)
-        .query_async(conn)
+    let (status, text, number): (String, String, u64) = scripts
+        .remember_refusal
+        .key(results)
+        .arg(token)
+        .arg(&refusal.body()[1..])
+        .invoke_async(conn)
         .await?;
-    previous
-        .map(|stored| ScriptReply::read_stored(&stored, fingerprint))
-        .transpose()
+    match ScriptReply::read(&status, text, number, "request_id", "")? {
+        ScriptReply::Refused(stored) if status == "refused" && stored == *refusal => Ok(None),
+        other => Ok(Some(other)),
+    }
 }
 
 /// A final refusal: a code of the wire contract and, for `already_grabbed`,
@@ -249,19 +331,6 @@ impl ScriptReply {
             }
         })
     }
-
-    /// Reads a stored `"<fingerprint>;<body>"` answer as its replay.
-    pub fn read_stored(stored: &str, fingerprint: &str) -> Result<Self, HandleError> {
-        match stored.split_once(';') {
-            Some((fp, body)) if fp == fingerprint => {
-                Self::read("dup", body.to_owned(), 0, "request_id", "")
-            }
-            _ => Err(Invalid::new(
-                "`request_id` was first used for another request (another pool, user or count)",
-            )
-            .into()),
-        }
-    }
 }
 
 #[cfg(test)]
@@ -271,7 +340,6 @@ mod tests {
     #[test]
     fn fingerprints_differ_by_every_field_and_are_stable() {
         let base = fingerprint("draw", &[&"gift-1", &42, &10]);
-        assert_eq!(base.len(), 16);
         assert_eq!(base, fingerprint("draw", &[&"gift-1", &42, &10]));
         for other in [
             fingerprint("draw", &[&"gift-2", &42, &10]),
@@ -284,13 +352,40 @@ mod tests {
             assert_ne!(base, other);
         }
         // Pinned: a change of the scheme would refuse every replay across a deploy.
-        assert_eq!(fingerprint("draw", &[&"p", &1, &1]), {
-            let digest = Sha256::digest(b"draw\np\n1\n1");
+        let digest = Sha256::digest(b"draw\np\n1\n1");
+        assert_eq!(fingerprint("draw", &[&"p", &1, &1]).0, digest[..8]);
+        assert_eq!(
+            fingerprint("draw", &[&"p", &1, &1]).hex(),
             digest[..8]
                 .iter()
                 .map(|b| format!("{b:02x}"))
                 .collect::<String>()
-        });
+        );
+    }
+
+    #[test]
+    fn tokens_carry_the_ttl_hash_bytes_fingerprint_and_id() {
+        let fp = fingerprint("draw", &[&"p", &1, &1]);
+        let t = Tokens::new("pp", "rq", "req-1", fp, 90_000);
+        let h = Sha256::digest(b"req-1");
+        let group = u16::from_be_bytes([h[0], h[1]]) % CLAIM_GROUPS;
+        assert_eq!(t.claim_store, format!("pp:rq:{{{group}}}"));
+        let selector = u32::from_be_bytes([h[2], h[3], h[4], h[5]]);
+        let head = format!("90000:{selector}:").into_bytes();
+        assert_eq!(t.claim[..head.len()], head[..]);
+        assert_eq!(t.claim[head.len()..head.len() + 8], h[6..14]);
+        assert_eq!(t.claim[head.len() + 8..], fp.0);
+        assert_eq!(t.answer[..head.len()], head[..]);
+        assert_eq!(t.answer[head.len()..head.len() + 6], h[14..20]);
+        assert_eq!(t.answer[head.len() + 6..head.len() + 10], fp.0[..4]);
+        assert_eq!(&t.answer[head.len() + 10..], b"req-1");
+        // Another id, another field; another content, another fingerprint.
+        assert_ne!(Tokens::new("pp", "rq", "req-2", fp, 90_000).claim, t.claim);
+        let other = fingerprint("draw", &[&"p", &1, &2]);
+        assert_ne!(
+            Tokens::new("pp", "rq", "req-1", other, 90_000).claim,
+            t.claim
+        );
     }
 
     #[test]
@@ -326,10 +421,6 @@ mod tests {
         assert!(matches!(
             ScriptReply::read("short", "x".into(), 0, "request_id", "r"),
             Err(HandleError::Internal(_))
-        ));
-        assert!(matches!(
-            ScriptReply::read_stored("other;!sold_out", "mine"),
-            Err(HandleError::Invalid(_))
         ));
     }
 }

@@ -31,7 +31,7 @@ use std::collections::HashMap;
 
 use tokio::sync::RwLock;
 
-pub use answer::{claim, fingerprint, remember, Claim, Refusal, ScriptReply};
+pub use answer::{claim, fingerprint, remember, Claim, Fingerprint, Refusal, ScriptReply, Tokens};
 
 use crate::{
     amqp::HandleError,
@@ -47,8 +47,9 @@ pub struct Ask<'a> {
     pub pool: &'a str,
     pub user: i64,
     pub count: u32,
-    /// [`fingerprint`] of the request's content, stored with its answer.
-    pub fingerprint: &'a str,
+    /// The request's answer token ([`Tokens::answer`]): where its answer
+    /// lives in the pool's answer store and the [`fingerprint`] stored with it.
+    pub token: &'a [u8],
     /// How long the answer is kept for replays.
     pub result_ttl_s: u64,
 }

@@ -16,7 +16,7 @@ use crate::{
     config::Config,
     kinds::{
         lucky_gift::{self, StockError, StockOutcome},
-        red_packet::{self, Close, CreateError, ExpireReply, RejectedReply},
+        red_packet::{self, Close, CreateError, ExpireReply, Expiry, RejectedReply},
     },
     messages::{
         decode_typed, typed_json, with_type, ErrorCode, Invalid, PoolRefilled, RedPacketCreate,
@@ -249,6 +249,9 @@ impl RefillWorker {
     /// Creates a red packet and schedules its expiry. Bad or conflicting
     /// input (a reused `packet_id` with other content, an id of another
     /// kind, a number out of bounds) is refused as invalid and moves nothing.
+    /// A create refused for funds is remembered: sent again, it is refused
+    /// again. The expiry it schedules becomes the packet's one pending
+    /// expiry (a create sent again replaces the one before).
     pub async fn create_red_packet(&self, req: RedPacketCreate) -> Result<Outcome, HandleError> {
         fn body(value: &impl serde::Serialize) -> Result<Vec<u8>, HandleError> {
             red_packet::encode(value).map_err(|e| HandleError::Internal(e.into()))
@@ -277,20 +280,50 @@ impl RefillWorker {
             Err(CreateError::Db(e)) => return Err(e.into()),
             Err(CreateError::Redis(e)) => return Err(e.into()),
         };
-        let expire = RedPacketExpire {
-            packet_id: created.packet_id.clone(),
-            expires_at: Some(created.expires_at),
-        };
-        Ok(Outcome {
-            effects: vec![
-                // A repeated create schedules the expiry again: closing is
-                // idempotent, and never early.
-                Outgoing::delayed(
+        let mut effects = Vec::new();
+        if !created.closed {
+            // This create's expiry message becomes the packet's one pending
+            // expiry: one sent by an earlier copy of the create is dropped
+            // when it comes.
+            let keys = PoolKeys::new(&self.config.redis_prefix, &created.packet_id);
+            let token = ulid::Ulid::new().to_string();
+            let token = match red_packet::arm_expiry(&mut conn, &self.scripts, &keys, &token)
+                .await?
+            {
+                Expiry::Pending(token) => Some(Some(token)),
+                // Closed in Redis, not yet in Postgres: an expiry (due, so
+                // no token needed) records the close and sends the refund.
+                Expiry::Closed | Expiry::Stale => Some(None),
+                Expiry::Unknown => {
+                    // Stocked once and never again: its shares may have
+                    // been grabbed and paid. The escrow waits for an
+                    // operator (docs/design.md, Durability).
+                    tracing::error!(
+                        packet = %created.packet_id,
+                        "red packet is open in Postgres but missing from Redis; it is not stocked again: an operator must settle its escrow"
+                    );
+                    metrics::counter!("prizepool_red_packets_lost_total").increment(1);
+                    None
+                }
+            };
+            if let Some(token) = token {
+                let expire = RedPacketExpire {
+                    packet_id: created.packet_id.clone(),
+                    expires_at: Some(created.expires_at),
+                    token,
+                };
+                effects.push(Outgoing::delayed(
                     remaining_ms(created.expires_at),
                     &with_type(red_packet::EXPIRE_TYPE, &expire),
-                ),
-                Outgoing::event_raw(red_packet::CREATED_EVENT, body(&created.event())?),
-            ],
+                ));
+            }
+        }
+        effects.push(Outgoing::event_raw(
+            red_packet::CREATED_EVENT,
+            body(&created.event())?,
+        ));
+        Ok(Outcome {
+            effects,
             reply: Some(body(&created.reply())?),
             ..Outcome::default()
         })
@@ -298,8 +331,10 @@ impl RefillWorker {
 
     /// Closes a red packet whose own stored expiry has come and refunds
     /// what is left. The message's `expires_at` is not trusted: a message
-    /// that comes early (forged or not) closes nothing, is answered with the
-    /// packet still open and is delayed again to the stored expiry.
+    /// that comes early (forged or not) closes nothing and is answered with
+    /// the packet still open; it is delayed again to the stored expiry only
+    /// if it is the packet's one pending expiry (its `token`), otherwise it
+    /// is dropped, so forged expiries never multiply.
     pub async fn expire_red_packet(&self, req: RedPacketExpire) -> Result<Outcome, HandleError> {
         /// The outcome of a closed packet: its answer, its refund entry
         /// and, when this call closed it, its event.
@@ -331,22 +366,29 @@ impl RefillWorker {
                 events: Vec::new(),
             })
         }
-        /// Answers that packet `id` stays open and sends the expiry again,
-        /// due at `expires_at`.
+        /// Answers that packet `id` stays open until `expires_at` and, if
+        /// `token` names its pending expiry, sends that expiry again, due
+        /// then.
         fn expire_later(
             id: &str,
             expires_at: chrono::DateTime<chrono::Utc>,
+            token: Option<String>,
         ) -> Result<Outcome, HandleError> {
-            let again = RedPacketExpire {
-                packet_id: id.to_owned(),
-                expires_at: Some(expires_at),
-            };
-            Ok(Outcome {
-                reply: Some(body(&ExpireReply::open_until(id, expires_at))?),
-                effects: vec![Outgoing::delayed(
+            let mut effects = Vec::new();
+            if let Some(token) = token {
+                let again = RedPacketExpire {
+                    packet_id: id.to_owned(),
+                    expires_at: Some(expires_at),
+                    token: Some(token),
+                };
+                effects.push(Outgoing::delayed(
                     remaining_ms(expires_at),
                     &with_type(red_packet::EXPIRE_TYPE, &again),
-                )],
+                ));
+            }
+            Ok(Outcome {
+                reply: Some(body(&ExpireReply::open_until(id, expires_at))?),
+                effects,
                 ..Outcome::default()
             })
         }
@@ -354,6 +396,9 @@ impl RefillWorker {
             red_packet::encode(value).map_err(|e| HandleError::Internal(e.into()))
         }
         crate::messages::check_id("packet_id", &req.packet_id)?;
+        if let Some(token) = &req.token {
+            crate::messages::check_id("token", token)?;
+        }
         let id = &req.packet_id;
         let Some(packet) = red_packet::stored(&self.db, id).await? else {
             return Err(Invalid::new(format!("no red packet named {id}")).into());
@@ -363,24 +408,56 @@ impl RefillWorker {
             // case the first send was lost (its entry id makes it once).
             return closed(id, &packet, refunded, false);
         }
-        if remaining_ms(packet.expires_at) > 0 {
-            return expire_later(id, packet.expires_at);
-        }
         let keys = PoolKeys::new(&self.config.redis_prefix, id);
         let mut conn = self.redis.clone();
-        match red_packet::close(&mut conn, &self.scripts, &keys).await? {
-            Close::Closed { refunded, .. } => {
-                // Announced by whoever records the close, which the Redis
-                // step's closer may not have lived to do.
-                let first = red_packet::record_closed(&self.db, id, refunded).await?;
-                closed(id, &packet, refunded, first)
-            }
-            // Redis keeps its own copy of the expiry, which the grab script
-            // obeys; closing follows the same clock.
-            Close::Early { expires_at } => expire_later(id, expires_at),
-            Close::Unknown => Err(HandleError::internal(format!(
+        let missing = || {
+            HandleError::internal(format!(
                 "red packet {id} is open in Postgres but missing from Redis"
-            ))),
+            ))
+        };
+        // Early: delayed again if it is the pending expiry, else answered
+        // and dropped. (Closed in Redis but not yet recorded: close below.)
+        let mut early = if remaining_ms(packet.expires_at) > 0 {
+            Some(packet.expires_at)
+        } else {
+            None
+        };
+        loop {
+            if let Some(expires_at) = early {
+                match red_packet::pending_expiry(
+                    &mut conn,
+                    &self.scripts,
+                    &keys,
+                    req.token.as_deref(),
+                )
+                .await?
+                {
+                    Expiry::Pending(token) => return expire_later(id, expires_at, Some(token)),
+                    Expiry::Stale => {
+                        tracing::debug!(packet = %id, "an expiry that is not the pending one came early; dropped");
+                        return expire_later(id, expires_at, None);
+                    }
+                    Expiry::Closed => {}
+                    Expiry::Unknown => return Err(missing()),
+                }
+            }
+            match red_packet::close(&mut conn, &self.scripts, &keys).await? {
+                Close::Closed { refunded, .. } => {
+                    // Announced by whoever records the close, which the Redis
+                    // step's closer may not have lived to do.
+                    let first = red_packet::record_closed(&self.db, id, refunded).await?;
+                    return closed(id, &packet, refunded, first);
+                }
+                // Redis keeps its own copy of the expiry, which the grab
+                // script obeys; closing follows the same clock.
+                Close::Early { expires_at } if early.is_none() => early = Some(expires_at),
+                Close::Early { .. } => {
+                    return Err(HandleError::internal(format!(
+                        "red packet {id} is neither closed nor closable in Redis"
+                    )))
+                }
+                Close::Unknown => return Err(missing()),
+            }
         }
     }
 }

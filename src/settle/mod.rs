@@ -8,7 +8,9 @@
 //! The batch is acknowledged only after the commit and after every refusal
 //! is answered; when Postgres is down the batch is retried with backoff and
 //! never acknowledged early, and an entry Postgres itself can never take is
-//! dead-lettered alone while the rest lands.
+//! dead-lettered alone while the rest lands. A message that is bad input as
+//! a whole is dead-lettered, answered and acked on its own at once, so a
+//! batch that goes back to the queue unbooked never answers it twice.
 //!
 //! Metrics: `prizepool_settle_batch_entries` (histogram, entries per
 //! batch), `prizepool_settle_commit_seconds` (histogram, one ledger
@@ -17,7 +19,10 @@
 //! `conflict`, `invalid`, `insufficient_funds`, `overflow` or `internal`),
 //! `prizepool_ledger_entries_total` (entries written) and
 //! `prizepool_settle_lag_seconds` (gauge: how long the oldest message of the
-//! last batch waited, when its publisher set the AMQP `timestamp`).
+//! last batch waited, when its publisher set the AMQP `timestamp`; a stamp
+//! in the future is ignored and none counts from before the worker's start
+//! or the last time it found its queue empty, so a forged stamp cannot fake
+//! a lag).
 //!
 //! The audit consumer of provably fair batches runs beside it, on its own
 //! queue ([`crate::audit`]).

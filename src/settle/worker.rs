@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use lapin::{
     message::Delivery,
     options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions},
@@ -14,6 +14,7 @@ use lapin::{
 use serde_json::Value;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::{
     amqp::{self, publish_dead_letter, publish_dead_letter_part, Outgoing, Publisher},
@@ -44,11 +45,15 @@ pub(super) async fn run(
         .with_max_delay(Duration::from_secs(5))
         .without_max_times()
         .build();
+    let replier = amqp::Replier::new(&config.amqp_url, "settle-worker");
+    // The lag is counted from no earlier than the worker's start (see
+    // `record_lag`), across its broker sessions.
+    let mut lag_floor = unix_now();
     loop {
         if shutdown.is_cancelled() {
             return Ok(());
         }
-        match session(&config, &db, &health, &shutdown).await {
+        match session(&config, &db, &replier, &health, &shutdown, &mut lag_floor).await {
             Ok(()) => return Ok(()),
             Err(error) => {
                 health.set_ready(false);
@@ -70,8 +75,10 @@ pub(super) async fn run(
 async fn session(
     config: &Config,
     db: &PgPool,
+    replier: &amqp::Replier,
     health: &Health,
     shutdown: &CancellationToken,
+    lag_floor: &mut u64,
 ) -> anyhow::Result<()> {
     // The seal key of the fleet, to tell its own entries from forgeries.
     let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
@@ -103,9 +110,23 @@ async fn session(
     tracing::info!(queue = amqp::SETTLE.queue, "consuming");
 
     let result: anyhow::Result<()> = loop {
-        let first = tokio::select! {
-            _ = shutdown.cancelled() => break Ok(()),
-            next = consumer.next() => next,
+        let first = match consumer.next().now_or_never() {
+            Some(next) => next,
+            None => {
+                // Nothing in hand: wait. A wait that lasts means the queue
+                // was empty when it began, so nothing that arrives later
+                // can have waited longer than since then.
+                let waiting_since = unix_now();
+                let started = tokio::time::Instant::now();
+                let next = tokio::select! {
+                    _ = shutdown.cancelled() => break Ok(()),
+                    next = consumer.next() => next,
+                };
+                if started.elapsed() >= IDLE {
+                    *lag_floor = (*lag_floor).max(waiting_since);
+                }
+                next
+            }
         };
         let mut batch = match first {
             Some(Ok(d)) => vec![d],
@@ -124,7 +145,17 @@ async fn session(
                 },
             }
         }
-        if let Err(e) = settle_batch(db, &sealer, &publisher, batch, shutdown).await {
+        record_lag(&batch, *lag_floor);
+        // One span per batch, in the trace of its first entry (linked to the others').
+        let span = tracing::info_span!("settle.batch", entries = batch.len());
+        crate::telemetry::follow_traces(
+            &span,
+            batch.iter().map(|d| d.properties.headers().as_ref()),
+        );
+        if let Err(e) = settle_batch(db, &sealer, &publisher, replier, batch, shutdown)
+            .instrument(span)
+            .await
+        {
             break Err(e);
         }
         if let Some(e) = failed {
@@ -196,24 +227,35 @@ impl Fate {
     }
 }
 
-/// Applies one batch of deliveries: dead-letters bad messages and bad
-/// entries, commits the good entries (with retries while Postgres is
-/// unreachable), answers refusals (a dead letter for bad input and for what
-/// can never be booked, a `rejected` reply when asked), replies when asked,
-/// then acks the whole batch with one `multiple` ack.
+/// Applies one batch of deliveries: dead-letters, answers and acks each bad
+/// message on its own at once, commits the good entries (with retries while
+/// Postgres is unreachable), dead-letters the bad entries of `settle.batch`
+/// messages, answers refusals (a dead letter for bad input and for what can
+/// never be booked, a `rejected` reply when asked), replies when asked, then
+/// acks the rest of the batch with one `multiple` ack.
+///
+/// A bad message is acked as soon as its dead letter and its reply are
+/// confirmed, not with the batch: a batch that never books (a stop while
+/// Postgres is away) goes back to the queue without it, so it is
+/// dead-lettered and answered once.
 async fn settle_batch(
     db: &PgPool,
     sealer: &crate::ledger::Sealer,
     publisher: &Publisher,
+    replier: &amqp::Replier,
     batch: Vec<Delivery>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
-    record_lag(&batch);
     let mut owned = Vec::with_capacity(batch.len());
     let mut kinds = Vec::with_capacity(batch.len());
     // A `settle.batch` entry that does not decode: dead-lettered, and named
     // in its batch's reply.
     let mut bad_parts: Vec<(usize, Option<String>, String)> = Vec::new();
+    // Their dead letters, sent once the batch is booked (so a batch that
+    // goes back to the queue unbooked has sent none of them).
+    let mut bad_bodies: Vec<(usize, Value, Invalid)> = Vec::new();
+    // Deliveries acked on their own already.
+    let mut acked = vec![false; batch.len()];
     for (at, delivery) in batch.iter().enumerate() {
         let decoded = decode_envelope(&delivery.data)
             .and_then(|v| SettleMessage::decode(&v))
@@ -258,7 +300,7 @@ async fn settle_batch(
                                 .filter(|id| id.len() <= crate::messages::MAX_ENTRY_ID_LEN)
                                 .map(str::to_owned);
                             bad_parts.push((at, id, bad.invalid.message.clone()));
-                            dead_letter_entry(publisher, delivery, &bad.body, &bad.invalid).await?;
+                            bad_bodies.push((at, bad.body, bad.invalid));
                         }
                     }
                 }
@@ -266,13 +308,23 @@ async fn settle_batch(
             Err(invalid) => {
                 tracing::warn!(reason = %invalid, "bad settle message; dead-lettering");
                 kinds.push(Kind::Answered);
-                publish_dead_letter(publisher, delivery, amqp::SETTLE, &invalid).await?;
+                publish_dead_letter(publisher, replier, delivery, amqp::SETTLE, &invalid).await?;
+                // Dead-lettered and answered, both confirmed: done with it,
+                // whatever becomes of the rest of the batch.
+                delivery
+                    .acker
+                    .ack(BasicAckOptions { multiple: false })
+                    .await?;
+                acked[at] = true;
             }
         }
     }
     metrics::histogram!("prizepool_settle_batch_entries").record(owned.len() as f64);
 
     let fates = book(db, &owned, shutdown).await?;
+    for (at, body, invalid) in &bad_bodies {
+        dead_letter_entry(publisher, &batch[*at], body, invalid).await?;
+    }
     for fate in &fates {
         let (outcome, reason) = fate.labels();
         metrics::counter!("prizepool_settle_entries_total", "outcome" => outcome, "reason" => reason)
@@ -284,8 +336,10 @@ async fn settle_batch(
         .count();
     metrics::counter!("prizepool_ledger_entries_total").increment(applied as u64);
 
-    // Dead letters and replies, all confirmed before the ack.
+    // Dead letters and replies, all confirmed before the ack (replies on
+    // their own connection, `amqp::Replier`).
     let mut out = Vec::new();
+    let mut replies = Vec::new();
     let mut refused_in: Vec<Vec<SettleRefusal>> = vec![Vec::new(); batch.len()];
     for (at, id, why) in bad_parts {
         refused_in[at].push(SettleRefusal {
@@ -333,7 +387,7 @@ async fn settle_batch(
                 if let Some(to) = delivery.properties.reply_to() {
                     let request = decode_envelope(&delivery.data).ok();
                     let reply = rejected_reply(request.as_ref(), code, &why);
-                    out.push(Outgoing::reply(
+                    replies.push(Outgoing::reply(
                         to.as_str(),
                         delivery.properties.correlation_id().as_ref(),
                         serde_json::to_vec(&reply)?,
@@ -379,7 +433,7 @@ async fn settle_batch(
                 body
             }
         };
-        out.push(Outgoing::reply(
+        replies.push(Outgoing::reply(
             to.as_str(),
             d.properties.correlation_id().as_ref(),
             typed_json("settle_result", &body),
@@ -388,7 +442,21 @@ async fn settle_batch(
     if !out.is_empty() {
         publisher.publish_all(out).await?;
     }
-    if let Some(last) = batch.iter().max_by_key(|d| d.delivery_tag) {
+    if replier.send(replies).await == amqp::Sent::GivenUp {
+        // The entries are booked: a requester still waiting sends them again
+        // and is answered from the ledger.
+        tracing::warn!("settle replies could not be delivered; their requesters are gone");
+    }
+    // One `multiple` ack for the highest tag not acked yet: every delivery
+    // of the batch is settled now, and those acked on their own are no
+    // longer outstanding (an acker acks once: the highest one may be taken).
+    if let Some(last) = batch
+        .iter()
+        .zip(&acked)
+        .filter(|(_, acked)| !**acked)
+        .map(|(d, _)| d)
+        .max_by_key(|d| d.delivery_tag)
+    {
         last.acker.ack(BasicAckOptions { multiple: true }).await?;
     }
     Ok(())
@@ -478,16 +546,41 @@ async fn book_alone(
     Ok(())
 }
 
+/// How long the worker must wait for a delivery before it takes the queue
+/// for empty (a delivery already on its way arrives well within this).
+const IDLE: Duration = Duration::from_millis(250);
+
+/// Now, in unix seconds.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 /// Records how long the oldest message of the batch waited since it was
 /// published, when its publisher stamped it (`timestamp`, in seconds).
-fn record_lag(batch: &[Delivery]) {
-    let Some(oldest) = batch.iter().filter_map(|d| *d.properties.timestamp()).min() else {
-        return;
-    };
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    metrics::gauge!("prizepool_settle_lag_seconds").set(now.saturating_sub(oldest) as f64);
+///
+/// The stamp is the publisher's word, and anyone may publish a top-up: a
+/// stamp in the future is ignored, and a message is never counted as older
+/// than `floor` (unix seconds): the worker's start, or later the last time
+/// it found the queue empty. A forged old stamp can show no more lag than
+/// the queue really has.
+fn record_lag(batch: &[Delivery], floor: u64) {
+    let now = unix_now();
+    if let Some(lag) = lag_of(
+        batch.iter().filter_map(|d| *d.properties.timestamp()),
+        now,
+        floor,
+    ) {
+        metrics::gauge!("prizepool_settle_lag_seconds").set(lag as f64);
+    }
+}
+
+/// The lag, in seconds, of the oldest of `stamps` at `now`, counted from no
+/// earlier than `floor`; `None` without a stamp to trust.
+fn lag_of(stamps: impl Iterator<Item = u64>, now: u64, floor: u64) -> Option<u64> {
+    let oldest = stamps.filter(|&stamp| stamp <= now).min()?;
+    Some(now.saturating_sub(oldest.max(floor)))
 }
 
 /// Dead-letters one entry of a `settle.batch` that does not decode, as a
@@ -548,5 +641,25 @@ fn fit_refusals(body: &mut SettleResult) {
     }
     for r in &mut body.refused {
         r.message = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lag_of;
+
+    #[test]
+    fn the_lag_trusts_no_stamp_before_the_floor_or_in_the_future() {
+        let (now, floor) = (1_000_000, 999_000);
+        assert_eq!(lag_of([999_990, 999_995].into_iter(), now, floor), Some(10));
+        // Stamped 0: counted from the floor, not from 1970.
+        assert_eq!(lag_of([0, 999_995].into_iter(), now, floor), Some(1_000));
+        // From the future: ignored.
+        assert_eq!(lag_of([now + 3_600].into_iter(), now, floor), None);
+        assert_eq!(
+            lag_of([now + 3_600, 999_998].into_iter(), now, floor),
+            Some(2)
+        );
+        assert_eq!(lag_of(std::iter::empty(), now, floor), None);
     }
 }

@@ -116,6 +116,54 @@ impl TestEnv {
         PoolKeys::new(&self.config.redis_prefix, pool)
     }
 
+    /// The claim and answer tokens of request `id` (namespace `space`: `rq`
+    /// or `gr`), as the workers build them; the fingerprint plays no part in
+    /// finding what is stored.
+    pub fn tokens(&self, space: &str, id: &str) -> prizepool::kinds::Tokens {
+        prizepool::kinds::Tokens::new(
+            &self.config.redis_prefix,
+            space,
+            id,
+            prizepool::kinds::fingerprint("any", &[]),
+            self.config.result_ttl.as_secs(),
+        )
+    }
+
+    /// What is stored for request `id` on `pool`: its claim and its answer.
+    pub async fn stored_answer(&self, pool: &str, id: &str) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+        let mut redis = self.redis.clone();
+        let tokens = self.tokens("rq", id);
+        prizepool::kinds::answer::stored(
+            &mut redis,
+            &self.scripts,
+            &self.keys(pool).results(),
+            &tokens,
+            false,
+        )
+        .await
+        .unwrap()
+    }
+
+    /// Forgets the answer and the claim of request `id` on `pool`, as
+    /// `RESULT_TTL_S` does a day later.
+    pub async fn forget_answer(&self, pool: &str, id: &str) {
+        let mut redis = self.redis.clone();
+        let tokens = self.tokens("rq", id);
+        let (claim, answer) = prizepool::kinds::answer::stored(
+            &mut redis,
+            &self.scripts,
+            &self.keys(pool).results(),
+            &tokens,
+            true,
+        )
+        .await
+        .unwrap();
+        assert!(
+            claim.is_some() && answer.is_some(),
+            "{id} on {pool} had no answer to forget"
+        );
+    }
+
     /// Loads pools from TOML text.
     pub async fn load(&self, toml: &str) -> Vec<PoolConfig> {
         let configs = lucky_gift::parse_file(toml).unwrap();

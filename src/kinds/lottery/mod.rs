@@ -4,7 +4,7 @@
 //! A strategy is one module implementing [`Strategy`], registered by its
 //! label in [`strategy`]. Redis layout of activity `id` (hash tag `{id}`):
 //! `meta` (window, strategy, prizes), `stock`, `awarded`, `chances`,
-//! `g:<grant_id>`, `r:<request_id>`, `pv:YYYYMMDD`, `uv:YYYYMMDD` (HyperLogLog).
+//! `g:<grant_id>`, `rs` (the answer store, [`crate::kinds::answer`]), `pv:YYYYMMDD`, `uv:YYYYMMDD` (HyperLogLog).
 
 pub mod config;
 mod ladder;
@@ -346,7 +346,7 @@ pub async fn grant<C: ConnectionLike + Send>(
         .arg(user)
         .arg(chances)
         .arg(GRANT_TTL_S)
-        .arg(fingerprint)
+        .arg(fingerprint.hex())
         .invoke_async(conn)
         .await?;
     Ok(match status.as_str() {

@@ -50,7 +50,7 @@ pub(super) fn call<'a>(
         .key(keys.chances())
         .key(keys.stock())
         .key(keys.awarded())
-        .key(keys.result(ask.request_id))
+        .key(keys.results())
         .key(keys.pv(&day))
         .key(keys.uv(&day))
         .arg(ask.user)
@@ -58,6 +58,6 @@ pub(super) fn call<'a>(
         .arg(random)
         .arg(ask.result_ttl_s)
         .arg(super::STATS_TTL_S)
-        .arg(ask.fingerprint);
+        .arg(ask.token);
     call
 }

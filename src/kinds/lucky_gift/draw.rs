@@ -136,23 +136,53 @@ fn numbers<const N: usize>(text: &str) -> Option<[u64; N]> {
     it.next().is_none().then_some(out)
 }
 
-/// The award stored for `request_id` on the pool behind `keys`, if its
-/// answer is still kept and is an award (`"<fingerprint>;<body>"`,
-/// `lua/lib/answer.lua`): what the audit trail checks a `draw.completed`
-/// event against, since events travel on an exchange it cannot vouch for.
+/// The award stored for request `request_id` of `user` for `count` prizes
+/// on pool `pool` (behind `keys`), if its answer is still kept and is an
+/// award: what the audit trail checks a `draw.completed` event against,
+/// since events travel on an exchange it cannot vouch for. `None` also when
+/// the stored answer was asked by other content (another user or count).
+#[allow(clippy::too_many_arguments)]
 pub async fn stored_award<C: ConnectionLike + Send>(
     conn: &mut C,
+    scripts: &Scripts,
+    prefix: &str,
     keys: &PoolKeys,
+    pool: &str,
     request_id: &str,
+    user: i64,
+    count: u32,
+    result_ttl_s: u64,
 ) -> Result<Option<Drawn>, HandleError> {
-    let stored: Option<String> = redis::cmd("GET")
-        .arg(keys.result(request_id))
-        .query_async(conn)
-        .await?;
-    match stored.as_deref().and_then(|s| s.split_once(';')) {
-        Some((_, body)) if !body.starts_with('!') => Drawn::parse(body).map(Some),
-        _ => Ok(None),
-    }
+    let fingerprint = crate::kinds::fingerprint("draw", &[&pool, &user, &count]);
+    let print = fingerprint.0;
+    let tokens =
+        crate::kinds::answer::Tokens::new(prefix, "rq", request_id, fingerprint, result_ttl_s);
+    let (_, answer) =
+        crate::kinds::answer::stored(conn, scripts, &keys.results(), &tokens, false).await?;
+    let Some(answer) = answer else {
+        return Ok(None);
+    };
+    // Fingerprint bytes (a prefix of the fingerprint, as many as the
+    // answer store keeps: lua/lib/answer.lua), then the body, which starts
+    // with the serial's digits.
+    let Some(at) = (1..=print.len().min(answer.len())).find(|&k| {
+        answer[..k] == print[..k] && answer.get(k).is_some_and(u8::is_ascii_digit)
+    }) else {
+        return Ok(None);
+    };
+    let body = String::from_utf8_lossy(&answer[at..]);
+    // The stored form "<serial>|<version>|<trigger or nothing>|<codes>"
+    // (lua/lib/award.lua), or a full body stored before answers were
+    // compacted. Price and asset are not checked here.
+    let parts: Vec<&str> = body.split('|').collect();
+    let full = match parts[..] {
+        [serial, version, trigger, codes] => {
+            let trigger = if trigger.is_empty() { "-1" } else { trigger };
+            format!("{serial}|{version}|0|{trigger}|{codes}|-")
+        }
+        _ => body.into_owned(),
+    };
+    Drawn::parse(&full).map(Some)
 }
 
 /// What one draw step answered.
@@ -188,10 +218,9 @@ pub fn draw_call<'a>(
     keys: &PoolKeys,
     storage: Storage,
     day: &str,
-    request_id: &str,
     count: u32,
     result_ttl_s: u64,
-    fingerprint: &str,
+    token: &[u8],
 ) -> redis::ScriptInvocation<'a> {
     let mut call = script.prepare_invoke();
     call.key(keys.meta());
@@ -204,19 +233,19 @@ pub fn draw_call<'a>(
     };
     call.key(keys.held())
         .key(keys.spent(day))
-        .key(keys.result(request_id))
+        .key(keys.results())
         .arg(count)
         .arg(result_ttl_s)
         .arg(SPENT_TTL_S);
     if storage == Storage::Sparse {
         call.arg(SPARSE_BUCKET);
     }
-    call.arg(fingerprint);
+    call.arg(token);
     call
 }
 
 /// Draws `count` prizes for `request_id` from the pool behind `keys`, in one
-/// atomic Lua step, binding the id to `fingerprint`.
+/// atomic Lua step, storing its answer under `token`.
 #[allow(clippy::too_many_arguments)]
 pub async fn draw_once<C: ConnectionLike + Send>(
     conn: &mut C,
@@ -226,7 +255,7 @@ pub async fn draw_once<C: ConnectionLike + Send>(
     request_id: &str,
     count: u32,
     result_ttl_s: u64,
-    fingerprint: &str,
+    token: &[u8],
 ) -> Result<DrawStep, HandleError> {
     let day = crate::scripts::utc_day();
     let (status, text, number): (String, String, u64) = draw_call(
@@ -234,10 +263,9 @@ pub async fn draw_once<C: ConnectionLike + Send>(
         keys,
         storage,
         &day,
-        request_id,
         count,
         result_ttl_s,
-        fingerprint,
+        token,
     )
     .invoke_async(conn)
     .await?;
@@ -316,7 +344,7 @@ pub async fn draw<C: ConnectionLike + Send>(
         ask.request_id,
         ask.count,
         ask.result_ttl_s,
-        ask.fingerprint,
+        ask.token,
     )
     .await?;
     let (drawn, replayed) = match step {

@@ -9,7 +9,7 @@
 //! | `q`    | list   | prize codes; the first `visible` are drawable, any tail behind them is a batch being stocked |
 //! | `held` | list   | gated jackpots, first in line for the first draw that may win them |
 //! | `spent:YYYYMMDD` | string | the day's consumption, for the jackpot rule |
-//! | `r:<request_id>` | string | a draw's answer, `"<fingerprint>;<body>"` (see [`crate::kinds::answer`]) |
+//! | `rs`, `rs:<slice>:<size>:<i>` | hash | the answer store: every draw's answer (see [`crate::kinds::answer`], `lua/lib/answer.lua`); an award stored as `"<serial>\|<version>\|<trigger>\|<codes>"` (`lua/lib/award.lua`) |
 //!
 //! Conservation holds at every instant because each Lua step moves counters
 //! together: `stocked = drawn + visible + len(held)`.

@@ -23,20 +23,19 @@ use crate::{
 pub fn grab_call<'a>(
     script: &'a redis::Script,
     keys: &PoolKeys,
-    request_id: &str,
     user: i64,
     result_ttl_s: u64,
-    fingerprint: &str,
+    token: &[u8],
 ) -> redis::ScriptInvocation<'a> {
     let mut call = script.prepare_invoke();
     call.key(keys.meta())
         .key(keys.shares())
         .key(keys.grabbed())
-        .key(keys.result(request_id))
+        .key(keys.results())
         .arg(user)
         .arg(crate::scripts::now_ms())
         .arg(result_ttl_s)
-        .arg(fingerprint);
+        .arg(token);
     call
 }
 
@@ -57,10 +56,9 @@ pub async fn grab<C: ConnectionLike + Send>(
     let (status, text, _): (String, String, u64) = grab_call(
         &scripts.grab_red_packet,
         keys,
-        ask.request_id,
         ask.user,
         ask.result_ttl_s,
-        ask.fingerprint,
+        ask.token,
     )
     .invoke_async(conn)
     .await?;

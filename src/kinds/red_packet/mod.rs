@@ -2,28 +2,39 @@
 //! once per user, refunded at expiry.
 //!
 //! Redis layout of packet `id` (hash tag `{id}`): `meta` (sender, total,
-//! expires_at, grabbed, refunded, closed), `shares` (list of
-//! `"<share>:<amount>"`), `grabbed` (hash user → share) and `r:<request_id>`.
-//! Postgres keeps the packet, what its create asked for and its shares; the
+//! expires_at, grabbed, refunded, closed, and `expiry`: the token of the one
+//! pending expiry message), `shares` (list of `"<share>:<amount>"`),
+//! `grabbed` (hash user → share) and `rs` (the answer store,
+//! [`crate::kinds::answer`]). Postgres keeps the packet, what its create
+//! asked for, its shares and whether it was stocked in Redis, and the
+//! creates refused for funds with what they asked; the
 //! escrow, each grab and the refund are ledger entries, so at any moment
 //! `escrowed = grabbed + refunded + still in the packet`.
 //!
 //! Nobody who publishes is trusted:
 //! - a `packet_id` is bound to its first create: the same content again
-//!   replays the first answer, other content (sender, total, count, min,
+//!   replays the first answer (a refusal for funds included, whatever the
+//!   sender holds by then), other content (sender, total, count, min,
 //!   expires_in_s, asset) or an id that names a lucky-gift pool or lottery
 //!   activity is refused as bad input and moves nothing;
+//! - a packet is stocked in Redis once: a create sent again never stocks it
+//!   again once its first stocking is recorded, even if Redis lost it (then
+//!   the escrow waits for an operator, see docs/design.md);
 //! - every number is bounded ([`split`]: total ≤ 10^12, count ≤ 5,000,
 //!   `min × count ≤ total`; `expires_in_s` ≤ [`MAX_EXPIRES_IN_S`]), so all
 //!   arithmetic, Lua's included, is exact;
 //! - a `redpacket.expire` closes a packet only at or after the packet's own
 //!   stored expiry, whatever the message claims (the close step in Lua checks
 //!   it again); an early one is answered `"closed": false` with the stored
-//!   `expires_at` and delayed again to it; one for an unknown id is refused.
+//!   `expires_at`, and delayed again to it only if it is the packet's one
+//!   pending expiry ([`pending_expiry`]); one for an unknown id is refused;
+//! - the stored expiry is a whole second (the create's instant plus
+//!   `expires_in_s`, rounded up), so the `expires_at` a create answers is
+//!   exactly the instant from which grabs are refused.
 //!
 //! Retention: closing a packet sets an expiry of [`CLOSED_RETENTION_S`]
 //! (7 days) on its `meta` and `grabbed` keys (`shares` is deleted at close,
-//! each `r:<request_id>` has its own TTL). After that a grab answers
+//! answers expire with their bucket of the answer store). After that a grab answers
 //! `unknown_pool`; Postgres keeps the packet for good, so a replayed create
 //! still answers as first created and stocks nothing again.
 
@@ -64,6 +75,8 @@ pub struct Created {
     pub count: i64,
     pub total: i64,
     pub expires_at: DateTime<Utc>,
+    /// Postgres records the packet as closed (a create sent again late).
+    pub closed: bool,
 }
 
 /// Why a packet was not created.
@@ -110,9 +123,11 @@ pub fn validate(req: &RedPacketCreate) -> Result<(), CreateError> {
 
 /// Creates a packet: one Postgres transaction registers the id, checks and
 /// escrows the sender's balance and stores the shares and what was asked;
-/// then the shares are stocked in Redis. A repeated request with the same
-/// content returns the packet as first created (and stocks Redis if an
-/// earlier attempt stopped before it); one with other content is refused.
+/// then the shares are stocked in Redis, and that they were is recorded. A
+/// repeated request with the same content returns the packet as first
+/// created (and stocks Redis if an earlier attempt stopped before it); one
+/// with other content is refused. A request refused for funds is recorded
+/// with what it asked, and its id answers the same refusal for good.
 pub async fn create<C: ConnectionLike + Send>(
     db: &PgPool,
     redis: &mut C,
@@ -132,6 +147,18 @@ pub async fn create<C: ConnectionLike + Send>(
             .execute(&mut *tx)
             .await?
             .rows_affected();
+    // Read under the id's lock: a refusal recorded by a create that held
+    // it is seen by every later one.
+    let refused: Option<RefusalRow> = sqlx::query_as(
+        "SELECT sender, asset, total, share_count, min_asked, expires_in_s, balance FROM red_packet_refusals WHERE id = $1",
+    )
+    .bind(&req.packet_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if let Some(refused) = refused {
+        tx.rollback().await?;
+        return Err(Refused::from(refused).replay(req));
+    }
     if inserted == 0 {
         tx.rollback().await?;
         return existing(db, redis, scripts, prefix, req).await;
@@ -160,7 +187,27 @@ pub async fn create<C: ConnectionLike + Send>(
             .await?;
     let balance = balance.map_or(0, |(b,)| b);
     if balance < req.total {
-        tx.rollback().await?;
+        // The first answer is the answer: remember the refusal with what
+        // it asked, and give the id back to the namespace (nothing was
+        // created), in one transaction that still holds the id.
+        sqlx::query("DELETE FROM pools WHERE id = $1")
+            .bind(&req.packet_id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "INSERT INTO red_packet_refusals (id, sender, asset, total, share_count, min_asked, expires_in_s, balance) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .bind(&req.packet_id)
+        .bind(req.sender)
+        .bind(&req.asset)
+        .bind(req.total)
+        .bind(req.count)
+        .bind(req.min)
+        .bind(req.expires_in_s)
+        .bind(balance)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
         return Err(CreateError::InsufficientFunds {
             sender: req.sender,
             asset: req.asset.clone(),
@@ -170,7 +217,7 @@ pub async fn create<C: ConnectionLike + Send>(
     }
     let shares = split::split(req.total, req.count, req.min, &mut rand::rng())
         .map_err(|e| CreateError::Invalid(e.to_string()))?;
-    let expires_at = Utc::now() + chrono::Duration::seconds(req.expires_in_s);
+    let expires_at = whole_second_from(Utc::now() + chrono::Duration::seconds(req.expires_in_s));
     // `validate` bounds `count` by MAX_SHARES, so it fits an INTEGER.
     let count = i32::try_from(req.count).map_err(|e| CreateError::Invalid(e.to_string()))?;
     sqlx::query(
@@ -216,12 +263,95 @@ pub async fn create<C: ConnectionLike + Send>(
         &shares,
     )
     .await?;
+    record_stocked(db, &req.packet_id).await?;
     Ok(Created {
         packet_id: req.packet_id.clone(),
         count: req.count,
         total: req.total,
         expires_at,
+        closed: false,
     })
+}
+
+/// The first whole second at or after `at`: packets expire on whole
+/// seconds, the unit of the `expires_at` their create answers.
+pub fn whole_second_from(at: DateTime<Utc>) -> DateTime<Utc> {
+    let up = i64::from(at.timestamp_subsec_nanos() > 0);
+    DateTime::from_timestamp(at.timestamp() + up, 0).unwrap_or(at)
+}
+
+/// Records that packet `packet_id` is stocked in Redis (once; a packet is
+/// never stocked again after this).
+async fn record_stocked(db: &PgPool, packet_id: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE red_packets SET stocked_at = now() WHERE id = $1 AND stocked_at IS NULL")
+        .bind(packet_id)
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
+/// A create refused for funds, as Postgres remembers it.
+type RefusalRow = (i64, String, i64, i64, i64, i64, i64);
+
+/// A create refused `insufficient_funds`: what it asked and the balance it
+/// was refused on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Refused {
+    sender: i64,
+    asset: String,
+    total: i64,
+    count: i64,
+    min: i64,
+    expires_in_s: i64,
+    balance: i64,
+}
+
+impl From<RefusalRow> for Refused {
+    fn from((sender, asset, total, count, min, expires_in_s, balance): RefusalRow) -> Self {
+        Self {
+            sender,
+            asset,
+            total,
+            count,
+            min,
+            expires_in_s,
+            balance,
+        }
+    }
+}
+
+impl Refused {
+    /// The answer to `req` under the refused id: the same refusal for the
+    /// same request, bad input for any other.
+    fn replay(self, req: &RedPacketCreate) -> CreateError {
+        let mut differences = Vec::new();
+        for (field, same) in [
+            ("sender", self.sender == req.sender),
+            ("asset", self.asset == req.asset),
+            ("total", self.total == req.total),
+            ("count", self.count == req.count),
+            ("min", self.min == req.min),
+            ("expires_in_s", self.expires_in_s == req.expires_in_s),
+        ] {
+            if !same {
+                differences.push(field);
+            }
+        }
+        if differences.is_empty() {
+            CreateError::InsufficientFunds {
+                sender: self.sender,
+                asset: self.asset,
+                balance: self.balance,
+                total: self.total,
+            }
+        } else {
+            CreateError::Invalid(format!(
+                "packet {} was refused for funds with another {}; a packet id stays bound to its first request",
+                req.packet_id,
+                differences.join(", ")
+            ))
+        }
+    }
 }
 
 /// The `ref` of a packet's ledger entries.
@@ -297,6 +427,8 @@ pub struct Stored {
     pub expires_at: DateTime<Utc>,
     /// What the close refunded, once it is recorded.
     pub refunded: Option<i64>,
+    /// Whether the packet's first stocking in Redis is recorded.
+    pub stocked: bool,
 }
 
 type StoredRow = (
@@ -310,12 +442,13 @@ type StoredRow = (
     DateTime<Utc>,
     Option<DateTime<Utc>>,
     Option<i64>,
+    bool,
 );
 
 /// Reads packet `packet_id` from Postgres.
 pub async fn stored(db: &PgPool, packet_id: &str) -> Result<Option<Stored>, sqlx::Error> {
     let row: Option<StoredRow> = sqlx::query_as(
-        "SELECT sender, asset, total, share_count, min_share, min_asked, expires_in_s, expires_at, closed_at, refunded FROM red_packets WHERE id = $1",
+        "SELECT sender, asset, total, share_count, min_share, min_asked, expires_in_s, expires_at, closed_at, refunded, stocked_at IS NOT NULL FROM red_packets WHERE id = $1",
     )
     .bind(packet_id)
     .fetch_optional(db)
@@ -332,6 +465,7 @@ pub async fn stored(db: &PgPool, packet_id: &str) -> Result<Option<Stored>, sqlx
             expires_at,
             closed_at,
             refunded,
+            stocked,
         )| {
             Stored {
                 sender,
@@ -343,6 +477,7 @@ pub async fn stored(db: &PgPool, packet_id: &str) -> Result<Option<Stored>, sqlx
                 expires_in_s,
                 expires_at,
                 refunded: closed_at.and(refunded),
+                stocked,
             }
         },
     ))
@@ -379,8 +514,11 @@ impl Stored {
     }
 }
 
-/// A packet id that exists already: returns the packet as created, making
-/// sure Redis has it, if `req` asks what its first create asked.
+/// A packet id that exists already: returns the packet as created if `req`
+/// asks what its first create asked, stocking Redis if no stocking is
+/// recorded yet (an earlier attempt stopped before it). A packet stocked
+/// once is never stocked again: if Redis lost it, its shares may have been
+/// grabbed and paid already.
 async fn existing<C: ConnectionLike + Send>(
     db: &PgPool,
     redis: &mut C,
@@ -408,9 +546,10 @@ async fn existing<C: ConnectionLike + Send>(
     }
     // A closed packet is never stocked again, even once its Redis keys have
     // expired: its shares were grabbed or refunded. Nor is one long past its
-    // expiry whose close is not recorded yet (its keys may be gone).
+    // expiry whose close is not recorded yet (its keys may be gone), nor one
+    // stocked before (Redis may have lost it after grabs were paid).
     let retention = chrono::Duration::seconds(i64::try_from(CLOSED_RETENTION_S).unwrap_or(0));
-    if packet.refunded.is_none() && Utc::now() < packet.expires_at + retention {
+    if packet.refunded.is_none() && !packet.stocked && Utc::now() < packet.expires_at + retention {
         let shares: Vec<(i64,)> = sqlx::query_as(
             "SELECT amount FROM red_packet_shares WHERE packet_id = $1 ORDER BY share_no",
         )
@@ -430,13 +569,75 @@ async fn existing<C: ConnectionLike + Send>(
             &shares,
         )
         .await?;
+        record_stocked(db, packet_id).await?;
     }
     Ok(Created {
         packet_id: packet_id.clone(),
         count: packet.count,
         total: packet.total,
         expires_at: packet.expires_at,
+        closed: packet.refunded.is_some(),
     })
+}
+
+/// Where a packet's expiry stands in Redis.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Expiry {
+    /// The expiry message with this token is the packet's pending one.
+    Pending(String),
+    /// Another expiry message is the pending one.
+    Stale,
+    /// The packet is closed in Redis.
+    Closed,
+    /// Redis holds no such packet.
+    Unknown,
+}
+
+async fn expiry_step<C: ConnectionLike + Send>(
+    redis: &mut C,
+    scripts: &Scripts,
+    keys: &PoolKeys,
+    mode: &str,
+    token: &str,
+) -> Result<Expiry, redis::RedisError> {
+    let (status, token): (String, String) = scripts
+        .red_packet_expiry
+        .key(keys.meta())
+        .arg(mode)
+        .arg(token)
+        .arg(ulid::Ulid::new().to_string())
+        .invoke_async(redis)
+        .await?;
+    Ok(match status.as_str() {
+        "pending" => Expiry::Pending(token),
+        "stale" => Expiry::Stale,
+        "closed" => Expiry::Closed,
+        _ => Expiry::Unknown,
+    })
+}
+
+/// Makes the expiry message about to be sent with `token` the packet's one
+/// pending expiry (any earlier one is dropped when it comes). Answers
+/// [`Expiry::Pending`] unless the packet is closed or missing in Redis.
+pub async fn arm_expiry<C: ConnectionLike + Send>(
+    redis: &mut C,
+    scripts: &Scripts,
+    keys: &PoolKeys,
+    token: &str,
+) -> Result<Expiry, redis::RedisError> {
+    expiry_step(redis, scripts, keys, "arm", token).await
+}
+
+/// Whether an expiry message that came early, carrying `token`, is the
+/// packet's pending one and should be delayed again (a packet with none
+/// pending takes it, under a fresh token if it carries none).
+pub async fn pending_expiry<C: ConnectionLike + Send>(
+    redis: &mut C,
+    scripts: &Scripts,
+    keys: &PoolKeys,
+    token: Option<&str>,
+) -> Result<Expiry, redis::RedisError> {
+    expiry_step(redis, scripts, keys, "check", token.unwrap_or("")).await
 }
 
 /// Whether a reply reports success or refusal.
@@ -726,6 +927,7 @@ mod tests {
             expires_in_s: Some(req.expires_in_s),
             expires_at: Utc::now(),
             refunded: None,
+            stocked: true,
         }
     }
 
@@ -764,12 +966,64 @@ mod tests {
     }
 
     #[test]
+    fn a_refusal_binds_its_id_to_what_it_asked() {
+        let first = request();
+        let refused = Refused {
+            sender: first.sender,
+            asset: first.asset.clone(),
+            total: first.total,
+            count: first.count,
+            min: first.min,
+            expires_in_s: first.expires_in_s,
+            balance: 5,
+        };
+        let again = refused.clone().replay(&first);
+        assert!(
+            matches!(
+                again,
+                CreateError::InsufficientFunds {
+                    balance: 5,
+                    total: 10_000,
+                    ..
+                }
+            ),
+            "{again:?}"
+        );
+        for change in [
+            |r: &mut RedPacketCreate| r.sender = 8,
+            |r: &mut RedPacketCreate| r.asset = "gem".into(),
+            |r: &mut RedPacketCreate| r.total -= 1,
+            |r: &mut RedPacketCreate| r.count += 1,
+            |r: &mut RedPacketCreate| r.min = 1,
+            |r: &mut RedPacketCreate| r.expires_in_s += 1,
+        ] {
+            let mut other = first.clone();
+            change(&mut other);
+            let answer = refused.clone().replay(&other);
+            assert!(matches!(answer, CreateError::Invalid(_)), "{answer:?}");
+        }
+    }
+
+    #[test]
+    fn expiries_are_whole_seconds_never_earlier() {
+        let at = DateTime::from_timestamp(1_795_000_000, 1).unwrap_or_default();
+        assert_eq!(
+            whole_second_from(at),
+            DateTime::from_timestamp(1_795_000_001, 0).unwrap_or_default()
+        );
+        let whole = DateTime::from_timestamp(1_795_000_000, 0).unwrap_or_default();
+        assert_eq!(whole_second_from(whole), whole);
+        assert_eq!(wire_time(whole_second_from(at)), "2026-11-18T11:06:41Z");
+    }
+
+    #[test]
     fn replies_keep_the_wire_shapes() {
         let created = Created {
             packet_id: "rp-1".into(),
             count: 10,
             total: 10_000,
             expires_at: DateTime::from_timestamp(1_795_000_000, 123_000_000).unwrap_or_default(),
+            closed: false,
         };
         let reply = serde_json::to_value(created.reply()).unwrap_or_default();
         assert_eq!(

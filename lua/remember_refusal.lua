@@ -1,0 +1,13 @@
+-- Stores a refusal decided outside a pool step (pool_exhausted after the
+-- short-pool wait, unknown_pool) as a request's answer, unless the request
+-- was answered meanwhile (a concurrent copy): then that answer stands.
+--
+-- KEYS[1]: the pool's answer store
+-- ARGV[1]: the request's answer token
+-- ARGV[2]: the refusal, "<code>[:<detail>]"
+-- Returns: {"refused", code, 0} when stored now, or the stored answer as
+--          replay gives it ({"dup", body, 0} or {"reused", "", 0})
+
+local seen = replay(KEYS[1], ARGV[1])
+if seen then return seen end
+return refuse(KEYS[1], ARGV[1], 0, ARGV[2])
