@@ -10,7 +10,7 @@
 --          answer), or false when there is none
 
 local s
-if ARGV[2] == 'claim' then s = store_of(KEYS[1], ARGV[1], 8, 8) else s = store_of(KEYS[1], ARGV[1], 6, 4) end
+if ARGV[2] == 'claim' then s = store_of(KEYS[1], ARGV[1], 8, 8) else s = store_of(KEYS[1], ARGV[1], ANSWER_FIELD, ANSWER_PRINT) end
 local value, bucket = lookup(s)
 if value and ARGV[3] == 'forget' then redis.call('HDEL', bucket, s.field) end
 return value

@@ -210,6 +210,12 @@ where
     let result = async {
         config.tls.install();
         tracing::info!(service, config = %config.summary(), "effective configuration");
+        if config.ledger_seal_key.is_none() {
+            tracing::warn!(
+                "LEDGER_SEAL_KEY is unset: the seal key is the one kept in Redis, and a Redis that \
+                 loses it makes the workers disagree on it (set it from a secret store in production)"
+            );
+        }
         // Kept to the end: dropping it sends the last spans.
         let _traces = crate::telemetry::export_traces(config.otel_endpoint.as_deref(), service)
             .context("OTEL_EXPORTER_OTLP_ENDPOINT")?;

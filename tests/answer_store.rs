@@ -76,7 +76,7 @@ async fn every_claim_and_answer_is_found_again_however_the_buckets_grow() {
             None
         );
     }
-    // Past 64 answers per bucket the buckets doubled many times; every id
+    // Past 80 answers per bucket the buckets doubled many times; every id
     // is still bound to its content and its answer.
     for i in (0..n).step_by(7) {
         let id = format!("id-{i}");
@@ -125,8 +125,8 @@ async fn every_claim_and_answer_is_found_again_however_the_buckets_grow() {
             .unwrap(),
         Claim::Ours
     );
-    // Compact: every bucket is a listpack, and there are about n / 64 of them
-    // (the doublings leave each size's buckets filled to 64 on average).
+    // Compact: every bucket is a listpack, and there are about n / 80 of them
+    // (the doublings leave each size's buckets filled to 80 on average).
     let prefix = &env.config.redis_prefix;
     for pattern in [format!("{store}:*"), format!("{prefix}:rq:{{*}}:*")] {
         let found = encodings(&env, &pattern).await;

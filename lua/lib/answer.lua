@@ -24,11 +24,14 @@
 -- A request comes as a token built by the Rust side (src/kinds/answer.rs):
 --   "<ttl s>:<selector>:" .. field .. fingerprint .. request id
 -- with field and fingerprint bytes of a hash of the request id and of its
--- content (6 and 4 bytes for answers). An answer's value is
+-- content (6 and 2 bytes for answers: the claim, with 8 and 8, has told the
+-- ids and contents apart already). An answer's value is
 -- fingerprint .. body, where body is a kind's award or "!<code>[:<detail>]".
 
-local PER_BUCKET = 64
+local PER_BUCKET = 80
 local SLICES_BACK = 4
+-- Bytes of the id hash and of the content fingerprint in an answer token.
+local ANSWER_FIELD, ANSWER_PRINT = 6, 2
 
 -- The store of `key` for `token`, whose field is `flen` bytes and
 -- fingerprint `plen` bytes.
@@ -105,11 +108,11 @@ end
 -- {"reused", "", 0} when the id was first used for other content. `key` is
 -- the pool's answer store, `token` the request's.
 local function replay(key, token)
-  local s = store_of(key, token, 6, 4)
+  local s = store_of(key, token, ANSWER_FIELD, ANSWER_PRINT)
   local prev = lookup(s)
   local fp, body
   if prev then
-    fp, body = string.sub(prev, 1, 4), string.sub(prev, 5)
+    fp, body = string.sub(prev, 1, ANSWER_PRINT), string.sub(prev, ANSWER_PRINT + 1)
   else
     -- An answer stored before answers moved into buckets: a key of its own,
     -- the pool's "...:r:<request id>" (the store key minus its last letter,
@@ -119,7 +122,7 @@ local function replay(key, token)
     if not legacy then return nil end
     local at = string.find(legacy, ';', 1, true)
     if not at then return {'reused', '', 0} end
-    fp, body = string.sub(legacy, 1, 8), string.sub(legacy, at + 1)
+    fp, body = string.sub(legacy, 1, 2 * ANSWER_PRINT), string.sub(legacy, at + 1)
     if fp ~= hex(s.fp) then return {'reused', '', 0} end
     return {'dup', body, 0}
   end
@@ -130,7 +133,7 @@ end
 -- Records the answer `body` of a request. (`ttl` is the token's; the
 -- argument stays for the scripts' sake.)
 local function remember(key, token, body, ttl)
-  local s = store_of(key, token, 6, 4)
+  local s = store_of(key, token, ANSWER_FIELD, ANSWER_PRINT)
   store(s, s.fp .. body)
 end
 

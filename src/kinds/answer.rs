@@ -87,7 +87,7 @@ pub struct Tokens {
     pub claim_store: String,
     /// `"<ttl>:<selector>:" ‖ 8 id-hash bytes ‖ 8 fingerprint bytes`.
     pub claim: Vec<u8>,
-    /// `"<ttl>:<selector>:" ‖ 6 id-hash bytes ‖ 4 fingerprint bytes ‖ id`.
+    /// `"<ttl>:<selector>:" ‖ 6 id-hash bytes ‖ 2 fingerprint bytes ‖ id`.
     pub answer: Vec<u8>,
 }
 
@@ -105,7 +105,7 @@ impl Tokens {
         claim.extend_from_slice(&fingerprint.0);
         let mut answer = head.into_bytes();
         answer.extend_from_slice(&h[14..20]);
-        answer.extend_from_slice(&fingerprint.0[..4]);
+        answer.extend_from_slice(&fingerprint.0[..2]);
         answer.extend_from_slice(id.as_bytes());
         Self {
             claim_store: format!("{prefix}:{space}:{{{group}}}"),
@@ -377,8 +377,8 @@ mod tests {
         assert_eq!(t.claim[head.len() + 8..], fp.0);
         assert_eq!(t.answer[..head.len()], head[..]);
         assert_eq!(t.answer[head.len()..head.len() + 6], h[14..20]);
-        assert_eq!(t.answer[head.len() + 6..head.len() + 10], fp.0[..4]);
-        assert_eq!(&t.answer[head.len() + 10..], b"req-1");
+        assert_eq!(t.answer[head.len() + 6..head.len() + 8], fp.0[..2]);
+        assert_eq!(&t.answer[head.len() + 8..], b"req-1");
         // Another id, another field; another content, another fingerprint.
         assert_ne!(Tokens::new("pp", "rq", "req-2", fp, 90_000).claim, t.claim);
         let other = fingerprint("draw", &[&"p", &1, &2]);

@@ -49,11 +49,26 @@ pub(super) async fn run(
     // The lag is counted from no earlier than the worker's start (see
     // `record_lag`), across its broker sessions.
     let mut lag_floor = unix_now();
+    // The seal key is read once and kept for the life of the process, as
+    // the draw and refill workers keep theirs: a later session that found
+    // the key gone from Redis and made a new one would refuse every entry
+    // the others still seal with the old one.
+    let mut sealer = None;
     loop {
         if shutdown.is_cancelled() {
             return Ok(());
         }
-        match session(&config, &db, &replier, &health, &shutdown, &mut lag_floor).await {
+        match session(
+            &config,
+            &db,
+            &replier,
+            &mut sealer,
+            &health,
+            &shutdown,
+            &mut lag_floor,
+        )
+        .await
+        {
             Ok(()) => return Ok(()),
             Err(error) => {
                 health.set_ready(false);
@@ -76,14 +91,21 @@ async fn session(
     config: &Config,
     db: &PgPool,
     replier: &amqp::Replier,
+    sealer: &mut Option<crate::ledger::Sealer>,
     health: &Health,
     shutdown: &CancellationToken,
     lag_floor: &mut u64,
 ) -> anyhow::Result<()> {
     // The seal key of the fleet, to tell its own entries from forgeries.
-    let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
-    let key = config.ledger_seal_key.as_ref().map(|k| k.0.as_str());
-    let sealer = crate::ledger::Sealer::load(&mut redis, &config.redis_prefix, key).await?;
+    let sealer = match sealer {
+        Some(sealer) => sealer.clone(),
+        None => {
+            let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
+            let key = config.ledger_seal_key.as_ref().map(|k| k.0.as_str());
+            let loaded = crate::ledger::Sealer::load(&mut redis, &config.redis_prefix, key).await?;
+            sealer.insert(loaded).clone()
+        }
+    };
     let conn = amqp::connect(&config.amqp_url, "settle-worker").await?;
     let channel = conn.create_channel().await?;
     amqp::declare_topology(&channel, config.delivery_limit).await?;
