@@ -22,7 +22,7 @@ use tokio::sync::RwLock;
 use super::{CodeTable, Storage, SPARSE_BUCKET, SPENT_TTL_S};
 use crate::{
     amqp::HandleError,
-    kinds::{Ask, Award, ScriptReply, Step},
+    kinds::{answer::Tokens, Ask, Award, ScriptReply, Step},
     messages::{
         BatchPosition, DrawResult, Prize, PrizeRun, RefillRequest, Reveal, SettleRequest, Status,
     },
@@ -155,22 +155,31 @@ pub async fn stored_award<C: ConnectionLike + Send>(
 ) -> Result<Option<Drawn>, HandleError> {
     let fingerprint = crate::kinds::fingerprint("draw", &[&pool, &user, &count]);
     let print = fingerprint.0;
-    let tokens =
-        crate::kinds::answer::Tokens::new(prefix, "rq", request_id, fingerprint, result_ttl_s);
+    let tokens = Tokens::new(prefix, "rq", request_id, fingerprint, result_ttl_s);
     let (_, answer) =
         crate::kinds::answer::stored(conn, scripts, &keys.results(), &tokens, false).await?;
     let Some(answer) = answer else {
         return Ok(None);
     };
-    // Fingerprint bytes (a prefix of the fingerprint, as many as the
-    // answer store keeps: lua/lib/answer.lua), then the body, which starts
-    // with the serial's digits.
-    let Some(at) = (1..=print.len().min(answer.len())).find(|&k| {
-        answer[..k] == print[..k] && answer.get(k).is_some_and(u8::is_ascii_digit)
-    }) else {
+    // The answer is the token's fingerprint bytes, then the body
+    // (lua/lib/answer.lua); the token is "<ttl>:<selector>:", 6 id-hash
+    // bytes, the fingerprint bytes, the id ([`Tokens`]).
+    let head = tokens
+        .answer
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| **b == b':')
+        .nth(1)
+        .map_or(0, |(i, _)| i + 1);
+    let kept = tokens
+        .answer
+        .len()
+        .saturating_sub(head + 6 + request_id.len())
+        .min(print.len());
+    if answer.len() < kept || answer[..kept] != print[..kept] {
         return Ok(None);
-    };
-    let body = String::from_utf8_lossy(&answer[at..]);
+    }
+    let body = String::from_utf8_lossy(&answer[kept..]);
     // The stored form "<serial>|<version>|<trigger or nothing>|<codes>"
     // (lua/lib/award.lua), or a full body stored before answers were
     // compacted. Price and asset are not checked here.
