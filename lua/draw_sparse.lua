@@ -20,7 +20,8 @@
 -- ARGV[3]: consumption counter TTL, seconds
 -- ARGV[4]: bucket size
 -- ARGV[5]: fingerprint of the request
--- Returns: the same three-element replies as draw_lucky_gift.lua
+-- Returns: the same three-element replies as draw_lucky_gift.lua (positions
+--          in the fairness record count indices)
 --
 -- Everything is read and checked before the first write, so a step either
 -- completes or changes nothing.
@@ -28,7 +29,7 @@
 local seen = replay_award(KEYS[1], KEYS[7], ARGV[5])
 if seen then return seen end
 local m = redis.call('HMGET', KEYS[1], 'kind', 'storage', 'max_index', 'cur', 'unit_price',
-  'jackpot_threshold', 'jackpot_codes', 'max_count', 'gen', 'version', 'asset', 'due')
+  'jackpot_threshold', 'jackpot_codes', 'max_count', 'gen', 'version', 'asset', 'due', 'hgen')
 if m[1] ~= 'lucky_gift' or m[2] ~= 'sparse' then return refuse(KEYS[7], ARGV[5], ARGV[2], 'unknown_pool') end
 local count = tonumber(ARGV[1])
 local max_count = tonumber(m[8])
@@ -85,11 +86,19 @@ local codes = {}
 local from_held = 0
 local held_now = {}
 local new_cur = cur
+-- Where each prize came from (positions count indices).
+local hgen0 = tonumber(m[13]) or 0
+local track = positions(KEYS[1], hgen0)
+local at_index = {}
+local parked = {}
 if open then
   if held_len + visible < count then return short(held_len + visible) end
   -- Waiting jackpots are first in line.
   from_held = math.min(count, held_len)
-  for i = cur, cur + count - from_held - 1 do codes[#codes + 1] = prize_at(i) end
+  for i = cur, cur + count - from_held - 1 do
+    codes[#codes + 1] = prize_at(i)
+    at_index[#at_index + 1] = track.at(i)
+  end
   new_cur = cur + count - from_held
 else
   -- Parked prizes a reload freed from the rule come first.
@@ -99,7 +108,14 @@ else
   local i = cur
   while #codes < count - from_held and i < max_index do
     local c = prize_at(i)
-    if jackpot[c] then held_now[#held_now + 1] = c else codes[#codes + 1] = c end
+    local at = track.at(i)
+    if jackpot[c] then
+      held_now[#held_now + 1] = held_element(c, at)
+      parked[#parked + 1] = at
+    else
+      codes[#codes + 1] = c
+      at_index[#at_index + 1] = at
+    end
     i = i + 1
   end
   -- Nothing was written yet, so a short answer needs no undo.
@@ -111,12 +127,14 @@ for _, c in ipairs(codes) do
 end
 
 -- Writes start here.
+local origins = {}
 if from_held > 0 then
   local first = {}
-  take_held(KEYS[5], from_held, first)
+  take_held(KEYS[5], from_held, first, origins)
   for _, c in ipairs(codes) do first[#first + 1] = c end
   codes = first
 end
+for _, o in ipairs(at_index) do origins[#origins + 1] = o end
 push_all('RPUSH', KEYS[5], held_now)
 local trigger = -1
 if new_cur > cur then
@@ -130,11 +148,13 @@ if new_cur > cur then
   if s[1] then redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. string.match(s[1], '^(%d+):')) end
   redis.call('HSET', KEYS[1], 'cur', int(new_cur))
 end
+local record = fair_record(KEYS[1], track, hgen0, origins, parked, new_cur)
 local serial = redis.call('HINCRBY', KEYS[1], 'drawn', count)
 if trigger > (tonumber(m[12]) or -1) then redis.call('HSET', KEYS[1], 'due', int(trigger)) end
 redis.call('SET', KEYS[6], int(spent), 'EX', tonumber(ARGV[3]))
 local body = int(serial) .. '|' .. (m[10] or '0') .. '|' .. int(unit_price) .. '|' .. int(trigger) .. '|'
-  .. table.concat(codes, ',') .. '|' .. (m[11] or 'coin')
+  .. table.concat(codes, ',') .. record .. '|' .. (m[11] or 'coin')
+-- The fairness record travels inside the codes field of the stored form.
 remember(KEYS[7], ARGV[5], award_stored(KEYS[1], serial, m[10] or '0', unit_price, trigger,
-  table.concat(codes, ','), m[11] or 'coin'), ARGV[2])
+  table.concat(codes, ',') .. record, m[11] or 'coin'), ARGV[2])
 return {'ok', body, 0}

@@ -17,7 +17,9 @@
 -- ARGV[5]: PV/UV TTL, seconds
 -- ARGV[6]: fingerprint of the request
 -- Returns: {status, text, 0}:
---          {"ok", "<serial>|<prize>|<chances left>", 0}, {"dup", body, 0}, {"reused", "", 0},
+--          {"ok", "<serial>~<value>;<prize>:<weight>,...|<prize>|<chances left>", 0}
+--          (the random value used and the weights it was read against),
+--          {"dup", body, 0}, {"reused", "", 0},
 --          {"refused", code, 0} for unknown_pool, not_started, ended, no_chances, sold_out,
 --          {"retry", "", 0} when every random value fell in the rejected tail
 --          (nothing changed; call again with fresh values)
@@ -53,15 +55,17 @@ if total == 0 then count_visit() return refuse(KEYS[5], ARGV[6], ARGV[4], 'sold_
 
 local SPAN = 4503599627370496 -- 2^52
 local limit = SPAN - (SPAN % total)
-local r = nil
+local r, value = nil, nil
 for v in string.gmatch(ARGV[3], '%d+') do
   local x = tonumber(v)
-  if x < limit then r = x % total break end
+  if x < limit then r, value = x % total, x break end
 end
 if r == nil then return {'retry', '', 0} end
+local candidates = {}
+for i = 1, #ids do candidates[i] = ids[i] .. ':' .. int(weights[i]) end
 local pick = #ids
 for i = 1, #ids do
   if r < weights[i] then pick = i break end
   r = r - weights[i]
 end
-return lottery_award(ids[pick], pick <= finite)
+return lottery_award(ids[pick], pick <= finite, int(value) .. ';' .. table.concat(candidates, ','))

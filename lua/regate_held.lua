@@ -19,7 +19,7 @@ local freed, gated = {}, {}
 local behind = false
 for i = 0, n - 1, 1000 do
   for _, v in ipairs(redis.call('LRANGE', KEYS[2], i, i + 999)) do
-    if jackpot[tonumber(v)] then
+    if jackpot[held_code(v)] then
       gated[#gated + 1] = v
     else
       freed[#freed + 1] = v

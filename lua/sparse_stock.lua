@@ -14,14 +14,15 @@
 -- push:   ARGV[3] now ms, ARGV[4] lease ms, then bucket, "<off>.<code>;..." pairs
 --         -> {"ok", prizes staged} | {"lost", 0}
 -- commit: ARGV[3] trigger, ARGV[4] batch size, ARGV[5] non-zero prizes expected,
---         ARGV[6] flagged index, then combo-run members "<start>:<zero code>"
+--         ARGV[6] flagged index, ARGV[7] seed hex (the one fair_seed.lua chose),
+--         ARGV[8] config version, then combo-run members "<start>:<zero code>"
 --         -> {"ok", gen} | {"lost", 0} | {"mismatch", staged}
 --
 -- Staged prizes sit at indices >= max_index, which draws never read, so a
 -- batch appears all at once when commit raises max_index.
 
 local step = ARGV[1]
-local m = redis.call('HMGET', KEYS[1], 'kind', 'gen', 'max_index', 'stock_token', 'stock_until', 'staged_n', 'staged_hi', 'due')
+local m = redis.call('HMGET', KEYS[1], 'kind', 'gen', 'max_index', 'stock_token', 'stock_until', 'staged_n', 'staged_hi', 'due', 'fair_next')
 if m[1] ~= 'lucky_gift' then return {'unknown', 0} end
 local gen = tonumber(m[2]) or 0
 local max_index = tonumber(m[3]) or 0
@@ -88,9 +89,17 @@ end
 
 if step == 'commit' then
   if gen ~= tonumber(ARGV[3]) then return {'lost', 0} end
+  local next_gen = string.format('%d', gen + 1)
+  if m[9] ~= next_gen .. '|' .. ARGV[7] then return {'lost', 0} end
   local staged = tonumber(m[6]) or 0
   if staged ~= tonumber(ARGV[5]) then return {'mismatch', staged} end
-  for i = 7, #ARGV do
+  -- The fairness record (lib/jackpot.lua): the batch starts at index
+  -- max_index; its seed stays until the reveal.
+  redis.call('HSET', KEYS[1], 'bstart:' .. next_gen, string.format('%d', max_index),
+    'c:' .. next_gen, ARGV[8] .. '|' .. ARGV[7])
+  redis.call('HSETNX', KEYS[1], 'hgen', string.format('%d', gen))
+  redis.call('HDEL', KEYS[1], 'fair_next')
+  for i = 9, #ARGV do
     redis.call('ZADD', KEYS[3], tonumber(string.match(ARGV[i], '^(%d+):')), ARGV[i])
   end
   redis.call('ZADD', KEYS[4], tonumber(ARGV[6]), gen + 1)

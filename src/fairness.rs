@@ -142,6 +142,35 @@ pub fn lucky_gift_batch<T: Clone>(
         .collect()
 }
 
+/// One combo of a batch's composition: its id and its (multiplier, count)
+/// pairs in configuration order.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ComboStock {
+    pub combo: String,
+    pub stock: Vec<(u64, u64)>,
+}
+
+/// The order of lucky-gift batch `generation` of `pool` under config
+/// `version` with this composition, as (combo id, multiplier) per position:
+/// what a verifier recomputes from a revealed seed.
+pub fn lucky_gift_order(
+    seed: &Seed,
+    pool: &str,
+    generation: u64,
+    version: i64,
+    composition: &[ComboStock],
+) -> Vec<(String, u64)> {
+    let combos: Vec<Vec<(u64, u64)>> = composition.iter().map(|c| c.stock.clone()).collect();
+    let mut stream = seed.stream(&lucky_gift_context(pool, generation, version));
+    lucky_gift_batch(&mut stream, &combos)
+        .into_iter()
+        .flat_map(|(c, prizes)| {
+            let id = composition[c].combo.clone();
+            prizes.into_iter().map(move |m| (id.clone(), m))
+        })
+        .collect()
+}
+
 fn to_hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -192,6 +221,38 @@ mod tests {
         let mut items: Vec<u32> = (0..10).collect();
         stream.shuffle(&mut items);
         assert_eq!(items, vec![2, 7, 9, 1, 6, 4, 5, 8, 0, 3]);
+    }
+
+    /// The lucky-gift batch vector of `docs/fairness.md` (computed by
+    /// `scripts/fairness-reference.py`).
+    #[test]
+    fn the_documented_batch_vector_holds() {
+        let seed =
+            Seed::from_hex("000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f")
+                .unwrap();
+        let combo = |id: &str, stock: &[(u64, u64)]| ComboStock {
+            combo: id.to_owned(),
+            stock: stock.to_vec(),
+        };
+        let composition = [
+            combo("c1", &[(0, 3), (10, 1)]),
+            combo("c2", &[(0, 2), (50, 1)]),
+            combo("c3", &[(5, 2)]),
+        ];
+        let order = lucky_gift_order(&seed, "gift", 7, 3, &composition);
+        let expected = [
+            ("c1", 0),
+            ("c1", 0),
+            ("c1", 10),
+            ("c1", 0),
+            ("c3", 5),
+            ("c3", 5),
+            ("c2", 0),
+            ("c2", 50),
+            ("c2", 0),
+        ];
+        let order: Vec<(&str, u64)> = order.iter().map(|(c, m)| (c.as_str(), *m)).collect();
+        assert_eq!(order, expected);
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! | [`ledger`] | the Postgres ledger: apply entries, balances, totals, and the seals on the fleet's own entries |
 //! | [`draw`], [`refill`], [`settle`] | the three workers |
 //! | [`fairness`] | the committed, reproducible shuffle of provably fair batches |
+//! | [`audit`] | the audit trail of committed batches and draws in Postgres, its consumer, and the verifier |
 //! | [`pools`], [`db`] | the pool registry and the Postgres connection |
 //! | [`cli`] | the `prizepool` subcommands, including `demo` |
 //! | [`bench`] | `prizepool bench`: ceilings, fleet runs, reports |
@@ -21,6 +22,7 @@
 //! The binaries in `src/bin/` only wire these together.
 
 pub mod amqp;
+pub mod audit;
 pub mod bench;
 pub mod cli;
 pub mod config;

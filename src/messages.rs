@@ -132,6 +132,13 @@ pub struct PoolRefilled {
     pub version: i64,
     /// Asked by a draw that found the pool short.
     pub urgent: bool,
+    /// `SHA-256` of the batch's secret seed, committed before the batch
+    /// became visible (`docs/fairness.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commitment: Option<String>,
+    /// The combos the batch was built from, in configuration order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub composition: Option<Vec<crate::fairness::ComboStock>>,
 }
 
 /// `{"type":"settle_result", ...}`: the reply to a `settle` (with its
@@ -348,6 +355,84 @@ pub struct DrawResult {
     pub error: Option<ErrorBody>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous: Option<Prize>,
+    /// Lucky gift: the pool's draw counter after this draw (the serial of
+    /// its ledger entry id); names the draw for ever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<i64>,
+    /// Lucky gift: the config version the draw used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<i64>,
+    /// Lucky gift: where the prizes came from, in the order of `prizes`
+    /// (`docs/fairness.md`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub positions: Vec<PrizeRun>,
+    /// Lucky gift: jackpots this draw met while they were gated and parked
+    /// at the pool's head, where they came from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held_back: Vec<BatchPosition>,
+    /// Lucky gift: the seeds of the batches this draw used up, revealed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub revealed: Vec<Reveal>,
+    /// Lottery with a random pick: what the pick used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pick: Option<LotteryPick>,
+}
+
+/// The random pick of a lottery draw: `value` (uniform in `[0, 2^52)`,
+/// below the largest multiple of the total weight) and the candidates it
+/// was read against, in order. The prize is the candidate where
+/// `value mod total` falls when the weights are laid end to end.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LotteryPick {
+    pub value: u64,
+    pub weights: Vec<PrizeWeight>,
+}
+
+/// One candidate of a lottery pick.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrizeWeight {
+    pub prize: String,
+    pub weight: u64,
+}
+
+impl LotteryPick {
+    /// The prize this pick lands on (`None` if the weights are all zero).
+    pub fn prize(&self) -> Option<&str> {
+        let total: u64 = self.weights.iter().map(|w| w.weight).sum();
+        let mut r = self.value.checked_rem(total)?;
+        for w in &self.weights {
+            if r < w.weight {
+                return Some(&w.prize);
+            }
+            r -= w.weight;
+        }
+        None
+    }
+}
+
+/// `count` consecutive prizes of a draw taken from positions `position`,
+/// `position + 1`, … of batch `generation` (generation 0: a batch stocked
+/// before batches were committed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrizeRun {
+    pub generation: u64,
+    pub position: u64,
+    pub count: u64,
+}
+
+/// A position in the order of batch `generation`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchPosition {
+    pub generation: u64,
+    pub position: u64,
+}
+
+/// A revealed batch seed: `SHA-256(seed)` is the batch's commitment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reveal {
+    pub generation: u64,
+    pub version: i64,
+    pub seed: String,
 }
 
 /// `ok` or `rejected`.

@@ -90,15 +90,22 @@ pub async fn load<C: ConnectionLike + Send>(
         lucky_gift::configure(redis, scripts, &keys, config, i64::from(version), &table)
             .await
             .with_context(|| format!("writing pool {} to Redis", config.id))?;
-        let first_batch = match lucky_gift::stock_next(
+        // The first batch is committed like any other: its commitment is
+        // in Postgres before it is visible.
+        let recorder = crate::audit::PgRecorder::new(db);
+        let token = ulid::Ulid::new().to_string();
+        let first_batch = match lucky_gift::stock_committed(
             redis,
             scripts,
             &keys,
             config,
+            i64::from(version),
             &table,
             0,
             chunk,
             lucky_gift::DEFAULT_LEASE_MS,
+            &token,
+            &recorder,
         )
         .await
         .with_context(|| format!("stocking the first batch of {}", config.id))?

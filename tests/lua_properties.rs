@@ -4,7 +4,10 @@
 //! pools, counts far above what the pool holds, and refills in between.
 //! After every call the step either completed (its prizes left the pool and
 //! were answered) or changed nothing (only the batch's `due` mark may move,
-//! and a refusal is remembered), and conservation holds exactly.
+//! and a refusal is remembered), and conservation holds exactly. Every
+//! prize an answer names is the one its batch's committed seed put at the
+//! position the answer gives, no position is drawn twice, a parked prize is
+//! a jackpot, and a seed is revealed only once its whole batch is drawn.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -185,6 +188,112 @@ fn batch_codes(config: &lucky_gift::PoolConfig, table: &CodeTable) -> BTreeMap<u
     codes
 }
 
+/// What the draws of one case said about the committed batches.
+#[derive(Default)]
+struct Fair {
+    /// Each batch's order (codes by position), recomputed from its seed.
+    orders: BTreeMap<u64, Vec<u32>>,
+    /// Positions drawn, per batch.
+    drawn: BTreeMap<u64, std::collections::BTreeSet<u64>>,
+    /// Positions parked in `held`, per batch.
+    parked: BTreeMap<u64, std::collections::BTreeSet<u64>>,
+}
+
+/// The fairness record of a draw holds: each prize is the one its batch's
+/// seed put at the position the draw names, no position is drawn twice, a
+/// parked prize is a jackpot of its batch, and a batch's seed is revealed
+/// only once every one of its positions has been drawn.
+async fn check_positions(
+    env: &TestEnv,
+    id: &str,
+    config: &lucky_gift::PoolConfig,
+    table: &CodeTable,
+    d: &lucky_gift::Drawn,
+    jackpot_min: u64,
+    fair: &mut Fair,
+) -> Result<(), TestCaseError> {
+    let mut redis = env.redis.clone();
+    let seeds: BTreeMap<u64, (i64, String)> = d
+        .revealed
+        .iter()
+        .map(|r| (r.generation, (r.version, r.seed.clone())))
+        .collect();
+    let mut at = Vec::new();
+    for run in &d.positions {
+        for p in run.position..run.position + run.count {
+            at.push((run.generation, p));
+        }
+    }
+    prop_assert_eq!(at.len(), d.codes.len(), "every prize names its position");
+    let parked: Vec<(u64, u64)> = d
+        .held_back
+        .iter()
+        .map(|h| (h.generation, h.position))
+        .collect();
+    for &(g, _) in at.iter().chain(&parked) {
+        prop_assert!(g > 0, "every batch here is committed");
+        if fair.orders.contains_key(&g) {
+            continue;
+        }
+        let (version, seed) = match seeds.get(&g) {
+            Some(known) => known.clone(),
+            None => {
+                let record: String = redis::cmd("HGET")
+                    .arg(env.keys(id).meta())
+                    .arg(format!("c:{g}"))
+                    .query_async(&mut redis)
+                    .await
+                    .unwrap();
+                let (v, seed) = record.split_once('|').unwrap();
+                (v.parse().unwrap(), seed.to_owned())
+            }
+        };
+        let seed = prizepool::fairness::Seed::from_hex(&seed).unwrap();
+        let context = prizepool::fairness::lucky_gift_context(id, g, version);
+        let batch = lucky_gift::Batch::build_fair(config, table, &mut seed.stream(&context));
+        fair.orders.insert(g, batch.codes);
+    }
+    for (&(g, p), code) in at.iter().zip(&d.codes) {
+        prop_assert_eq!(
+            fair.orders[&g].get(p as usize),
+            Some(code),
+            "batch {} position {}",
+            g,
+            p
+        );
+        prop_assert!(
+            fair.drawn.entry(g).or_default().insert(p),
+            "position {}:{} drawn twice",
+            g,
+            p
+        );
+    }
+    for &(g, p) in &parked {
+        let code = fair.orders[&g][p as usize];
+        prop_assert!(
+            table.decode(code).unwrap().1 >= jackpot_min,
+            "a parked prize is a jackpot"
+        );
+        prop_assert!(
+            fair.drawn.get(&g).is_none_or(|s| !s.contains(&p)),
+            "position {}:{} parked after it was drawn",
+            g,
+            p
+        );
+        prop_assert!(fair.parked.entry(g).or_default().insert(p), "parked twice");
+    }
+    for r in &d.revealed {
+        let size = config.batch_size() as usize;
+        prop_assert_eq!(
+            fair.drawn.get(&r.generation).map_or(0, |s| s.len()),
+            size,
+            "batch {} revealed before all of it was drawn",
+            r.generation
+        );
+    }
+    Ok(())
+}
+
 async fn run(env: &TestEnv, n: usize, case: Case) -> Result<(), TestCaseError> {
     let id = format!("p{n}");
     let keys = env.keys(&id);
@@ -195,8 +304,11 @@ async fn run(env: &TestEnv, n: usize, case: Case) -> Result<(), TestCaseError> {
     let mut drawn: BTreeMap<u32, u64> = BTreeMap::new();
     let mut redis = env.redis.clone();
     let mut version = 1;
+    let mut fair = Fair::default();
+    let mut jackpot_min = case.jackpot_min;
     for (i, count) in case.counts.iter().enumerate() {
-        if let Some(jackpot_min) = case.reloads.get(i).copied().flatten() {
+        if let Some(reloaded_min) = case.reloads.get(i).copied().flatten() {
+            jackpot_min = reloaded_min;
             // A reload with another jackpot rule: prizes parked under the
             // old one are sorted anew, none created or lost (checked below).
             version += 1;
@@ -231,6 +343,7 @@ async fn run(env: &TestEnv, n: usize, case: Case) -> Result<(), TestCaseError> {
         match &step {
             DrawStep::Drawn(d) => {
                 prop_assert_eq!(d.codes.len() as u32, *count);
+                check_positions(env, &id, &config, &table, d, jackpot_min, &mut fair).await?;
                 prop_assert_eq!(status.drawn, status_before.drawn + u64::from(*count));
                 for c in &d.codes {
                     *drawn.entry(*c).or_default() += 1;
@@ -275,7 +388,12 @@ async fn run(env: &TestEnv, n: usize, case: Case) -> Result<(), TestCaseError> {
                     .await
                     .unwrap();
                 for item in items {
-                    let code = item.split('f').next().unwrap().parse::<u32>().unwrap();
+                    let code = item
+                        .split(['f', ':'])
+                        .next()
+                        .unwrap()
+                        .parse::<u32>()
+                        .unwrap();
                     *in_pool.entry(code).or_default() += 1;
                 }
             }

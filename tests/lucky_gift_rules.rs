@@ -321,6 +321,22 @@ async fn waiting_jackpots_are_not_touched_by_gated_draws(storage: &str) {
     assert_eq!(s.stocked, s.drawn + s.in_pool);
 }
 
+/// The codes of the prizes parked in `held` (an element is `"<code>"` or
+/// `"<code>:<generation>:<position>"`, where it came from).
+async fn held_codes(env: &TestEnv, pool: &str) -> Vec<u32> {
+    let mut redis = env.redis.clone();
+    let held: Vec<String> = redis::cmd("LRANGE")
+        .arg(env.keys(pool).held())
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    held.iter()
+        .map(|h| h.split(':').next().unwrap().parse().unwrap())
+        .collect()
+}
+
 async fn a_reload_frees_parked_prizes_that_are_no_jackpot_any_more(storage: &str) {
     let env = TestEnv::new(&[]).await;
     let pool = "regate";
@@ -337,14 +353,7 @@ async fn a_reload_frees_parked_prizes_that_are_no_jackpot_any_more(storage: &str
     }
     let codes = table(&env, pool).await;
     let multiplier = |code: &u32| codes.decode(*code).unwrap().1;
-    let mut redis = env.redis.clone();
-    let parked: Vec<u32> = redis::cmd("LRANGE")
-        .arg(env.keys(pool).held())
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    let parked: Vec<u32> = held_codes(&env, pool).await;
     let fifties = parked.iter().filter(|c| multiplier(c) == 50).count();
     assert!(fifties >= 9 && parked.len() >= 18, "parked: {parked:?}");
     let before = env.status(pool).await;
@@ -370,13 +379,7 @@ async fn a_reload_frees_parked_prizes_that_are_no_jackpot_any_more(storage: &str
         "{:?}",
         next.codes
     );
-    let held: Vec<u32> = redis::cmd("LRANGE")
-        .arg(env.keys(pool).held())
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    let held: Vec<u32> = held_codes(&env, pool).await;
     assert!(held.iter().all(|c| multiplier(c) == 100), "{held:?}");
     // Every parked 100x prize is still there (the fresh draw may have
     // parked one more).

@@ -12,6 +12,20 @@
 -- `held` ("freed"), and a gated draw takes freed prizes before any other:
 -- the new rule holds for every prize at once, parked ones included.
 
+-- A `held` element: "<code>" or "<code>:<generation>:<position>" (where the
+-- parked prize came from). Returns code, generation, position (0, 0 when
+-- unknown).
+local function held_parse(v)
+  local code, g, p = string.match(v, '^(%d+):(%d+):(%d+)$')
+  if code then return tonumber(code), tonumber(g), tonumber(p) end
+  return tonumber(v), 0, 0
+end
+
+-- The prize code of a `held` element.
+local function held_code(v)
+  return tonumber(string.match(v, '^(%d+)'))
+end
+
 -- The set of jackpot codes from meta's `jackpot_codes` ("3,17,...").
 local function jackpot_set(field)
   local set = {}
@@ -35,18 +49,149 @@ end
 local function freed_at_head(held_key, count, jackpot)
   if count <= 0 then return 0 end
   local first = redis.call('LINDEX', held_key, 0)
-  if not first or jackpot[tonumber(first)] then return 0 end
+  if not first or jackpot[held_code(first)] then return 0 end
   local n = 0
   for _, v in ipairs(redis.call('LRANGE', held_key, 0, count - 1)) do
-    if jackpot[tonumber(v)] then break end
+    if jackpot[held_code(v)] then break end
     n = n + 1
   end
   return n
 end
 
--- Pops `n` prizes from the head of `held`, appending their codes to `codes`.
-local function take_held(held_key, n, codes)
+-- Pops `n` prizes from the head of `held`, appending their codes to `codes`
+-- and, when `origins` is given, where each came from ({generation,
+-- position, true}; generation 0 when unknown) to `origins`.
+local function take_held(held_key, n, codes, origins)
   if n > 0 then
-    for _, v in ipairs(redis.call('LPOP', held_key, n)) do codes[#codes + 1] = tonumber(v) end
+    for _, v in ipairs(redis.call('LPOP', held_key, n)) do
+      local code, g, p = held_parse(v)
+      codes[#codes + 1] = code
+      if origins then origins[#origins + 1] = {g, p, true} end
+    end
   end
+end
+
+-- Provable fairness (docs/fairness.md): every prize is named by its batch
+-- (generation) and its position in the batch order, so a draw can be
+-- checked against the order the batch's revealed seed derives.
+--
+-- Positions are counted by one running counter per pool: the list's pop
+-- counter `qhead` (list storage) or the index `cur` (sparse storage). In
+-- meta:
+--   `bstart:<g>`  the counter value at the first prize of batch g (written
+--                 by the commit that made g visible; dropped once g is past)
+--   `hgen`        the batch the next position belongs to (or an earlier one)
+--   `c:<g>`       "<version>|<seed hex>" of batch g until its reveal
+--   `hh:<g>`      prizes of batch g parked in `held` (absent when none)
+--   `revealed`    "<g>|<version>|<seed hex>" of the last batch revealed
+-- A batch's seed is revealed by the draw that leaves none of its prizes in
+-- the pool: its last position has been drawn (or parked) and none of its
+-- jackpots waits in `held`. The reveal travels in that draw's answer.
+
+-- A tracker of positions for one draw: reads only, so a step that ends
+-- `short` after using it has written nothing.
+local function positions(meta_key, hgen)
+  local t = {hgen = hgen, done = {}}
+  local starts = {}
+  local function start(g)
+    local s = starts[g]
+    if s == nil then
+      s = tonumber(redis.call('HGET', meta_key, 'bstart:' .. int(g))) or false
+      starts[g] = s
+    end
+    return s
+  end
+  -- Moves past every batch that starts at or before position `i`.
+  function t.advance(i)
+    while true do
+      local s = start(t.hgen + 1)
+      if s and i >= s then
+        t.done[#t.done + 1] = t.hgen
+        t.hgen = t.hgen + 1
+      else
+        return
+      end
+    end
+  end
+  -- The origin {generation, position} of running position `i` (0, 0 when
+  -- its batch was stocked before batches were committed).
+  function t.at(i)
+    t.advance(i)
+    local s = start(t.hgen)
+    if s then return {t.hgen, i - s} end
+    return {0, 0}
+  end
+  return t
+end
+
+-- The held element of a parked jackpot: "<code>:<generation>:<position>".
+local function held_element(code, origin)
+  if origin[1] > 0 then return int(code) .. ':' .. int(origin[1]) .. ':' .. int(origin[2]) end
+  return int(code)
+end
+
+-- The writes of a draw's fairness record, after every check: held counts,
+-- the batch pointer, reveals. `origins` lists the origins of the answer's
+-- prizes in answer order (a third element `true` when taken from `held`),
+-- `parked` the origins of the jackpots this draw parked, `next_pos` the
+-- running position after the draw. Returns the answer's suffix
+-- "/<runs>/<parked>/<reveals>": runs "g.p.n" (n prizes at positions
+-- p..p+n-1 of batch g, in answer order), parked "g.p", reveals
+-- "g.<version>.<seed hex>".
+local function fair_record(meta_key, t, hgen0, origins, parked, next_pos)
+  t.advance(next_pos)
+  local delta, order = {}, {}
+  local function add(g, d)
+    if g > 0 then
+      if delta[g] == nil then delta[g] = 0; order[#order + 1] = g end
+      delta[g] = delta[g] + d
+    end
+  end
+  for _, o in ipairs(origins) do if o[3] then add(o[1], -1) end end
+  for _, o in ipairs(parked) do add(o[1], 1) end
+  local candidates, seen = {}, {}
+  local function candidate(g)
+    if g > 0 and not seen[g] then seen[g] = true; candidates[#candidates + 1] = g end
+  end
+  for _, g in ipairs(order) do
+    if delta[g] ~= 0 then
+      local n = redis.call('HINCRBY', meta_key, 'hh:' .. int(g), delta[g])
+      if n <= 0 then redis.call('HDEL', meta_key, 'hh:' .. int(g)) end
+    end
+    candidate(g)
+  end
+  for _, g in ipairs(t.done) do
+    if g > 0 then redis.call('HDEL', meta_key, 'bstart:' .. int(g)) end
+    candidate(g)
+  end
+  if t.hgen ~= hgen0 then redis.call('HSET', meta_key, 'hgen', int(t.hgen)) end
+  table.sort(candidates)
+  local reveals = {}
+  for _, g in ipairs(candidates) do
+    if g < t.hgen and not redis.call('HGET', meta_key, 'hh:' .. int(g)) then
+      local c = redis.call('HGET', meta_key, 'c:' .. int(g))
+      if c then
+        local v, seed = string.match(c, '^(%d+)|(%x+)$')
+        if v then
+          reveals[#reveals + 1] = int(g) .. '.' .. v .. '.' .. seed
+          redis.call('HSET', meta_key, 'revealed', int(g) .. '|' .. c)
+        end
+        redis.call('HDEL', meta_key, 'c:' .. int(g))
+      end
+    end
+  end
+  local runs = {}
+  local lg, lp, ln = -1, 0, 0
+  for _, o in ipairs(origins) do
+    if o[1] == lg and (lg == 0 or lp + ln == o[2]) then
+      ln = ln + 1
+    else
+      if lg >= 0 then runs[#runs + 1] = int(lg) .. '.' .. int(lp) .. '.' .. int(ln) end
+      lg, lp, ln = o[1], o[2], 1
+    end
+  end
+  if lg >= 0 then runs[#runs + 1] = int(lg) .. '.' .. int(lp) .. '.' .. int(ln) end
+  local parked_text = {}
+  for _, o in ipairs(parked) do parked_text[#parked_text + 1] = int(o[1]) .. '.' .. int(o[2]) end
+  return '/' .. table.concat(runs, ',') .. '/' .. table.concat(parked_text, ',') .. '/' .. table.concat(reveals, ',')
 end

@@ -35,16 +35,19 @@ local function lottery_gate()
 end
 
 -- Awards `prize` (taking one of its stock when `finite`): spends the chance,
--- remembers the answer "<serial>|<prize>|<chances left>" and returns it. The
--- serial counts the activity's awards: it names this draw for ever (the
--- ledger entry id), even once the request id's answer has expired.
-local function lottery_award(prize, finite)
+-- remembers the answer "<serial>[~<record>]|<prize>|<chances left>" and
+-- returns it. The serial counts the activity's awards: it names this draw
+-- for ever (the ledger entry id), even once the request id's answer has
+-- expired. `record`, when the pick was random, is
+-- "<random value>;<prize>:<weight>,...": the value it used and the
+-- candidates in the order it walked them, so the award can be recomputed.
+local function lottery_award(prize, finite, record)
   count_visit()
   local serial = redis.call('HINCRBY', KEYS[1], 'awards', 1)
   if finite then redis.call('HINCRBY', KEYS[3], prize, -1) end
   redis.call('HINCRBY', KEYS[4], prize, 1)
   local left = redis.call('HINCRBY', KEYS[2], ARGV[1], -1)
-  local body = int(serial) .. '|' .. prize .. '|' .. int(left)
+  local body = int(serial) .. (record and ('~' .. record) or '') .. '|' .. prize .. '|' .. int(left)
   remember(KEYS[5], ARGV[6], body, ARGV[4])
   return {'ok', body, 0}
 end

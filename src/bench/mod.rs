@@ -795,8 +795,16 @@ async fn stall(svc: &Services<'_>) -> anyhow::Result<report::Stall> {
         }
         lat
     });
-    let started = std::time::Instant::now();
+    // Batch 2 is due as if a draw had taken batch 1's refill point (the
+    // refill worker stocks only due batches).
     let mut conn = redis.clone();
+    let _: () = redis::cmd("HSET")
+        .arg(keys.meta())
+        .arg("due")
+        .arg(1)
+        .query_async(&mut conn)
+        .await?;
+    let started = std::time::Instant::now();
     let outcome = lucky_gift::stock_next(
         &mut conn,
         scripts,

@@ -64,6 +64,11 @@ enum Command {
         #[command(subcommand)]
         command: ActivityCommand,
     },
+    /// Check provably fair batches against their commitments and draws.
+    Audit {
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
     /// Run a whole fleet against the local services and print a summary.
     Demo(demo::DemoArgs),
     /// Measure throughput, latency and cost against the machine's ceilings.
@@ -97,6 +102,21 @@ enum PoolCommand {
     },
     /// Ask the refill worker for the next batch now.
     Refill { id: String },
+}
+
+#[derive(Debug, Subcommand)]
+enum AuditCommand {
+    /// Recompute a pool's revealed batches from their seeds and check them
+    /// against their commitments and every recorded draw (docs/fairness.md).
+    /// Exits 1 when something does not hold.
+    Verify {
+        pool: String,
+        /// Only this batch (default: every recorded batch of the pool).
+        #[arg(long)]
+        generation: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -193,8 +213,58 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Dlq { command } => dlq_command(&config, command).await?,
         Command::Activity { command } => activity(&config, command).await?,
+        Command::Audit { command } => audit(&config, command).await?,
         Command::Demo(args) => demo::run(&config, args).await?,
         Command::Bench(args) => crate::bench::run(&config, args).await?,
+    }
+    Ok(())
+}
+
+async fn audit(config: &Config, command: AuditCommand) -> anyhow::Result<()> {
+    let AuditCommand::Verify {
+        pool,
+        generation,
+        json,
+    } = command;
+    let db = crate::db::connect(&config.database_url).await?;
+    let verdict = crate::audit::verify(&db, &pool, generation)
+        .await
+        .context("reading the audit trail")?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&verdict)?);
+    } else {
+        if verdict.batches.is_empty() {
+            println!("pool {pool}: no committed batch recorded");
+        }
+        for b in &verdict.batches {
+            let commitment = b.commitment.as_deref().unwrap_or("(none recorded)");
+            match b.status {
+                "unrevealed" => println!(
+                    "batch {}: unrevealed (commitment {commitment}); it can be checked once its seed is revealed",
+                    b.generation
+                ),
+                "ok" => println!(
+                    "batch {}: ok: seed {} matches commitment {commitment}; {} draws, {} prizes checked{}",
+                    b.generation,
+                    b.seed.as_deref().unwrap_or_default(),
+                    b.draws_checked,
+                    b.prizes_checked,
+                    if b.complete { ", every position accounted for" } else { " (not every position has a recorded draw)" }
+                ),
+                _ => println!(
+                    "batch {}: MISMATCH: {}",
+                    b.generation,
+                    b.first_mismatch
+                        .as_ref()
+                        .map(ToString::to_string)
+                        .unwrap_or_default()
+                ),
+            }
+        }
+        println!("verdict: {}", if verdict.ok { "ok" } else { "MISMATCH" });
+    }
+    if !verdict.ok {
+        std::process::exit(1);
     }
     Ok(())
 }
@@ -234,8 +304,11 @@ async fn pool(config: &Config, command: PoolCommand) -> anyhow::Result<()> {
             let status = lucky_gift::status(&mut redis, &scripts, &keys, &id)
                 .await?
                 .with_context(|| format!("no pool named {id}"))?;
+            let fair = lucky_gift::fair_state(&mut redis, &keys).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&status)?);
+                let mut value = serde_json::to_value(&status)?;
+                value["fairness"] = serde_json::to_value(&fair)?;
+                println!("{}", serde_json::to_string_pretty(&value)?);
             } else {
                 println!("pool           {}", status.pool);
                 println!("kind           {}", status.kind);
@@ -248,6 +321,15 @@ async fn pool(config: &Config, command: PoolCommand) -> anyhow::Result<()> {
                     status.in_pool, status.held_jackpots
                 );
                 println!("spent today    {}", status.spent_today);
+                println!("drawing batch  {}", fair.drawing);
+                for (g, version, commitment) in &fair.committed {
+                    println!(
+                        "committed      batch {g} (config v{version}): sha256(seed) = {commitment}"
+                    );
+                }
+                if let Some((g, version, seed)) = &fair.last_revealed {
+                    println!("last revealed  batch {g} (config v{version}): seed = {seed}");
+                }
                 let storage = lucky_gift::storage_of(&mut redis, &keys)
                     .await?
                     .unwrap_or(lucky_gift::Storage::List);

@@ -102,18 +102,24 @@ impl RefillWorker {
         let attempt = self.attempt(&req.pool, req.trigger);
         let token = attempt.lock().await;
         loop {
-            let outcome = lucky_gift::stock_next_as(
+            // The batch's commitment goes to Postgres before the batch is
+            // visible, and into the `pool.refilled` event.
+            let recorder = crate::audit::PgRecorder::new(&self.db);
+            let outcome = lucky_gift::stock_committed(
                 &mut conn,
                 &self.scripts,
                 &keys,
                 &pool,
+                version,
                 &table,
                 req.trigger,
                 self.config.refill_chunk,
                 lucky_gift::DEFAULT_LEASE_MS,
                 &token,
+                &recorder,
             )
             .await;
+            let committed = recorder.take();
             // The attempt is over unless it waits for another one or meets
             // a server that is away (then it tries again under its token).
             if !matches!(outcome, Ok(StockOutcome::Busy { .. }) | Err(_)) {
@@ -135,6 +141,8 @@ impl RefillWorker {
                         size,
                         version,
                         urgent: req.urgent,
+                        commitment: committed.as_ref().map(|c| c.commitment.clone()),
+                        composition: committed.map(|c| c.composition),
                     };
                     return Ok(Outcome {
                         reply: Some(refilled(&req.pool, generation)),
@@ -147,8 +155,18 @@ impl RefillWorker {
                 }
                 Ok(StockOutcome::AlreadyDone { generation }) => {
                     tracing::debug!(pool = %req.pool, trigger = req.trigger, generation, "duplicate refill request");
+                    // The attempt that stocked the batch may have died before
+                    // its `pool.refilled` left (a redelivery lands here): tell
+                    // the commitment again while the batch is still secret.
+                    let effects = self
+                        .commitment_again(&keys, &pool, version, req.trigger + 1)
+                        .await?
+                        .map(|event| Outgoing::event_raw("pool.refilled", typed_json("pool.refilled", &event)))
+                        .into_iter()
+                        .collect();
                     return Ok(Outcome {
                         reply: Some(refilled(&req.pool, generation)),
+                        effects,
                         ..Outcome::default()
                     });
                 }
@@ -191,6 +209,43 @@ impl RefillWorker {
 }
 
 impl RefillWorker {
+    /// The `pool.refilled` event of batch `generation` once more, with its
+    /// commitment, if its seed is still secret and it was stocked under
+    /// `version` (whose composition `pool` holds). Consumers key it by pool
+    /// and generation, so a repeat records nothing twice.
+    async fn commitment_again(
+        &self,
+        keys: &PoolKeys,
+        pool: &lucky_gift::PoolConfig,
+        version: i64,
+        generation: u64,
+    ) -> Result<Option<PoolRefilled>, HandleError> {
+        let mut conn = self.redis.clone();
+        let record: Option<String> = redis::cmd("HGET")
+            .arg(keys.meta())
+            .arg(format!("c:{generation}"))
+            .query_async(&mut conn)
+            .await?;
+        let Some((stocked_under, seed)) = record.as_deref().and_then(|r| r.split_once('|')) else {
+            return Ok(None);
+        };
+        let Some(seed) = crate::fairness::Seed::from_hex(seed) else {
+            return Ok(None);
+        };
+        if stocked_under.parse::<i64>().ok() != Some(version) {
+            return Ok(None);
+        }
+        Ok(Some(PoolRefilled {
+            pool: pool.id.clone(),
+            generation,
+            size: pool.batch_size() as usize,
+            version,
+            urgent: false,
+            commitment: Some(seed.commitment()),
+            composition: Some(lucky_gift::composition(pool)),
+        }))
+    }
+
     /// Creates a red packet and schedules its expiry. Bad or conflicting
     /// input (a reused `packet_id` with other content, an id of another
     /// kind, a number out of bounds) is refused as invalid and moves nothing.

@@ -24,12 +24,37 @@
 //! or the last time it found its queue empty, so a forged stamp cannot fake
 //! a lag).
 //!
+//! The audit consumer of provably fair batches runs beside it, on its own
+//! queue ([`crate::audit`]).
+//!
 //! The ledger API lives in [`crate::ledger`]; the re-exports below keep the
 //! older paths working.
 
 mod worker;
 
-pub use worker::run;
+/// Runs a settle worker and, beside it, the audit consumer
+/// ([`crate::audit`]) until `shutdown`.
+pub async fn run(
+    config: crate::config::Config,
+    health: crate::ops::Health,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
+    let audit_stop = shutdown.child_token();
+    let audit = tokio::spawn(crate::audit::run(
+        config.clone(),
+        health.clone(),
+        audit_stop.clone(),
+    ));
+    let settled = worker::run(config, health, shutdown).await;
+    // The audit consumer stops with the worker, whatever ended it.
+    audit_stop.cancel();
+    match audit.await {
+        Ok(Err(e)) => tracing::error!(error = format!("{e:#}"), "audit consumer failed"),
+        Err(e) => tracing::error!(error = %e, "audit consumer panicked"),
+        Ok(Ok(())) => {}
+    }
+    settled
+}
 
 pub use crate::ledger::{
     apply, apply_in, balances, credited, pool_total, totals, Applied, Balance,

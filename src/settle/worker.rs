@@ -28,7 +28,7 @@ use crate::{
 };
 
 /// Runs a settle worker until `shutdown`, reconnecting after failures.
-pub async fn run(
+pub(super) async fn run(
     config: Config,
     health: Health,
     shutdown: CancellationToken,

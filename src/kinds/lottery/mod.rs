@@ -19,7 +19,7 @@ pub use config::{parse_file, ActivityConfig};
 use crate::{
     amqp::HandleError,
     kinds::{Ask, Award, ScriptReply, Step},
-    messages::{DrawResult, Invalid, Prize, SettleRequest, Status},
+    messages::{DrawResult, Invalid, LotteryPick, Prize, PrizeWeight, SettleRequest, Status},
     scripts::{PoolKeys, Scripts},
 };
 
@@ -114,20 +114,47 @@ pub async fn draw<C: ConnectionLike + Send>(
     ))
 }
 
-/// The award of a stored `"<serial>|<prize>|<chances left>"` body.
+/// The pick record `"<value>;<prize>:<weight>,..."` of a stored answer.
+fn pick_record(text: &str) -> Option<LotteryPick> {
+    let (value, weights) = text.split_once(';')?;
+    let weights = weights
+        .split(',')
+        .map(|w| {
+            let (prize, weight) = w.rsplit_once(':')?;
+            Some(PrizeWeight {
+                prize: prize.to_owned(),
+                weight: weight.parse().ok()?,
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(LotteryPick {
+        value: value.parse().ok()?,
+        weights,
+    })
+}
+
+/// The award of a stored `"<serial>[~<pick record>]|<prize>|<chances left>"`
+/// body.
 fn award(ask: &Ask<'_>, body: &str, replayed: bool) -> Result<Award, HandleError> {
+    let malformed = || HandleError::internal(format!("malformed lottery answer {body:?}"));
     let (serial, prize, left) = body
         .split_once('|')
         .and_then(|(serial, rest)| {
             let (prize, left) = rest.rsplit_once('|')?;
-            Some((
-                serial.parse::<u64>().ok()?,
-                prize,
-                left.parse::<u64>().ok()?,
-            ))
+            Some((serial, prize, left.parse::<u64>().ok()?))
         })
         .filter(|(_, p, _)| !p.is_empty())
-        .ok_or_else(|| HandleError::internal(format!("malformed lottery answer {body:?}")))?;
+        .ok_or_else(malformed)?;
+    let (serial, pick) = match serial.split_once('~') {
+        Some((serial, record)) => (serial, Some(pick_record(record).ok_or_else(malformed)?)),
+        None => (serial, None),
+    };
+    let serial: u64 = serial.parse().map_err(|_| malformed())?;
+    if pick.as_ref().is_some_and(|p| p.prize() != Some(prize)) {
+        return Err(HandleError::internal(format!(
+            "lottery answer {body:?} awards another prize than its pick"
+        )));
+    }
     let asset = format!("{}{prize}", config::ASSET_PREFIX);
     let entry = SettleRequest::new(
         crate::kinds::answer::entry_id("lottery", ask.pool, ask.request_id, serial),
@@ -149,6 +176,7 @@ fn award(ask: &Ask<'_>, body: &str, replayed: bool) -> Result<Award, HandleError
                 amount: 1,
             }],
             chances_left: Some(left),
+            pick,
             ..DrawResult::default()
         },
         entry: Some(entry),

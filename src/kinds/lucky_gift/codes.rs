@@ -129,6 +129,46 @@ impl Batch {
         }
     }
 
+    /// Builds the committed batch of `config` (`docs/fairness.md`, "A
+    /// lucky-gift batch"): combos shuffled by `stream`, then each combo's
+    /// prizes (its (multiplier, count) pairs in configuration order, each
+    /// as `count` copies) shuffled by the same stream, in the shuffled
+    /// combo order. The same as [`crate::fairness::lucky_gift_batch`] on the
+    /// config's composition, written on codes so 3 million prizes take one
+    /// allocation.
+    pub fn build_fair(
+        config: &PoolConfig,
+        table: &CodeTable,
+        stream: &mut crate::fairness::Stream,
+    ) -> Self {
+        let index = table.index();
+        let mut order: Vec<usize> = (0..config.combos.len()).collect();
+        stream.shuffle(&mut order);
+        let size = config.batch_size() as usize;
+        let mut codes = Vec::with_capacity(size);
+        let mut combos = Vec::with_capacity(order.len());
+        for i in order {
+            let combo = &config.combos[i];
+            let start = codes.len();
+            for &(multiplier, count) in &combo.stock {
+                // The table was extended from this very config, so the pair is present.
+                let code = index
+                    .get(&(combo.id.clone(), multiplier))
+                    .copied()
+                    .unwrap_or(u32::MAX);
+                codes.extend(std::iter::repeat_n(code, count as usize));
+            }
+            stream.shuffle(&mut codes[start..]);
+            combos.push((combo.id.clone(), start, codes.len() - start));
+        }
+        let flag_at = flag_index(size, config.refill_at);
+        Self {
+            codes,
+            flag_at,
+            combos,
+        }
+    }
+
     /// The batch as Redis list elements; the flagged prize reads
     /// `"<code>f<batch number>"`.
     pub fn elements(&self, batch_number: u64) -> impl Iterator<Item = String> + '_ {
@@ -217,6 +257,37 @@ mod tests {
                 let expected: std::collections::BTreeMap<u64, u64> = combo.stock.iter().copied().collect();
                 prop_assert_eq!(counts, expected);
             }
+        }
+    }
+
+    /// The stocked order is the reference derivation of `docs/fairness.md`
+    /// applied to the config's composition, prize for prize.
+    #[test]
+    fn fair_batches_follow_the_reference_derivation() {
+        let cfg = config(&[
+            ("a", &[(0, 40), (10, 7), (500, 1)]),
+            ("b", &[(0, 3)]),
+            ("c", &[(5, 20), (50, 2)]),
+        ]);
+        let table = CodeTable::extend(None, &cfg);
+        for n in 0..8u8 {
+            let seed = crate::fairness::Seed([n; 32]);
+            let context = crate::fairness::lucky_gift_context("p", u64::from(n) + 1, 3);
+            let batch = Batch::build_fair(&cfg, &table, &mut seed.stream(&context));
+            let composition: Vec<Vec<(u64, u64)>> =
+                cfg.combos.iter().map(|c| c.stock.clone()).collect();
+            let reference =
+                crate::fairness::lucky_gift_batch(&mut seed.stream(&context), &composition);
+            let expected: Vec<(&str, u64)> = reference
+                .iter()
+                .flat_map(|(c, prizes)| prizes.iter().map(|m| (cfg.combos[*c].id.as_str(), *m)))
+                .collect();
+            let ours: Vec<(&str, u64)> = batch
+                .codes
+                .iter()
+                .map(|code| table.decode(*code).unwrap())
+                .collect();
+            assert_eq!(ours, expected, "seed {n}");
         }
     }
 

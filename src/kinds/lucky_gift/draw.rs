@@ -22,13 +22,16 @@ use tokio::sync::RwLock;
 use super::{CodeTable, Storage, SPARSE_BUCKET, SPENT_TTL_S};
 use crate::{
     amqp::HandleError,
-    kinds::{Ask, Award, ScriptReply, Step},
-    messages::{DrawResult, Prize, RefillRequest, SettleRequest, Status},
+    kinds::{answer::Tokens, Ask, Award, ScriptReply, Step},
+    messages::{
+        BatchPosition, DrawResult, Prize, PrizeRun, RefillRequest, Reveal, SettleRequest, Status,
+    },
     scripts::{PoolKeys, Scripts},
 };
 
 /// An award as stored in Redis:
-/// `"<serial>|<version>|<unit_price>|<trigger>|<codes>|<asset>"`.
+/// `"<serial>|<version>|<unit_price>|<trigger>|<codes>[/<runs>/<parked>/<reveals>]|<asset>"`
+/// (answers stored before batches were committed lack the fairness record).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Drawn {
     /// The pool's `drawn` counter after this draw: names the draw for ever.
@@ -43,6 +46,12 @@ pub struct Drawn {
     pub codes: Vec<u32>,
     /// The asset the reward is paid in.
     pub asset: String,
+    /// Where the prizes came from, in the order of `codes`.
+    pub positions: Vec<PrizeRun>,
+    /// Jackpots the draw parked, where they came from.
+    pub held_back: Vec<BatchPosition>,
+    /// Batch seeds this draw revealed.
+    pub revealed: Vec<Reveal>,
 }
 
 impl Drawn {
@@ -56,13 +65,43 @@ impl Drawn {
         let version = number()?;
         let unit_price = number()?;
         let trigger = number()?;
-        let codes = parts
-            .next()
-            .ok_or_else(bad)?
-            .split(',')
-            .filter(|s| !s.is_empty())
-            .map(|s| s.parse().map_err(|_| bad()))
-            .collect::<Result<_, _>>()?;
+        let mut record = parts.next().ok_or_else(bad)?.split('/');
+        let codes: Vec<u32> =
+            list(record.next().unwrap_or_default(), |s| s.parse().ok()).ok_or_else(bad)?;
+        let positions = list(record.next().unwrap_or_default(), |s| {
+            let [generation, position, count] = numbers(s)?;
+            Some(PrizeRun {
+                generation,
+                position,
+                count,
+            })
+        })
+        .ok_or_else(bad)?;
+        let held_back = list(record.next().unwrap_or_default(), |s| {
+            let [generation, position] = numbers(s)?;
+            Some(BatchPosition {
+                generation,
+                position,
+            })
+        })
+        .ok_or_else(bad)?;
+        let revealed = list(record.next().unwrap_or_default(), |s| {
+            let mut it = s.splitn(3, '.');
+            let generation = it.next()?.parse().ok()?;
+            let version = it.next()?.parse().ok()?;
+            let seed = it.next()?;
+            crate::fairness::Seed::from_hex(seed)?;
+            Some(Reveal {
+                generation,
+                version,
+                seed: seed.to_owned(),
+            })
+        })
+        .ok_or_else(bad)?;
+        let covered: u64 = positions.iter().map(|r| r.count).sum();
+        if record.next().is_some() || (!positions.is_empty() && covered != codes.len() as u64) {
+            return Err(bad());
+        }
         let asset = parts.next().filter(|a| !a.is_empty()).ok_or_else(bad)?;
         Ok(Self {
             serial,
@@ -71,8 +110,88 @@ impl Drawn {
             trigger: u64::try_from(trigger).ok(),
             codes,
             asset: asset.to_owned(),
+            positions,
+            held_back,
+            revealed,
         })
     }
+}
+
+/// The comma-separated items of `text`, each read by `item`; `None` if one
+/// does not read.
+fn list<T>(text: &str, item: impl Fn(&str) -> Option<T>) -> Option<Vec<T>> {
+    text.split(',')
+        .filter(|s| !s.is_empty())
+        .map(item)
+        .collect()
+}
+
+/// Exactly `N` dot-separated integers.
+fn numbers<const N: usize>(text: &str) -> Option<[u64; N]> {
+    let mut out = [0u64; N];
+    let mut it = text.split('.');
+    for slot in &mut out {
+        *slot = it.next()?.parse().ok()?;
+    }
+    it.next().is_none().then_some(out)
+}
+
+/// The award stored for request `request_id` of `user` for `count` prizes
+/// on pool `pool` (behind `keys`), if its answer is still kept and is an
+/// award: what the audit trail checks a `draw.completed` event against,
+/// since events travel on an exchange it cannot vouch for. `None` also when
+/// the stored answer was asked by other content (another user or count).
+#[allow(clippy::too_many_arguments)]
+pub async fn stored_award<C: ConnectionLike + Send>(
+    conn: &mut C,
+    scripts: &Scripts,
+    prefix: &str,
+    keys: &PoolKeys,
+    pool: &str,
+    request_id: &str,
+    user: i64,
+    count: u32,
+    result_ttl_s: u64,
+) -> Result<Option<Drawn>, HandleError> {
+    let fingerprint = crate::kinds::fingerprint("draw", &[&pool, &user, &count]);
+    let print = fingerprint.0;
+    let tokens = Tokens::new(prefix, "rq", request_id, fingerprint, result_ttl_s);
+    let (_, answer) =
+        crate::kinds::answer::stored(conn, scripts, &keys.results(), &tokens, false).await?;
+    let Some(answer) = answer else {
+        return Ok(None);
+    };
+    // The answer is the token's fingerprint bytes, then the body
+    // (lua/lib/answer.lua); the token is "<ttl>:<selector>:", 6 id-hash
+    // bytes, the fingerprint bytes, the id ([`Tokens`]).
+    let head = tokens
+        .answer
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| **b == b':')
+        .nth(1)
+        .map_or(0, |(i, _)| i + 1);
+    let kept = tokens
+        .answer
+        .len()
+        .saturating_sub(head + 6 + request_id.len())
+        .min(print.len());
+    if answer.len() < kept || answer[..kept] != print[..kept] {
+        return Ok(None);
+    }
+    let body = String::from_utf8_lossy(&answer[kept..]);
+    // The stored form "<serial>|<version>|<trigger or nothing>|<codes>"
+    // (lua/lib/award.lua), or a full body stored before answers were
+    // compacted. Price and asset are not checked here.
+    let parts: Vec<&str> = body.split('|').collect();
+    let full = match parts[..] {
+        [serial, version, trigger, codes] => {
+            let trigger = if trigger.is_empty() { "-1" } else { trigger };
+            format!("{serial}|{version}|0|{trigger}|{codes}|-")
+        }
+        _ => body.into_owned(),
+    };
+    Drawn::parse(&full).map(Some)
 }
 
 /// What one draw step answered.
@@ -321,6 +440,11 @@ fn award(
             total_multiplier: Some(total),
             reward: Some(reward),
             asset: Some(drawn.asset),
+            serial: Some(drawn.serial),
+            version: Some(drawn.version),
+            positions: drawn.positions,
+            held_back: drawn.held_back,
+            revealed: drawn.revealed,
             ..DrawResult::default()
         },
         entry,
@@ -344,6 +468,46 @@ mod tests {
         assert_eq!(d.codes, vec![1, 2, 3]);
         assert_eq!(d.asset, "item:a|b");
         assert_eq!(Drawn::parse("1|1|1|4||coin").unwrap().trigger, Some(4));
+        let seed = "ab".repeat(32);
+        let d = Drawn::parse(&format!(
+            "5|2|10|-1|7,8,9/3.10.2,0.0.1/3.12/2.1.{seed}|coin"
+        ))
+        .unwrap();
+        assert_eq!(d.codes, vec![7, 8, 9]);
+        assert_eq!(
+            d.positions,
+            vec![
+                PrizeRun {
+                    generation: 3,
+                    position: 10,
+                    count: 2
+                },
+                PrizeRun {
+                    generation: 0,
+                    position: 0,
+                    count: 1
+                }
+            ]
+        );
+        assert_eq!(
+            d.held_back,
+            vec![BatchPosition {
+                generation: 3,
+                position: 12
+            }]
+        );
+        assert_eq!(
+            d.revealed,
+            vec![Reveal {
+                generation: 2,
+                version: 1,
+                seed
+            }]
+        );
+        assert_eq!(
+            Drawn::parse("5|2|10|-1|7///|coin").unwrap().positions,
+            vec![]
+        );
         for bad in [
             "",
             "1|1|1|1|1",
@@ -351,6 +515,12 @@ mod tests {
             "1|1|1|1|1,a|coin",
             "1|1|1|1|",
             "1e14|1|1|1|c",
+            // runs that do not cover the prizes, junk in the record
+            "1|1|1|1|1,2/3.0.1//|coin",
+            "1|1|1|1|1/3.0/|coin",
+            "1|1|1|1|1/3.0.1/x/|coin",
+            "1|1|1|1|1/3.0.1//2.1.zz|coin",
+            "1|1|1|1|1/3.0.1///|coin",
         ] {
             assert!(
                 matches!(Drawn::parse(bad), Err(HandleError::Internal(_))),

@@ -23,8 +23,11 @@ use redis::aio::ConnectionLike;
 
 pub use codes::{Batch, CodeTable};
 pub use config::{parse_file, PoolConfig, Storage};
-pub use draw::{draw, draw_call, draw_once, draw_script, Decoder, DrawStep, Drawn};
-pub use stock::{stock_next, stock_next_as, StockError, StockOutcome, DEFAULT_LEASE_MS};
+pub use draw::{draw, draw_call, draw_once, draw_script, stored_award, Decoder, DrawStep, Drawn};
+pub use stock::{
+    composition, stock_committed, stock_next, stock_next_as, Commitment, Recorder, StockError,
+    StockOutcome, DEFAULT_LEASE_MS,
+};
 
 use crate::scripts::{PoolKeys, Scripts};
 
@@ -205,6 +208,60 @@ pub async fn status<C: ConnectionLike + Send>(
         held_jackpots: held,
         spent_today: spent,
     }))
+}
+
+/// Where a pool's committed batches stand (`docs/fairness.md`), as `pool
+/// status` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct FairState {
+    /// The batch the next prize comes from (0 before the first committed batch).
+    pub drawing: u64,
+    /// Batches whose seed is still secret: (generation, config version,
+    /// commitment), oldest first.
+    pub committed: Vec<(u64, i64, String)>,
+    /// The last batch revealed: (generation, config version, seed).
+    pub last_revealed: Option<(u64, i64, String)>,
+}
+
+/// Reads a pool's [`FairState`] from its meta hash.
+pub async fn fair_state<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &PoolKeys,
+) -> Result<FairState, redis::RedisError> {
+    let meta: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(keys.meta())
+        .query_async(conn)
+        .await?;
+    let record = |text: &str| -> Option<(i64, crate::fairness::Seed)> {
+        let (version, seed) = text.split_once('|')?;
+        Some((
+            version.parse().ok()?,
+            crate::fairness::Seed::from_hex(seed)?,
+        ))
+    };
+    let mut state = FairState {
+        drawing: meta.get("hgen").and_then(|g| g.parse().ok()).unwrap_or(0),
+        ..FairState::default()
+    };
+    for (field, value) in &meta {
+        if let Some(g) = field.strip_prefix("c:").and_then(|g| g.parse::<u64>().ok()) {
+            if let Some((version, seed)) = record(value) {
+                state.committed.push((g, version, seed.commitment()));
+            }
+        }
+    }
+    state.committed.sort();
+    state.last_revealed = meta.get("revealed").and_then(|r| {
+        let (g, rest) = r.split_once('|')?;
+        let (version, seed) = record(rest)?;
+        Some((g.parse().ok()?, version, seed.to_hex()))
+    });
+    // The batch being drawn may be the first committed one if the pointer
+    // has not moved yet.
+    if state.drawing == 0 {
+        state.drawing = state.committed.first().map_or(0, |c| c.0);
+    }
+    Ok(state)
 }
 
 /// The config a pool was last loaded with, its version and its code table,

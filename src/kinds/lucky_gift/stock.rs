@@ -1,6 +1,13 @@
 //! Stocking one batch: claim a lease, push the batch in chunks behind the
 //! visible prizes, then make it visible in one O(1) step.
 //!
+//! Every batch is committed (`docs/fairness.md`): its order is derived from a
+//! fresh secret seed, chosen once per batch and kept in Redis next to it
+//! (`lua/fair_seed.lua`), so a retry or a takeover shuffles exactly the
+//! batch whose commitment may already be recorded. The commitment is handed
+//! to a [`Recorder`] before the first prize is pushed, and the commit step
+//! keeps the seed in the pool's meta until a draw reveals it.
+//!
 //! Each chunk is a separate Lua call of a few thousand elements, so stocking
 //! millions of prizes never keeps Redis busy for more than about a
 //! millisecond at a time. Draws cannot see a half-stocked batch: they only
@@ -11,7 +18,103 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 
 use super::{Batch, CodeTable, PoolConfig};
-use crate::scripts::{now_ms, PoolKeys, Scripts};
+use crate::{
+    fairness::{self, ComboStock, Seed},
+    scripts::{now_ms, PoolKeys, Scripts},
+};
+
+/// What a batch commits to before it becomes visible: published in
+/// `pool.refilled` and recorded in Postgres (`fair_batches`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Commitment {
+    pub pool: String,
+    pub generation: u64,
+    /// The config version whose composition the batch holds (part of the
+    /// shuffle's context).
+    pub version: i64,
+    /// `SHA-256(seed)`, 64 lowercase hex digits.
+    pub commitment: String,
+    pub size: u64,
+    /// The combos in configuration order, each its (multiplier, count)
+    /// pairs in order: the input of the derivation.
+    pub composition: Vec<ComboStock>,
+}
+
+/// Takes a batch's commitment before the batch becomes visible.
+pub trait Recorder: Sync {
+    /// Records `commitment`. Failures are the recorder's to handle (and to
+    /// make up for later): stocking goes on, so draws are never blocked.
+    fn record(&self, commitment: &Commitment) -> impl std::future::Future<Output = ()> + Send;
+}
+
+/// Records nothing: the commitment stays in Redis and reaches Postgres
+/// through the reveal only (tests, the bench, the first batch of a load).
+impl Recorder for () {
+    async fn record(&self, _: &Commitment) {}
+}
+
+/// The composition of `config`, as the derivation reads it.
+pub fn composition(config: &PoolConfig) -> Vec<ComboStock> {
+    config
+        .combos
+        .iter()
+        .map(|c| ComboStock {
+            combo: c.id.clone(),
+            stock: c.stock.clone(),
+        })
+        .collect()
+}
+
+/// The seed of batch `trigger + 1`: the one an earlier attempt chose, or a
+/// fresh one. `None` when the lease is lost.
+async fn batch_seed<C: ConnectionLike + Send>(
+    conn: &mut C,
+    scripts: &Scripts,
+    keys: &PoolKeys,
+    token: &str,
+) -> Result<Option<Seed>, StockError> {
+    let fresh = Seed::fresh().map_err(|e| StockError::Entropy(e.to_string()))?;
+    let (status, seed): (String, String) = scripts
+        .fair_seed
+        .key(keys.meta())
+        .arg(token)
+        .arg(fresh.to_hex())
+        .invoke_async(conn)
+        .await?;
+    if status != "ok" {
+        return Ok(None);
+    }
+    Seed::from_hex(&seed)
+        .map(Some)
+        .ok_or_else(|| StockError::Entropy(format!("a malformed pending seed in {}", keys.meta())))
+}
+
+/// Shuffles the batch after `trigger` from its seed and hands its
+/// commitment to `recorder`.
+#[allow(clippy::too_many_arguments)]
+async fn committed_batch<R: Recorder>(
+    config: &PoolConfig,
+    table: &CodeTable,
+    version: i64,
+    trigger: u64,
+    seed: &Seed,
+    recorder: &R,
+) -> Batch {
+    let generation = trigger + 1;
+    let context = fairness::lucky_gift_context(&config.id, generation, version);
+    let batch = Batch::build_fair(config, table, &mut seed.stream(&context));
+    recorder
+        .record(&Commitment {
+            pool: config.id.clone(),
+            generation,
+            version,
+            commitment: seed.commitment(),
+            size: batch.codes.len() as u64,
+            composition: composition(config),
+        })
+        .await;
+    batch
+}
 
 /// How long a stocking attempt may go quiet before another may take over.
 pub const DEFAULT_LEASE_MS: i64 = 30_000;
@@ -43,6 +146,8 @@ pub enum StockError {
     LeaseLost,
     #[error("the stocked tail holds {pushed} prizes, expected {expected}")]
     Mismatch { pushed: i64, expected: usize },
+    #[error("no batch seed: {0}")]
+    Entropy(String),
 }
 
 /// What a `begin` step answered when it did not hand us the lease.
@@ -89,7 +194,8 @@ pub async fn stock_next<C: ConnectionLike + Send>(
 /// halfway (its server went away) and tries again under the same token
 /// takes its own lease back at once, trimming what it left, instead of
 /// waiting for the lease to expire; two attempts running at once must never
-/// share a token.
+/// share a token. The batch is committed under the config version stored
+/// in Redis: for callers that stock the stored config.
 #[allow(clippy::too_many_arguments)]
 pub async fn stock_next_as<C: ConnectionLike + Send>(
     conn: &mut C,
@@ -102,9 +208,47 @@ pub async fn stock_next_as<C: ConnectionLike + Send>(
     lease_ms: i64,
     token: &str,
 ) -> Result<StockOutcome, StockError> {
+    let version: Option<i64> = redis::cmd("HGET")
+        .arg(keys.meta())
+        .arg("version")
+        .query_async(conn)
+        .await?;
+    stock_committed(
+        conn,
+        scripts,
+        keys,
+        config,
+        version.unwrap_or(0),
+        table,
+        trigger,
+        chunk,
+        lease_ms,
+        token,
+        &(),
+    )
+    .await
+}
+
+/// Stocks the batch after `trigger` from `config` of `version`, as the
+/// attempt named `token` (see [`stock_next_as`]), handing the batch's
+/// commitment to `recorder` before anything of it is pushed.
+#[allow(clippy::too_many_arguments)]
+pub async fn stock_committed<C: ConnectionLike + Send, R: Recorder>(
+    conn: &mut C,
+    scripts: &Scripts,
+    keys: &PoolKeys,
+    config: &PoolConfig,
+    version: i64,
+    table: &CodeTable,
+    trigger: u64,
+    chunk: usize,
+    lease_ms: i64,
+    token: &str,
+    recorder: &R,
+) -> Result<StockOutcome, StockError> {
     if config.storage == super::Storage::Sparse {
         return stock_sparse(
-            conn, scripts, keys, config, table, trigger, chunk, lease_ms, token,
+            conn, scripts, keys, config, version, table, trigger, chunk, lease_ms, token, recorder,
         )
         .await;
     }
@@ -139,7 +283,10 @@ pub async fn stock_next_as<C: ConnectionLike + Send>(
     }
 
     // Shuffling happens after the claim so duplicate requests cost nothing.
-    let batch = Batch::build(config, table, &mut rand::rng());
+    let Some(seed) = batch_seed(conn, scripts, keys, token).await? else {
+        return Err(StockError::LeaseLost);
+    };
+    let batch = committed_batch(config, table, version, trigger, &seed, recorder).await;
     let size = batch.codes.len();
     let elements: Vec<String> = batch.elements(trigger + 1).collect();
     for piece in elements.chunks(chunk.max(1)) {
@@ -164,6 +311,8 @@ pub async fn stock_next_as<C: ConnectionLike + Send>(
         .arg(token)
         .arg(trigger)
         .arg(size)
+        .arg(seed.to_hex())
+        .arg(version)
         .invoke_async(conn)
         .await?;
     match status.as_str() {
@@ -185,16 +334,18 @@ pub async fn stock_next_as<C: ConnectionLike + Send>(
 /// Stocks the next batch of a sparse pool: only non-zero prizes are written,
 /// in buckets of [`super::SPARSE_BUCKET`] indices, behind `max_index`.
 #[allow(clippy::too_many_arguments)]
-async fn stock_sparse<C: ConnectionLike + Send>(
+async fn stock_sparse<C: ConnectionLike + Send, R: Recorder>(
     conn: &mut C,
     scripts: &Scripts,
     keys: &PoolKeys,
     config: &PoolConfig,
+    version: i64,
     table: &CodeTable,
     trigger: u64,
     chunk: usize,
     lease_ms: i64,
     token: &str,
+    recorder: &R,
 ) -> Result<StockOutcome, StockError> {
     let step = |name: &'static str| {
         let mut inv = scripts.sparse_stock.prepare_invoke();
@@ -231,7 +382,10 @@ async fn stock_sparse<C: ConnectionLike + Send>(
             break;
         }
     }
-    let batch = Batch::build(config, table, &mut rand::rng());
+    let Some(seed) = batch_seed(conn, scripts, keys, token).await? else {
+        return Err(StockError::LeaseLost);
+    };
+    let batch = committed_batch(config, table, version, trigger, &seed, recorder).await;
     let size = batch.codes.len();
     let zero: std::collections::HashSet<u32> = (0..table.len() as u32)
         .filter(|c| table.decode(*c).is_some_and(|(_, m)| m == 0))
@@ -282,6 +436,8 @@ async fn stock_sparse<C: ConnectionLike + Send>(
         .arg(size)
         .arg(nonzero)
         .arg(start + batch.flag_at as u64)
+        .arg(seed.to_hex())
+        .arg(version)
         .arg(&segments)
         .invoke_async(conn)
         .await?;
