@@ -24,7 +24,7 @@ use lapin::{
     BasicProperties,
 };
 use serde_json::Value;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedRwLockReadGuard, RwLock, Semaphore};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{info_span, Instrument};
 
@@ -278,6 +278,7 @@ async fn session<H: Handler>(
         ledger,
         events,
         replier: replier.clone(),
+        closed: Arc::new(RwLock::new(false)),
     };
     let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
     let result = loop {
@@ -302,7 +303,7 @@ async fn session<H: Handler>(
                     // inside it); should a bug make it, the broker
                     // dead-letters the delivery rather than it staying
                     // unsettled.
-                    let how = AssertUnwindSafe(process(
+                    let (how, replied) = AssertUnwindSafe(process(
                         &config, &*handler, &publisher, &groupers, delivery,
                     ))
                     .catch_unwind()
@@ -312,9 +313,12 @@ async fn session<H: Handler>(
                             panic = panic_message(&*panic),
                             "handling a delivery panicked; rejecting it"
                         );
-                        Settle::Reject
+                        (Settle::Reject, None)
                     });
+                    // The ack of a delivery that was answered is handed on
+                    // before the session may close (see `Groupers::closed`).
                     acks.finish(tag, how);
+                    drop(replied);
                     drop(permit);
                 });
             }
@@ -337,6 +341,10 @@ async fn session<H: Handler>(
             "in-flight deliveries did not finish within the grace period; they will be redelivered"
         );
     }
+    // From here no delivery is answered: one still in hand is redelivered
+    // and answered then. Waiting for the write lock waits for those that
+    // were answered to hand their acks on, so the flush below sends them.
+    *groupers.closed.write().await = true;
     // The acker and the groupers end once every handle is gone and what
     // they hold is out.
     drop(groupers);
@@ -366,7 +374,15 @@ struct Groupers {
     ledger: Grouper,
     events: Grouper,
     replier: Replier,
+    /// Set once the session stops answering. A delivery holds a read guard
+    /// from its reply until its ack is handed on: a reply whose ack could
+    /// be lost in the close would be sent again by the redelivery, two
+    /// answers to one request.
+    closed: Arc<RwLock<bool>>,
 }
+
+/// Held from a delivery's reply until its ack is handed on.
+type Replied = Option<OwnedRwLockReadGuard<bool>>;
 
 /// Handles one delivery end to end and says how to settle it; never panics.
 async fn process<H: Handler>(
@@ -375,7 +391,7 @@ async fn process<H: Handler>(
     publisher: &Publisher,
     groupers: &Groupers,
     delivery: Delivery,
-) -> Settle {
+) -> (Settle, Replied) {
     let started = Instant::now();
     let route = handler.route();
     let envelope = messages::decode_envelope(&delivery.data);
@@ -394,8 +410,13 @@ async fn process<H: Handler>(
             Err(invalid) => Err(HandleError::Invalid(invalid)),
             Ok(value) => handle_with_retry(config, handler, publisher, value).await,
         };
+        let mut replied = None;
         let (label, how) = match outcome {
-            Ok(outcome) => finish(publisher, groupers, &delivery, outcome).await,
+            Ok(outcome) => {
+                let (label, how, guard) = finish(publisher, groupers, &delivery, outcome).await;
+                replied = guard;
+                (label, how)
+            }
             Err(HandleError::Invalid(invalid)) => {
                 dead_letter(
                     publisher,
@@ -435,7 +456,7 @@ async fn process<H: Handler>(
             .increment(1);
         metrics::histogram!("prizepool_handle_seconds", "queue" => route.queue)
             .record(started.elapsed().as_secs_f64());
-        how
+        (how, replied)
     }
     .instrument(span)
     .await
@@ -537,7 +558,7 @@ async fn finish(
     groupers: &Groupers,
     delivery: &Delivery,
     outcome: Outcome,
-) -> (&'static str, Settle) {
+) -> (&'static str, Settle, Replied) {
     let (published, settled, told) = tokio::join!(
         publisher.publish_all(outcome.effects),
         groupers.ledger.settle(&outcome.ledger),
@@ -547,33 +568,36 @@ async fn finish(
         .map_err(anyhow::Error::from)
         .and(settled)
         .and(told);
-    if result.is_ok() {
-        if let (Some(reply), Some(reply_to)) = (outcome.reply, delivery.properties.reply_to()) {
-            let reply = Outgoing::reply(
-                reply_to.as_str(),
-                delivery.properties.correlation_id().as_ref(),
-                reply,
-            );
-            if groupers.replier.send(vec![reply]).await == Sent::GivenUp {
-                // Everything the request caused is confirmed and its answer
-                // is stored: a requester still waiting sends the same id again
-                // and gets it replayed.
-                tracing::warn!("the reply could not be delivered; its requester is gone");
-            }
-        }
+    if let Err(error) = result {
+        // Nothing is acked: the request is redelivered and, being
+        // idempotent, replays its first result and republishes.
+        tracing::error!(
+            error = format!("{error:#}"),
+            "publishing the outcome failed; requeueing"
+        );
+        return ("requeued", Settle::Requeue, None);
     }
-    match result {
-        Ok(()) => ("acked", Settle::Ack),
-        Err(error) => {
-            // Nothing is acked: the request is redelivered and, being
-            // idempotent, replays its first result and republishes.
-            tracing::error!(
-                error = format!("{error:#}"),
-                "publishing the outcome failed; requeueing"
-            );
-            ("requeued", Settle::Requeue)
-        }
+    let (Some(reply), Some(reply_to)) = (outcome.reply, delivery.properties.reply_to()) else {
+        return ("acked", Settle::Ack, None);
+    };
+    let gate = groupers.closed.clone().read_owned().await;
+    if *gate {
+        // The session is closing and this ack might not reach the broker:
+        // the redelivery answers instead.
+        return ("requeued", Settle::Requeue, None);
     }
+    let reply = Outgoing::reply(
+        reply_to.as_str(),
+        delivery.properties.correlation_id().as_ref(),
+        reply,
+    );
+    if groupers.replier.send(vec![reply]).await == Sent::GivenUp {
+        // Everything the request caused is confirmed and its answer is
+        // stored: a requester still waiting sends the same id again and gets
+        // it replayed.
+        tracing::warn!("the reply could not be delivered; its requester is gone");
+    }
+    ("acked", Settle::Ack, Some(gate))
 }
 
 /// Moves a bad message to its dead-letter queue with the reason in headers

@@ -293,7 +293,8 @@ async fn measure(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
         .results
         .unwrap_or(if args.quick { 100_000 } else { 1_000_000 });
     println!("remembered results ({results})");
-    rep.memory.results = remembered_results(&svc, results).await?;
+    let award = stored_award(&svc, &keys).await?;
+    rep.memory.results = remembered_results(&svc, results, &award).await?;
     println!(
         "  {:.1} bytes per result (claim {:.1}, answer {:.1})",
         rep.memory.results.total_bytes,
@@ -541,12 +542,48 @@ async fn used_memory(conn: &mut crate::redis_conn::RedisConn) -> anyhow::Result<
         .context("INFO memory has no used_memory")
 }
 
+/// The stored answer (fingerprint bytes left out) of one real count-1 draw
+/// from the lucky-gift pool behind `keys`, as the draw worker makes it.
+async fn stored_award(svc: &Services<'_>, keys: &PoolKeys) -> anyhow::Result<Vec<u8>> {
+    let mut conn = svc.redis.clone();
+    let id = unique("award");
+    let ttl = svc.config.result_ttl.as_secs();
+    let tokens = crate::kinds::Tokens::new(
+        &svc.config.redis_prefix,
+        "rq",
+        &id,
+        crate::kinds::fingerprint("bench", &[]),
+        ttl,
+    );
+    lucky_gift::draw_once(
+        &mut conn,
+        &svc.scripts,
+        keys,
+        Storage::List,
+        &id,
+        1,
+        ttl,
+        &tokens.answer,
+    )
+    .await?;
+    let (_, answer) =
+        crate::kinds::answer::stored(&mut conn, &svc.scripts, &keys.results(), &tokens, false)
+            .await?;
+    let answer = answer.context("the draw stored no answer")?;
+    Ok(answer.get(2..).unwrap_or_default().to_vec())
+}
+
 /// What remembering `n` results costs: `n` request ids claimed (the claim
 /// stores of the id groups) and then answered (one pool's answer store,
-/// with bodies the size of a count-1 lucky-gift award) through the workers'
-/// own scripts, with `used_memory` read around each half. On a Redis
-/// Cluster, the figure is the node the connection reports on.
-async fn remembered_results(svc: &Services<'_>, n: u64) -> anyhow::Result<report::Results> {
+/// each with the stored body of a real count-1 lucky-gift award, `award`)
+/// through the workers' own scripts, with `used_memory` read around each
+/// half. On a Redis Cluster, the figure is the node the connection reports
+/// on.
+async fn remembered_results(
+    svc: &Services<'_>,
+    n: u64,
+    award: &[u8],
+) -> anyhow::Result<report::Results> {
     let mut conn = svc.redis.clone();
     let scripts = &svc.scripts;
     let ttl = svc.config.result_ttl.as_secs();
@@ -559,18 +596,14 @@ async fn remembered_results(svc: &Services<'_>, n: u64) -> anyhow::Result<report
         .await?;
     let fingerprint = crate::kinds::fingerprint("bench", &[]);
     let ids: Vec<String> = (0..n).map(|i| unique(&format!("r{i}"))).collect();
-    // A count-1 lucky-gift award as it is stored (`lua/lib/award.lua`).
-    let body = |i: u64| format!("{}|1||{}", 1_000_000 + i, i % 40);
     let mut memory = [used_memory(&mut conn).await?, 0, 0];
     let mut samples = [String::new(), String::new()];
     for (half, sha) in [&claim_sha, &answer_sha].into_iter().enumerate() {
-        for chunk in ids.chunks(500).enumerate() {
-            let (c, chunk) = chunk;
+        for chunk in ids.chunks(500) {
             let mut pipe = redis::pipe();
-            for (j, id) in chunk.iter().enumerate() {
+            for id in chunk {
                 let tokens =
                     crate::kinds::Tokens::new(&svc.config.redis_prefix, "rq", id, fingerprint, ttl);
-                let i = (c * 500 + j) as u64;
                 if half == 0 {
                     pipe.cmd("EVALSHA")
                         .arg(sha)
@@ -585,7 +618,7 @@ async fn remembered_results(svc: &Services<'_>, n: u64) -> anyhow::Result<report
                         .arg(1)
                         .arg(&store)
                         .arg(&tokens.answer)
-                        .arg(body(i))
+                        .arg(award)
                         .ignore();
                 }
             }
@@ -623,7 +656,7 @@ async fn remembered_results(svc: &Services<'_>, n: u64) -> anyhow::Result<report
         claim_bytes: claim,
         answer_bytes: answer,
         total_bytes: claim + answer,
-        body_bytes: body(n / 2).len() + 1,
+        body_bytes: award.len() + 1,
         encodings: samples,
     })
 }
