@@ -403,7 +403,14 @@ async fn process<H: Handler>(
     }
     .map(|(_, id)| id)
     .unwrap_or_default();
-    let span = info_span!("delivery", queue = route.queue, request.id = %request_id);
+    let (pool, user) = match &envelope {
+        Ok(value) => (
+            envelope_field(value, &["pool", "activity", "packet_id"]),
+            envelope_field(value, &["user_id", "sender"]),
+        ),
+        Err(_) => (String::new(), String::new()),
+    };
+    let span = info_span!("delivery", queue = route.queue, request.id = %request_id, pool = %pool, user = %user);
     crate::telemetry::continue_trace(&span, delivery.properties.headers().as_ref());
     async move {
         let outcome = match envelope {
@@ -460,6 +467,19 @@ async fn process<H: Handler>(
     }
     .instrument(span)
     .await
+}
+
+/// The first of `names` the envelope has, as text (ids and numbers alike),
+/// for the delivery's log lines.
+fn envelope_field(value: &Value, names: &[&str]) -> String {
+    names
+        .iter()
+        .find_map(|name| match value.get(*name)? {
+            Value::String(text) => Some(text.clone()),
+            Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        })
+        .unwrap_or_default()
 }
 
 async fn handle_with_retry<H: Handler>(
@@ -749,6 +769,25 @@ pub async fn publish_dead_letter_part(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn delivery_lines_name_the_pool_and_user_of_every_request_kind() {
+        let draw = serde_json::json!({"type": "draw", "pool": "gift-1", "user_id": 42});
+        assert_eq!(
+            envelope_field(&draw, &["pool", "activity", "packet_id"]),
+            "gift-1"
+        );
+        assert_eq!(envelope_field(&draw, &["user_id", "sender"]), "42");
+        let create =
+            serde_json::json!({"type": "redpacket.create", "packet_id": "rp-9", "sender": 7});
+        assert_eq!(
+            envelope_field(&create, &["pool", "activity", "packet_id"]),
+            "rp-9"
+        );
+        assert_eq!(envelope_field(&create, &["user_id", "sender"]), "7");
+        let odd = serde_json::json!({"pool": {"nested": 1}});
+        assert_eq!(envelope_field(&odd, &["pool"]), "");
+    }
     use std::{borrow::Cow, io};
 
     fn transient(e: impl Into<HandleError>) -> bool {

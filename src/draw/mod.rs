@@ -221,6 +221,7 @@ impl DrawWorker {
     /// refill it triggered, and the `draw.completed` event as `DRAW_EVENTS`
     /// says. The result is serialised once; the event is the reply retyped.
     fn awarded(&self, award: Award) -> Outcome {
+        tracing::debug!(reward = ?award.result.reward, "draw completed");
         let fields = serde_json::to_vec(&award.result).unwrap_or_default();
         let mut effects = Vec::new();
         if let Some(refill) = &award.refill {
