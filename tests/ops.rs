@@ -479,3 +479,34 @@ async fn start_up_waits_for_postgres_and_readiness_follows_it() {
     until(true).await;
     shutdown.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_limit_the_queues_contradict_stops_each_worker_naming_it() {
+    let env = common::TestEnv::new(&[]).await;
+    // The queues were declared with a delivery limit of 5.
+    let conn = prizepool::amqp::connect(&env.config.amqp_url, "ops-test")
+        .await
+        .unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    prizepool::amqp::declare_topology(&channel, 5)
+        .await
+        .unwrap();
+    let _ = conn.close(200, "declared".into()).await;
+    for bin in WORKERS {
+        let mut cmd = worker(bin);
+        cmd.envs(env.env()).env("DELIVERY_LIMIT", "20");
+        let out = tokio::task::spawn_blocking(move || run_to_end(cmd))
+            .await
+            .unwrap();
+        assert!(!out.status.success(), "{bin} went on");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            text.contains("DELIVERY_LIMIT=20 disagrees"),
+            "{bin}: {text}"
+        );
+    }
+}

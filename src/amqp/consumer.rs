@@ -217,6 +217,9 @@ pub async fn run<H: Handler>(
         }
         match session(config, &handler, &replier, &health, &shutdown).await {
             Ok(()) => return Ok(()),
+            Err(error) if error.downcast_ref::<super::Misconfigured>().is_some() => {
+                return Err(error);
+            }
             Err(error) => {
                 health.set_ready(false);
                 let delay = backoff.next().unwrap_or(std::time::Duration::from_secs(5));

@@ -168,6 +168,12 @@ fn quorum() -> FieldTable {
     args
 }
 
+/// A setting the broker contradicts: retrying cannot help, so the worker
+/// stops and says which setting.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Misconfigured(pub String);
+
 /// Declares the whole SPEC §2 topology. Idempotent: every worker calls it at
 /// start, with the same arguments (a queue redeclared with other arguments
 /// would close the channel).
@@ -219,7 +225,19 @@ pub async fn declare_topology(channel: &Channel, delivery_limit: u32) -> anyhow:
         channel
             .queue_declare(route.queue.into(), queue_opts, args)
             .await
-            .with_context(|| format!("declaring queue {}", route.queue))?;
+            .map_err(|e| {
+                let text = e.to_string();
+                if text.contains("x-delivery-limit") {
+                    anyhow::Error::new(Misconfigured(format!(
+                        "DELIVERY_LIMIT={delivery_limit} disagrees with queue {} as the broker \
+                         declared it ({text}): set DELIVERY_LIMIT to the queues' value, or \
+                         delete and redeclare the queues",
+                        route.queue
+                    )))
+                } else {
+                    anyhow::Error::new(e).context(format!("declaring queue {}", route.queue))
+                }
+            })?;
         channel
             .queue_bind(
                 route.queue.into(),

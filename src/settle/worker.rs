@@ -70,6 +70,9 @@ pub(super) async fn run(
         .await
         {
             Ok(()) => return Ok(()),
+            Err(error) if error.downcast_ref::<amqp::Misconfigured>().is_some() => {
+                return Err(error);
+            }
             Err(error) => {
                 health.set_ready(false);
                 let delay = backoff.next().unwrap_or(Duration::from_secs(5));
