@@ -108,6 +108,9 @@ pub const ERROR_CODE_HEADER: &str = "x-prizepool-error-code";
 /// Header carrying the human-readable reason of a message we dead-lettered.
 pub const ERROR_HEADER: &str = "x-prizepool-error";
 
+/// How long one node gets to open a connection.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The broker addresses of `AMQP_URL`: one URL, or several separated by
 /// commas (the nodes of one RabbitMQ cluster, each a full URL with its
 /// credentials and vhost).
@@ -134,9 +137,12 @@ pub async fn connect(url: &str, name: &str) -> anyhow::Result<Connection> {
     nodes.shuffle(&mut rand::rng());
     let mut failures = Vec::new();
     for node in nodes {
-        match connect_one(node, name).await {
-            Ok(conn) => return Ok(conn),
-            Err(e) => failures.push(format!("{e:#}")),
+        // A node that is stopping may take the TCP connection and never
+        // finish the handshake: bounded, so the next node gets its turn.
+        match tokio::time::timeout(CONNECT_TIMEOUT, connect_one(node, name)).await {
+            Ok(Ok(conn)) => return Ok(conn),
+            Ok(Err(e)) => failures.push(format!("{e:#}")),
+            Err(_) => failures.push(format!("no handshake within {CONNECT_TIMEOUT:?}")),
         }
     }
     anyhow::bail!("no broker node answered: {}", failures.join("; "))

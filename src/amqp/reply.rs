@@ -25,6 +25,10 @@ use super::publish::{Outgoing, Publisher};
 /// Attempts on fresh connections after the shared one failed.
 const RETRIES: usize = 2;
 
+/// How long a reply's confirm may take before its connection is given up
+/// on (a node going down can leave a confirm unanswered).
+const CONFIRM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Sends replies on a connection of their own; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Replier {
@@ -68,13 +72,23 @@ impl Replier {
             return Sent::Confirmed;
         }
         match self.shared_link().await {
-            Ok(link) => match link.publisher.publish_all(replies.clone()).await {
-                Ok(()) => return Sent::Confirmed,
-                Err(error) => {
-                    tracing::warn!(%error, "a reply failed on the shared reply connection");
-                    self.forget(&link).await;
+            Ok(link) => {
+                match tokio::time::timeout(
+                    CONFIRM_TIMEOUT,
+                    link.publisher.publish_all(replies.clone()),
+                )
+                .await
+                {
+                    Ok(Ok(())) => return Sent::Confirmed,
+                    Ok(Err(error)) => {
+                        tracing::warn!(%error, "a reply failed on the shared reply connection");
+                    }
+                    Err(_) => tracing::warn!(
+                        "a reply was not confirmed in time on the shared reply connection"
+                    ),
                 }
-            },
+                self.forget(&link).await;
+            }
             Err(error) => tracing::warn!(error = format!("{error:#}"), "no reply connection"),
         }
         let mut sent = Sent::Confirmed;
@@ -128,12 +142,13 @@ impl Replier {
 
     async fn on_own_connection(&self, replies: Vec<Outgoing>) -> anyhow::Result<()> {
         let conn = super::connect(&self.url, &self.name).await?;
-        let result = async {
+        let result = tokio::time::timeout(CONFIRM_TIMEOUT, async {
             let publisher = Publisher::new(conn.create_channel().await?).await?;
             publisher.publish_all(replies).await?;
             anyhow::Ok(())
-        }
-        .await;
+        })
+        .await
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("no confirm within {CONFIRM_TIMEOUT:?}")));
         let _ = conn.close(200, "reply sent".into()).await;
         result
     }
