@@ -163,19 +163,63 @@ impl<'a> PgRecorder<'a> {
     }
 }
 
+/// After a commitment failed to reach Postgres, stocking stops trying for
+/// this long: while Postgres is away each batch would otherwise wait
+/// [`RECORD_WAIT`], and draws would meet a short pool. The events bring
+/// those commitments to Postgres later.
+const AWAY_FOR: Duration = Duration::from_secs(5);
+
+/// Until when commitments skip each database (by host, port and name; see
+/// [`AWAY_FOR`]).
+static AWAY_UNTIL: std::sync::Mutex<Vec<(String, std::time::Instant)>> =
+    std::sync::Mutex::new(Vec::new());
+
 impl Recorder for PgRecorder<'_> {
     async fn record(&self, c: &Commitment) {
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(c.clone());
-        match tokio::time::timeout(RECORD_WAIT, record_batch(self.db, c)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(
-                pool = %c.pool, generation = c.generation, error = %e,
-                "commitment not recorded in Postgres yet; the pool.refilled event will bring it"
-            ),
-            Err(_) => tracing::warn!(
+        let options = self.db.connect_options();
+        let database = format!(
+            "{}:{}/{}",
+            options.get_host(),
+            options.get_port(),
+            options.get_database().unwrap_or_default()
+        );
+        let away = |until: Option<std::time::Instant>| {
+            let mut all = AWAY_UNTIL.lock().unwrap_or_else(|e| e.into_inner());
+            let now = std::time::Instant::now();
+            all.retain(|(d, t)| *d != database && *t > now);
+            if let Some(until) = until {
+                all.push((database.clone(), until));
+            }
+        };
+        let skip = AWAY_UNTIL
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|(d, until)| *d == database && std::time::Instant::now() < *until);
+        if skip {
+            tracing::debug!(
                 pool = %c.pool, generation = c.generation,
-                "Postgres is slow; the commitment will be recorded from the pool.refilled event"
-            ),
+                "Postgres was away a moment ago; the pool.refilled event will bring the commitment"
+            );
+            return;
+        }
+        match tokio::time::timeout(RECORD_WAIT, record_batch(self.db, c)).await {
+            Ok(Ok(())) => away(None),
+            Ok(Err(e)) => {
+                away(Some(std::time::Instant::now() + AWAY_FOR));
+                tracing::warn!(
+                    pool = %c.pool, generation = c.generation, error = %e,
+                    "commitment not recorded in Postgres yet; the pool.refilled event will bring it"
+                );
+            }
+            Err(_) => {
+                away(Some(std::time::Instant::now() + AWAY_FOR));
+                tracing::warn!(
+                    pool = %c.pool, generation = c.generation,
+                    "Postgres is slow; the commitment will be recorded from the pool.refilled event"
+                );
+            }
         }
     }
 }
