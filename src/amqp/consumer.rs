@@ -215,6 +215,7 @@ pub async fn run<H: Handler>(
         if shutdown.is_cancelled() {
             return Ok(());
         }
+        let began = Instant::now();
         match session(config, &handler, &replier, &health, &shutdown).await {
             Ok(()) => return Ok(()),
             Err(error) if error.downcast_ref::<super::Misconfigured>().is_some() => {
@@ -222,7 +223,13 @@ pub async fn run<H: Handler>(
             }
             Err(error) => {
                 health.set_ready(false);
-                let delay = backoff.next().unwrap_or(std::time::Duration::from_secs(5));
+                // A session that ran a while ended by a new outage: start
+                // the backoff again, so the worker is back soon after the
+                // broker (draws wait for refills only SHORT_POOL_WAIT_MS).
+                if began.elapsed() > RECONNECT_RESET {
+                    backoff = reconnect_backoff();
+                }
+                let delay = backoff.next().unwrap_or(RECONNECT_MAX);
                 tracing::warn!(
                     error = format!("{error:#}"),
                     ?delay,
@@ -237,11 +244,17 @@ pub async fn run<H: Handler>(
     }
 }
 
+/// The longest wait between two reconnection attempts.
+const RECONNECT_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A session that lasted this long resets the reconnection backoff.
+const RECONNECT_RESET: std::time::Duration = std::time::Duration::from_secs(10);
+
 fn reconnect_backoff() -> impl Iterator<Item = std::time::Duration> {
     ExponentialBuilder::default()
         .with_jitter()
         .with_min_delay(std::time::Duration::from_millis(100))
-        .with_max_delay(std::time::Duration::from_secs(5))
+        .with_max_delay(RECONNECT_MAX)
         .without_max_times()
         .build()
 }
