@@ -16,6 +16,7 @@
 //! | [`fairness`] | the committed, reproducible shuffle of provably fair batches |
 //! | [`audit`] | the audit trail of committed batches and draws in Postgres, its consumer, and the verifier |
 //! | [`pools`], [`db`] | the pool registry and the Postgres connection |
+//! | [`client`] | the batching draw client for upstream services: `Client::draw` merges concurrent calls into `draw.batch` messages |
 //! | [`cli`] | the `prizepool` subcommands, including `demo` |
 //! | [`bench`] | `prizepool bench`: ceilings, fleet runs, reports |
 //!
@@ -25,6 +26,7 @@ pub mod amqp;
 pub mod audit;
 pub mod bench;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod db;
 pub mod draw;

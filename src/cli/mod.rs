@@ -6,13 +6,13 @@ use std::{path::PathBuf, time::Duration};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use serde_json::json;
 
 use crate::{
     amqp::{self, dlq, rpc::RpcClient, Route},
+    client::{Client, ClientConfig},
     config::Config,
     kinds::lucky_gift,
-    messages::{with_type, RefillRequest},
+    messages::{with_type, DrawRequest, RefillRequest},
     scripts::{PoolKeys, Scripts},
 };
 
@@ -44,9 +44,14 @@ enum Command {
         /// Idempotency id (default: a fresh ULID).
         #[arg(long)]
         request_id: Option<String>,
-        /// Seconds to wait for the reply.
+        /// Seconds to wait for the reply, per attempt.
         #[arg(long, default_value_t = 10)]
         timeout: u64,
+        /// Attempts after the first when no reply comes or the connection
+        /// breaks, each with the same request id (the worker answers a
+        /// request id it has seen with its first answer).
+        #[arg(long, default_value_t = crate::client::DEFAULT_RETRIES)]
+        retries: usize,
     },
     /// Print an account's balances.
     Balance {
@@ -180,22 +185,31 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             count,
             request_id,
             timeout,
+            retries,
         } => {
-            let client = RpcClient::connect(&config).await?;
-            let request = json!({
-                "type": "draw",
-                "request_id": request_id.unwrap_or_else(|| ulid::Ulid::new().to_string()),
-                "pool": pool, "user_id": user, "count": count,
-            });
-            let reply = client
-                .call(
-                    amqp::DRAW.routing_key,
-                    &request,
-                    Duration::from_secs(timeout),
-                )
-                .await?;
-            println!("{}", serde_json::to_string_pretty(&reply)?);
+            // A one-off draw has nothing to wait for: no linger, and a batch
+            // of one goes out as a plain `draw`.
+            let client = Client::connect(
+                ClientConfig::new(&config.amqp_url)
+                    .connection_name("prizepool-cli")
+                    .declare_topology(config.delivery_limit)
+                    .linger(Duration::ZERO)
+                    .timeout(Duration::from_secs(timeout))
+                    .retries(retries),
+            )
+            .await?;
+            let request = DrawRequest {
+                request_id: request_id.unwrap_or_else(|| ulid::Ulid::new().to_string()),
+                pool,
+                user_id: user,
+                count,
+            };
+            let reply = client.draw(request).await;
             client.close().await;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&with_type("draw_result", &reply?))?
+            );
         }
         Command::Balance { account, json } => {
             let db = crate::db::connect(&config.database_url).await?;
