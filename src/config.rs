@@ -130,6 +130,11 @@ struct Settings {
         default_value_t = 3000
     )]
     short_pool_wait_ms: u64,
+    /// Most draws one `draw.batch` message may carry (1..=1000; the message
+    /// is held to 64 KiB as well).
+    #[arg(long, env = "MAX_BATCH", value_name = "COUNT", default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(1..=1000))]
+    max_batch: u64,
     /// How long results are kept for idempotent replays (seconds, ≥ 86400).
     #[arg(long, env = "RESULT_TTL_S", value_name = "SECONDS", default_value_t = 90_000,
           value_parser = clap::value_parser!(u64).range(MIN_RESULT_TTL_S..))]
@@ -357,6 +362,8 @@ pub struct Config {
     pub refill_chunk: usize,
     /// `SHORT_POOL_WAIT_MS`: how long a draw waits for a refill before `pool_exhausted`.
     pub short_pool_wait: Duration,
+    /// `MAX_BATCH`: most draws one `draw.batch` carries.
+    pub max_batch: usize,
     /// `RESULT_TTL_S`: how long draw results are kept for idempotent replays.
     pub result_ttl: Duration,
     /// `TRANSIENT_RETRY_MS`: how long transient failures are retried quietly before each retry is logged as an error.
@@ -458,6 +465,7 @@ impl Config {
             "settle_batch_wait_ms": self.settle_batch_wait.as_millis() as u64,
             "refill_chunk": self.refill_chunk,
             "short_pool_wait_ms": self.short_pool_wait.as_millis() as u64,
+            "max_batch": self.max_batch,
             "result_ttl_s": self.result_ttl.as_secs(),
             "transient_retry_ms": self.transient_retry.as_millis() as u64,
             "shutdown_grace_ms": self.shutdown_grace.as_millis() as u64,
@@ -585,6 +593,7 @@ impl Settings {
             settle_batch_wait: Duration::from_millis(self.settle_batch_wait_ms),
             refill_chunk: usize_of("REFILL_CHUNK", self.refill_chunk)?,
             short_pool_wait: Duration::from_millis(self.short_pool_wait_ms),
+            max_batch: usize_of("MAX_BATCH", self.max_batch)?,
             result_ttl: Duration::from_secs(self.result_ttl_s),
             transient_retry: Duration::from_millis(self.transient_retry_ms),
             shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),

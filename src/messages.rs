@@ -183,6 +183,103 @@ pub enum DrawQueueMessage {
     Draw(DrawRequest),
     #[serde(rename = "lottery.grant")]
     Grant(GrantRequest),
+    #[serde(rename = "draw.batch")]
+    Batch(DrawBatch),
+}
+
+/// `{"type":"draw.batch","requests":[...]}`: up to `MAX_BATCH` draws in one
+/// message, for any mix of pools and kinds. Each entry is a [`DrawRequest`]
+/// (its `"type":"draw"` may be left out) and keeps every rule of a single
+/// draw: its own id, idempotency and validation. The entries stay JSON
+/// values here so that a bad entry is answered on its own, never failing
+/// the others.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DrawBatch {
+    pub requests: Vec<Value>,
+}
+
+impl DrawBatch {
+    /// Checks the envelope: 1 to `max` entries. (Its size is bounded by the
+    /// 64 KiB every message is held to.)
+    pub fn validate(&self, max: usize) -> Result<(), Invalid> {
+        if self.requests.is_empty() {
+            return Err(Invalid::new("a draw.batch with no requests"));
+        }
+        if self.requests.len() > max {
+            return Err(Invalid::new(format!(
+                "a draw.batch of {} requests; at most {max} are allowed",
+                self.requests.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Entry `i` as a single draw request, or why it is not one.
+    pub fn entry(&self, i: usize) -> Result<DrawRequest, Invalid> {
+        let Some(Value::Object(fields)) = self.requests.get(i) else {
+            return Err(Invalid::new("a draw.batch entry that is not an object"));
+        };
+        let mut fields = fields.clone();
+        match fields.remove("type") {
+            None => {}
+            Some(Value::String(t)) if t == "draw" => {}
+            Some(other) => {
+                return Err(Invalid::new(format!(
+                    "a draw.batch entry of type {other}; entries are draws"
+                )))
+            }
+        }
+        DrawRequest::deserialize(Value::Object(fields)).map_err(|e| Invalid::new(e.to_string()))
+    }
+
+    /// Entry `i` as a single `draw` message, as it is answered or
+    /// dead-lettered on its own.
+    pub fn entry_message(&self, i: usize) -> Value {
+        match self.requests.get(i) {
+            Some(Value::Object(fields)) => {
+                let mut message = serde_json::Map::with_capacity(fields.len() + 1);
+                message.insert("type".into(), Value::String("draw".into()));
+                for (k, v) in fields {
+                    if k != "type" {
+                        message.insert(k.clone(), v.clone());
+                    }
+                }
+                Value::Object(message)
+            }
+            Some(other) => other.clone(),
+            None => Value::Null,
+        }
+    }
+}
+
+/// `{"type":"draw_result.batch","results":[...]}`: the reply to a
+/// `draw.batch`, one `draw_result` per request in request order. A batch
+/// whose envelope is bad is answered `rejected` with its `error` and no
+/// results.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrawResultBatch {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<Status>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
+    pub results: Vec<Value>,
+}
+
+/// The `draw_result.batch` reply made of `results`, each one entry's
+/// serialised `draw_result`.
+pub fn batch_reply(results: &[Vec<u8>]) -> Vec<u8> {
+    let len = results.iter().map(|r| r.len() + 1).sum::<usize>();
+    let mut out = Vec::with_capacity(len + 48);
+    out.extend_from_slice(br#"{"type":"draw_result.batch","results":["#);
+    for (i, r) in results.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(r);
+    }
+    out.extend_from_slice(b"]}");
+    out
 }
 
 /// `{"type":"draw", ...}`: draw `count` prizes from `pool` for `user_id`.
@@ -760,6 +857,7 @@ pub fn reply_type(request_type: Option<&str>) -> &'static str {
         Some("redpacket.create" | "redpacket.expire") => "redpacket_result",
         Some("refill") => "refill_result",
         Some("settle" | "settle.batch") => "settle_result",
+        Some("draw.batch") => "draw_result.batch",
         _ => "draw_result",
     }
 }
@@ -777,6 +875,10 @@ pub fn rejected_reply(request: Option<&Value>, code: ErrorCode, message: &str) -
     });
     if let Some((field, id)) = request.and_then(idempotency_id) {
         reply[field] = Value::String(id);
+    }
+    if request_type == Some("draw.batch") {
+        // A batch refused whole answers none of its requests.
+        reply["results"] = Value::Array(Vec::new());
     }
     reply
 }

@@ -76,8 +76,8 @@ async fn every_claim_and_answer_is_found_again_however_the_buckets_grow() {
             None
         );
     }
-    // Past 80 answers per bucket the buckets doubled many times; every id
-    // is still bound to its content and its answer.
+    // Past 40 answers per bucket the buckets split many times; every id is
+    // still bound to its content and its answer.
     for i in (0..n).step_by(7) {
         let id = format!("id-{i}");
         let same = tokens(&env, &id, 1, 90_000);
@@ -125,8 +125,8 @@ async fn every_claim_and_answer_is_found_again_however_the_buckets_grow() {
             .unwrap(),
         Claim::Ours
     );
-    // Compact: every bucket is a listpack, and there are about n / 80 of them
-    // (the doublings leave each size's buckets filled to 80 on average).
+    // Compact: every bucket is a listpack (the splits keep each under 128
+    // fields), and there are about n / 40 of them.
     let prefix = &env.config.redis_prefix;
     for pattern in [format!("{store}:*"), format!("{prefix}:rq:{{*}}:*")] {
         let found = encodings(&env, &pattern).await;
@@ -188,6 +188,62 @@ async fn answers_stored_one_key_each_are_still_replayed() {
         Some(ScriptReply::Refused(Refusal::new(ErrorCode::SoldOut)))
     );
     let other = tokens(&env, "before-upgrade", 2, 90_000);
+    assert!(matches!(
+        answer::remember(
+            &mut redis,
+            &env.scripts,
+            &store,
+            &other.answer,
+            &Refusal::new(ErrorCode::SoldOut)
+        )
+        .await,
+        Err(prizepool::amqp::HandleError::Invalid(_))
+    ));
+}
+
+#[tokio::test]
+async fn answers_in_the_buckets_of_the_layout_before_are_still_replayed() {
+    let env = TestEnv::new(&[]).await;
+    let mut redis = env.redis.clone();
+    let store = env.keys("sized").results();
+    let t = tokens(&env, "before-linear-hashing", 1, 90_000);
+    // The layout before: per slice, bucket sizes doubling from `lo` to
+    // `hi`, a token's bucket being its selector modulo the size.
+    let text = t.answer.clone();
+    let mut parts = text.splitn(3, |b| *b == b':');
+    let ttl: u64 = std::str::from_utf8(parts.next().unwrap()).unwrap().parse().unwrap();
+    let selector: u64 = std::str::from_utf8(parts.next().unwrap()).unwrap().parse().unwrap();
+    let rest = parts.next().unwrap();
+    let (field, fp) = (&rest[..6], &rest[6..8]);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    // Stored in the slice before this one, in the smaller of two sizes.
+    let slice = now / ttl.div_ceil(4) - 1;
+    let _: () = redis::cmd("HSET")
+        .arg(&store)
+        .arg(format!("lo{slice}"))
+        .arg(2)
+        .arg(format!("hi{slice}"))
+        .arg(8)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let mut value = fp.to_vec();
+    value.extend_from_slice(b"!sold_out");
+    let _: () = redis::cmd("HSET")
+        .arg(format!("{store}:{slice}:2:{}", selector % 2))
+        .arg(field)
+        .arg(value)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(
+        remember(&env, &store, &t.answer, ErrorCode::PoolExhausted).await,
+        Some(ScriptReply::Refused(Refusal::new(ErrorCode::SoldOut)))
+    );
+    let other = tokens(&env, "before-linear-hashing", 2, 90_000);
     assert!(matches!(
         answer::remember(
             &mut redis,

@@ -12,14 +12,26 @@
 -- answer TTL; an answer goes into a bucket of the current slice, and that
 -- bucket expires a TTL after its slice ends, so an answer is kept at least
 -- the TTL and at most a quarter longer. A lookup probes the current slice
--- and the four before it. The number of buckets of a slice grows with the
--- traffic (doubling once the buckets of the current size average
--- PER_BUCKET answers, and starting from what the previous slice needed); a
--- meta hash (the store key, KEYS[n] of the script) keeps per slice its
--- answer count, the smallest and largest bucket counts used, and the
--- answers in buckets of the largest:
---   <store>               hash: n<slice>, lo<slice>, hi<slice>, c<slice>
---   <store>:<slice>:<size>:<i>   hash: <field> -> <value>, i = selector mod size
+-- and the four before it: one bucket each.
+--
+-- A slice's buckets grow by linear hashing, so that a lookup reads exactly
+-- one bucket per slice however the traffic grew: with n buckets (2^L <= n
+-- < 2^(L+1)) a field whose hash is h lives in bucket h mod 2^(L+1), or
+-- h mod 2^L when that is n or more. Once the slice holds more than
+-- PER_BUCKET answers per bucket, bucket n - 2^L splits: the answers of it
+-- whose h mod 2^(L+1) is n move to a new bucket n. One split of about
+-- PER_BUCKET answers per PER_BUCKET answers stored keeps the load near
+-- PER_BUCKET, and the buckets waiting for their split (up to twice that)
+-- under Redis's listpack limit of 128. A slice starts with as many
+-- buckets as the previous slice ended with. h is the first three bytes of
+-- the field, so a split can compute it from what a bucket holds. The store
+-- key (KEYS[n] of the script) keeps per slice its bucket count and its
+-- answer count:
+--   <store>               hash: b<slice>, c<slice>
+--   <store>:<slice>:<i>   hash: <field> -> <value>
+-- Buckets of the layout before (per slice sizes doubling, fields
+-- n/lo/hi/c, buckets <store>:<slice>:<size>:<selector mod size>) are still
+-- read until they expire.
 --
 -- A request comes as a token built by the Rust side (src/kinds/answer.rs):
 --   "<ttl s>:<selector>:" .. field .. fingerprint .. request id
@@ -28,10 +40,33 @@
 -- ids and contents apart already). An answer's value is
 -- fingerprint .. body, where body is a kind's award or "!<code>[:<detail>]".
 
-local PER_BUCKET = 80
+local PER_BUCKET = 40
 local SLICES_BACK = 4
+-- The hash of a field has 24 bits: a slice has at most this many buckets.
+local MAX_BUCKETS = 16777216
 -- Bytes of the id hash and of the content fingerprint in an answer token.
 local ANSWER_FIELD, ANSWER_PRINT = 6, 2
+
+-- Where a field lives among a slice's buckets.
+local function hash_of(field)
+  local a, b, c = string.byte(field, 1, 3)
+  return ((a or 0) * 256 + (b or 0)) * 256 + (c or 0)
+end
+
+-- 2^L for a slice of n buckets (2^L <= n < 2^(L+1)).
+local function level_of(n)
+  local p = 1
+  while p * 2 <= n do p = p * 2 end
+  return p
+end
+
+-- The bucket of hash h among n.
+local function index_of(h, n)
+  local p = level_of(n)
+  local i = h % (2 * p)
+  if i >= n then i = h % p end
+  return i
+end
 
 -- The store of `key` for `token`, whose field is `flen` bytes and
 -- fingerprint `plen` bytes.
@@ -39,31 +74,41 @@ local function store_of(key, token, flen, plen)
   local ttl, sel, rest = string.match(token, '^(%d+):(%d+):(.*)$')
   ttl = tonumber(ttl)
   local len = math.ceil(ttl / 4)
+  local field = string.sub(rest, 1, flen)
   return {
     key = key, ttl = ttl, sel = tonumber(sel), len = len,
     cur = math.floor(tonumber(redis.call('TIME')[1]) / len),
-    field = string.sub(rest, 1, flen),
+    field = field, h = hash_of(field),
     fp = string.sub(rest, flen + 1, flen + plen),
     id = string.sub(rest, flen + plen + 1),
   }
 end
 
-local function bucket_of(s, slice, size)
-  return s.key .. ':' .. string.format('%d:%d:%d', slice, size, s.sel % size)
+local function bucket_at(s, slice, i)
+  return s.key .. ':' .. string.format('%d:%d', slice, i)
 end
 
 -- The stored value of the store's field and the bucket holding it, if any.
 local function lookup(s)
   local names = {}
   for back = 0, SLICES_BACK do
-    names[#names + 1] = 'lo' .. string.format('%d', s.cur - back)
-    names[#names + 1] = 'hi' .. string.format('%d', s.cur - back)
+    local k = string.format('%d', s.cur - back)
+    names[#names + 1] = 'b' .. k
+    names[#names + 1] = 'lo' .. k
+    names[#names + 1] = 'hi' .. k
   end
   local m = redis.call('HMGET', s.key, unpack(names))
   for back = 0, SLICES_BACK do
-    local lo, size = tonumber(m[2 * back + 1]), tonumber(m[2 * back + 2])
+    local slice = s.cur - back
+    local n = tonumber(m[3 * back + 1])
+    if n then
+      local bucket = bucket_at(s, slice, index_of(s.h, n))
+      local v = redis.call('HGET', bucket, s.field)
+      if v then return v, bucket end
+    end
+    local lo, size = tonumber(m[3 * back + 2]), tonumber(m[3 * back + 3])
     while lo and size and size >= lo do
-      local bucket = bucket_of(s, s.cur - back, size)
+      local bucket = s.key .. ':' .. string.format('%d:%d:%d', slice, size, s.sel % size)
       local v = redis.call('HGET', bucket, s.field)
       if v then return v, bucket end
       size = size / 2
@@ -72,32 +117,55 @@ local function lookup(s)
   return nil
 end
 
+-- Splits bucket n - 2^L of slice `slice` (of n buckets) into itself and a
+-- new bucket n.
+local function split(s, slice, n, expires)
+  local p = level_of(n)
+  local from = bucket_at(s, slice, n - p)
+  local all = redis.call('HGETALL', from)
+  local moved, gone = {}, {}
+  for i = 1, #all, 2 do
+    if hash_of(all[i]) % (2 * p) == n then
+      moved[#moved + 1] = all[i]
+      moved[#moved + 1] = all[i + 1]
+      gone[#gone + 1] = all[i]
+    end
+  end
+  if #gone > 0 then
+    local to = bucket_at(s, slice, n)
+    redis.call('HSET', to, unpack(moved))
+    redis.call('EXPIREAT', to, expires)
+    redis.call('HDEL', from, unpack(gone))
+  end
+end
+
 -- Stores `value` under the store's field in the current slice.
 local function store(s, value)
   local k = string.format('%d', s.cur)
-  redis.call('HINCRBY', s.key, 'n' .. k, 1)
-  local m = redis.call('HMGET', s.key, 'hi' .. k, 'c' .. k)
-  local size, held = tonumber(m[1]), tonumber(m[2]) or 0
-  if not size then
-    -- The slice's first answer: as many buckets as the previous slice needed.
-    local before = tonumber(redis.call('HGET', s.key, 'n' .. string.format('%d', s.cur - 1))) or 0
-    size = 1
-    while size * PER_BUCKET < before do size = size * 2 end
+  local expires = (s.cur + 1) * s.len + s.ttl
+  local m = redis.call('HMGET', s.key, 'b' .. k, 'c' .. k)
+  local n, held = tonumber(m[1]), tonumber(m[2]) or 0
+  if not n then
+    -- The slice's first answer: as many buckets as the previous slice
+    -- ended with (its answer count was n<slice> in the layout before).
+    local p = string.format('%d', s.cur - 1)
+    local before = redis.call('HMGET', s.key, 'n' .. p, 'c' .. p)
+    local prev = tonumber(before[1]) or tonumber(before[2]) or 0
+    n = math.max(1, math.min(MAX_BUCKETS, math.ceil(prev / PER_BUCKET)))
     local gone = string.format('%d', s.cur - SLICES_BACK - 1)
-    redis.call('HDEL', s.key, 'n' .. gone, 'lo' .. gone, 'hi' .. gone, 'c' .. gone)
-    redis.call('HSET', s.key, 'lo' .. k, size, 'hi' .. k, size, 'c' .. k, 1)
+    redis.call('HDEL', s.key, 'b' .. gone, 'n' .. gone, 'lo' .. gone, 'hi' .. gone, 'c' .. gone)
+    redis.call('HSET', s.key, 'b' .. k, n, 'c' .. k, 1)
     redis.call('EXPIRE', s.key, s.ttl + (SLICES_BACK + 2) * s.len)
-  elseif held >= size * PER_BUCKET then
-    -- This size's buckets hold PER_BUCKET answers each on average: the
-    -- next answers go to twice as many.
-    size = size * 2
-    redis.call('HSET', s.key, 'hi' .. k, size, 'c' .. k, 1)
+  elseif held + 1 > n * PER_BUCKET and n < MAX_BUCKETS then
+    split(s, s.cur, n, expires)
+    n = n + 1
+    redis.call('HSET', s.key, 'b' .. k, n, 'c' .. k, held + 1)
   else
     redis.call('HINCRBY', s.key, 'c' .. k, 1)
   end
-  local bucket = bucket_of(s, s.cur, size)
+  local bucket = bucket_at(s, s.cur, index_of(s.h, n))
   redis.call('HSET', bucket, s.field, value)
-  redis.call('EXPIREAT', bucket, (s.cur + 1) * s.len + s.ttl)
+  redis.call('EXPIREAT', bucket, expires)
 end
 
 local function hex(bytes)

@@ -72,6 +72,29 @@ impl Outgoing {
         }
     }
 
+    /// A dead letter for `route`'s DLQ made of one part of a request (an
+    /// entry of a batch), with the reason headers and no reply address: the
+    /// rest of the request is answered as usual.
+    pub fn dead_letter_part(route: super::Route, body: Vec<u8>, code: &str, reason: &str) -> Self {
+        let mut headers = lapin::types::FieldTable::default();
+        for (name, value) in [
+            (super::ERROR_CODE_HEADER, code),
+            (super::ERROR_HEADER, reason),
+        ] {
+            headers.insert(
+                name.into(),
+                lapin::types::AMQPValue::LongString(value.as_bytes().to_vec().into()),
+            );
+        }
+        Self {
+            exchange: super::DLX.into(),
+            routing_key: route.queue.into(),
+            body,
+            properties: json_properties().with_headers(headers),
+            mandatory: true,
+        }
+    }
+
     /// A fact on the events exchange (`draw.completed`, `pool.refilled`, …).
     pub fn event(routing_key: &str, body: &serde_json::Value) -> Self {
         Self::event_raw(routing_key, serde_json::to_vec(body).unwrap_or_default())

@@ -26,8 +26,9 @@ use crate::{
     config::{Config, DrawEvents},
     kinds::{self, answer, lottery, Ask, Award, Claim, Kinds, Refusal, Step, Tokens},
     messages::{
-        decode_typed, retype, typed_json, DrawQueueMessage, DrawRequest, DrawResult, ErrorBody,
-        ErrorCode, GrantRequest, GrantResult, RefillRequest, Status,
+        batch_reply, decode_typed, rejected_reply, retype, typed_json, DrawBatch, DrawQueueMessage,
+        DrawRequest, DrawResult, ErrorBody, ErrorCode, GrantRequest, GrantResult, RefillRequest,
+        Status,
     },
     redis_conn::RedisConn,
 };
@@ -298,6 +299,95 @@ impl DrawWorker {
     }
 }
 
+impl DrawWorker {
+    /// Handles a `draw.batch`: each entry exactly as the single draw it
+    /// stands for, answered in one `draw_result.batch` in request order.
+    ///
+    /// Entries of one pool run one after another in request order (so a
+    /// batch's draws of a pool take the pool's prizes in the order asked);
+    /// pools run side by side. A bad entry (it does not decode, its id was
+    /// used for other content, its count is past the pool's maximum) is
+    /// answered `invalid_request` and dead-lettered alone as the `draw` it
+    /// stands for; an internal failure of one entry is answered `internal`
+    /// and dead-lettered alike. A transient failure (Redis away) fails the
+    /// whole delivery, which is retried: the entries answered already
+    /// replay their stored answers then, so none is drawn twice.
+    async fn batch(&self, batch: DrawBatch, publisher: &Publisher) -> Result<Outcome, HandleError> {
+        batch.validate(self.config.max_batch)?;
+        let n = batch.requests.len();
+        let mut answers: Vec<Option<Result<Outcome, HandleError>>> = Vec::with_capacity(n);
+        let mut by_pool: Vec<(String, Vec<(usize, DrawRequest)>)> = Vec::new();
+        for i in 0..n {
+            match batch.entry(i) {
+                Ok(req) => {
+                    answers.push(None);
+                    match by_pool.iter_mut().find(|(pool, _)| *pool == req.pool) {
+                        Some((_, entries)) => entries.push((i, req)),
+                        None => by_pool.push((req.pool.clone(), vec![(i, req)])),
+                    }
+                }
+                Err(invalid) => answers.push(Some(Err(invalid.into()))),
+            }
+        }
+        let runs = by_pool.into_iter().map(|(_, entries)| async move {
+            let mut done = Vec::with_capacity(entries.len());
+            for (i, req) in entries {
+                done.push((i, self.draw(req, publisher).await));
+            }
+            done
+        });
+        for (i, answer) in futures_util::future::join_all(runs)
+            .await
+            .into_iter()
+            .flatten()
+        {
+            answers[i] = Some(answer);
+        }
+        metrics::counter!("prizepool_batch_draws_total").increment(n as u64);
+        let mut outcome = Outcome::default();
+        let mut replies = Vec::with_capacity(n);
+        for (i, answer) in answers.into_iter().enumerate() {
+            let (code, why) = match answer {
+                Some(Ok(one)) => {
+                    replies.push(one.reply.unwrap_or_default());
+                    outcome.effects.extend(one.effects);
+                    outcome.ledger.extend(one.ledger);
+                    outcome.events.extend(one.events);
+                    continue;
+                }
+                Some(Err(HandleError::Invalid(invalid))) => {
+                    (ErrorCode::InvalidRequest, invalid.message)
+                }
+                Some(Err(HandleError::Internal(e))) => {
+                    tracing::error!(
+                        entry = i,
+                        error = format!("{e:#}"),
+                        "a draw.batch entry failed"
+                    );
+                    (ErrorCode::Internal, format!("{e:#}"))
+                }
+                Some(Err(transient @ HandleError::Transient(_))) => return Err(transient),
+                None => {
+                    return Err(HandleError::internal(format!(
+                        "draw.batch entry {i} was never run"
+                    )))
+                }
+            };
+            let message = batch.entry_message(i);
+            let reply = rejected_reply(Some(&message), code, &why);
+            replies.push(serde_json::to_vec(&reply).unwrap_or_default());
+            outcome.effects.push(Outgoing::dead_letter_part(
+                amqp::DRAW,
+                serde_json::to_vec(&message).unwrap_or_default(),
+                code.as_str(),
+                &why,
+            ));
+        }
+        outcome.reply = Some(batch_reply(&replies));
+        Ok(outcome)
+    }
+}
+
 /// A `rejected` draw result: a business refusal, not bad input.
 fn refused(ask: &Ask<'_>, refusal: Refusal) -> Outcome {
     let result = DrawResult {
@@ -349,6 +439,7 @@ impl Handler for DrawWorker {
         let mut outcome = match decode_typed::<DrawQueueMessage>(envelope)? {
             DrawQueueMessage::Draw(req) => self.draw(req, publisher).await,
             DrawQueueMessage::Grant(grant) => self.grant(grant).await,
+            DrawQueueMessage::Batch(batch) => self.batch(batch, publisher).await,
         }?;
         let mut conn = self.kinds.redis();
         outcome.ledger = self
