@@ -377,3 +377,143 @@ async fn a_lost_connection_sends_its_draws_again_on_a_new_one() {
     assert!(counts.values().all(|&n| n == 2), "{seen:?}");
     client.close().await;
 }
+
+// --- Against the real fleet -------------------------------------------------
+
+const GIFT: &[(&str, &[(u64, u64)])] = &[
+    ("a", &[(0, 3000), (1, 600), (5, 200)]),
+    ("b", &[(0, 2000), (2, 500), (10, 100)]),
+];
+
+/// Draws `n` at once from `pool` (user `i + 1`, count `i % 3 + 1`) and
+/// returns what each caller got, checked to be its own `ok` result.
+async fn fleet_draws(
+    client: &Client,
+    pool: &str,
+    n: usize,
+) -> Vec<prizepool::messages::DrawResult> {
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let (client, pool) = (client.clone(), pool.to_owned());
+        calls.spawn(async move {
+            let count = (i % 3 + 1) as u32;
+            let request = draw_request(pool, i as i64 + 1, count);
+            let id = request.request_id.clone();
+            let result = client.draw(request).await.unwrap();
+            assert_eq!(result.request_id, id);
+            assert_eq!(result.status, Status::Ok, "{result:?}");
+            assert_eq!(result.user_id, Some(i as i64 + 1));
+            assert_eq!(result.prizes.len(), count as usize);
+            result
+        });
+    }
+    let mut results = Vec::new();
+    while let Some(call) = calls.join_next().await {
+        results.push(call.unwrap());
+    }
+    results
+}
+
+/// Checks that the pool gave each answered draw its prizes once and the
+/// ledger paid each answer once.
+async fn assert_paid_once(env: &TestEnv, pool: &str, results: &[prizepool::messages::DrawResult]) {
+    let prizes: u64 = results.iter().map(|r| r.prizes.len() as u64).sum();
+    let rewards: i64 = results.iter().map(|r| r.reward.unwrap_or(0)).sum();
+    assert_eq!(env.status(pool).await.drawn, prizes, "prizes drawn");
+    assert_eq!(env.wait_ledger(pool, rewards).await, rewards, "ledger");
+}
+
+#[tokio::test]
+async fn concurrent_draws_through_the_fleet_get_each_their_own_result() {
+    let mut env = TestEnv::new(&[]).await;
+    env.load(&common::pool_toml("gift", "", GIFT)).await;
+    env.start_fleet().await;
+    let client = Client::connect(config(&env).batch_size(20).linger(Duration::from_millis(5)))
+        .await
+        .unwrap();
+    let results = fleet_draws(&client, "gift", 200).await;
+    assert_paid_once(&env, "gift", &results).await;
+    let (messages, entries, retries, _) = client.stats().snapshot();
+    assert_eq!((entries, retries), (200, 0));
+    assert!(
+        messages < 50,
+        "{messages} messages for 200 draws: not batched"
+    );
+    client.close().await;
+    env.stop_workers().await;
+}
+
+#[tokio::test]
+async fn draws_retried_across_a_killed_worker_are_paid_once() {
+    let mut env = TestEnv::new(&[]).await;
+    env.load(&common::pool_toml("gift", "", GIFT)).await;
+    env.start_refill_worker().await;
+    env.start_settle_worker().await;
+    let exe = env!("CARGO_BIN_EXE_draw-worker");
+    let mut worker = common::KillOnDrop(common::spawn_binary(&env, "draw-worker", exe));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while env.consumers(prizepool::amqp::DRAW.queue).await == 0 {
+        assert!(Instant::now() < deadline, "the draw worker did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Attempts shorter than the worker's absence: the draws in flight when
+    // it dies are both redelivered by the broker and sent again by the
+    // client, under the same request ids.
+    let client = Client::connect(
+        config(&env)
+            .batch_size(10)
+            .linger(Duration::from_millis(5))
+            .timeout(Duration::from_millis(700))
+            .retries(10),
+    )
+    .await
+    .unwrap();
+    let draws = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let mut results = Vec::new();
+            for _ in 0..6 {
+                results.extend(fleet_draws(&client, "gift", 50).await);
+            }
+            results
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    worker.0.kill().unwrap();
+    worker.0.wait().unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let _worker = common::KillOnDrop(common::spawn_binary(&env, "draw-worker", exe));
+    let results = tokio::time::timeout(Duration::from_secs(60), draws)
+        .await
+        .expect("the draws were not all answered")
+        .unwrap();
+    assert_eq!(results.len(), 300);
+    assert!(
+        client
+            .stats()
+            .retries
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0,
+        "no draw was retried: the kill came too late"
+    );
+    assert_paid_once(&env, "gift", &results).await;
+    client.close().await;
+    env.stop_workers().await;
+}
+
+#[tokio::test]
+async fn a_draw_with_no_worker_to_answer_returns_a_timeout() {
+    let env = TestEnv::new(&[]).await;
+    let timeout = Duration::from_millis(400);
+    let client = Client::connect(config(&env).timeout(timeout).retries(1))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let error = client.draw(draw_request("gift", 1, 1)).await.unwrap_err();
+    assert!(matches!(error, ClientError::Timeout(_)), "{error:?}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // The draw waits in the queue: a worker started now answers it, to
+    // nobody.
+    assert_eq!(env.queue_depth(prizepool::amqp::DRAW.queue).await, 2);
+    client.close().await;
+}

@@ -3,12 +3,11 @@
 //! entries' bodies, each serialised once by its caller, and the reply is
 //! split back into one [`DrawResult`] per entry, in request order.
 //!
-//! These types live here until the lead's `messages::DrawBatch` and
-//! `messages::DrawResultBatch` exist; the wire format is the same.
+//! The body is what [`DrawBatch`](crate::messages::DrawBatch) serialises
+//! to, written without building the entries again; the reply is read as a
+//! [`DrawResultBatch`].
 
-use serde::{Deserialize, Serialize};
-
-use crate::messages::{DrawResult, ErrorBody, Status, MAX_MESSAGE_BYTES};
+use crate::messages::{DrawResult, DrawResultBatch, Status, MAX_MESSAGE_BYTES};
 
 /// The request type of a batch.
 pub const BATCH_TYPE: &str = "draw.batch";
@@ -22,19 +21,6 @@ pub const DEFAULT_MAX_BATCH: usize = 100;
 const PREFIX: &[u8] = br#"{"type":"draw.batch","requests":["#;
 /// What goes after the last entry.
 const SUFFIX: &[u8] = b"]}";
-
-/// `{"type":"draw_result.batch","results":[…]}`: one result per entry, in
-/// request order; or, for a malformed envelope, `status: rejected` with an
-/// `error` and no results.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DrawResultBatch {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<Status>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<ErrorBody>,
-    #[serde(default)]
-    pub results: Vec<DrawResult>,
-}
 
 /// The bytes a batch of entries of `entry_bytes` bytes in total takes once
 /// framed: prefix, entries, the commas between them and the suffix.
@@ -100,7 +86,12 @@ pub(crate) fn decode_reply(
                 .map_or_else(|| "no reason given".to_owned(), |e| e.message);
             return Err(ReplyError::Rejected(message));
         }
-        batch.results
+        batch
+            .results
+            .into_iter()
+            .map(serde_json::from_value::<DrawResult>)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ReplyError::Protocol(format!("not a draw_result: {e}")))?
     };
     if results.len() != request_ids.len() {
         return Err(ReplyError::Protocol(format!(
@@ -157,6 +148,13 @@ mod tests {
         // Each entry is the single draw's own body, `"type":"draw"` included,
         // which the protocol allows.
         assert_eq!(value["requests"][0]["type"], "draw");
+        // The worker reads it as a batch whose entries are draws.
+        let crate::messages::DrawQueueMessage::Batch(batch) =
+            serde_json::from_value(value.clone()).unwrap()
+        else {
+            panic!("not read as a draw.batch: {value}");
+        };
+        assert_eq!(batch.entry(1).unwrap().request_id, "a2");
         assert_eq!(value["requests"][1]["request_id"], "a2");
         assert_eq!(value["requests"].as_array().unwrap().len(), 2);
         assert_eq!(body.len(), framed_len(2, a.len() + b.len()));

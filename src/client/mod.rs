@@ -59,7 +59,7 @@ use backon::{ExponentialBuilder, Retryable};
 use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio_util::sync::CancellationToken;
 
-pub use batch::{DrawResultBatch, ReplyError, BATCH_REPLY_TYPE, BATCH_TYPE, DEFAULT_MAX_BATCH};
+pub use batch::{ReplyError, BATCH_REPLY_TYPE, BATCH_TYPE, DEFAULT_MAX_BATCH};
 
 use crate::messages::{typed_json, DrawRequest, DrawResult, MAX_MESSAGE_BYTES};
 
