@@ -17,8 +17,9 @@ use tokio::sync::{Mutex, Semaphore};
 use super::stats::{cpu_time, Latencies, Percentiles};
 use crate::{
     amqp::{self, rpc::RpcClient},
+    client::Client,
     config::Config,
-    messages::{typed_json, DrawRequest},
+    messages::{typed_json, DrawRequest, Status},
 };
 
 /// The worker processes of one run.
@@ -181,8 +182,8 @@ pub(super) struct Load {
     pub reward: i64,
 }
 
-/// Builds the request body (JSON) of draw number `i`.
-pub(super) type MakeRequest = Arc<dyn Fn(u64) -> Vec<u8> + Send + Sync>;
+/// Builds draw number `i`.
+pub(super) type MakeRequest = Arc<dyn Fn(u64) -> DrawRequest + Send + Sync>;
 
 /// The fields of a draw reply the load generator counts; the rest is skipped
 /// unparsed.
@@ -195,28 +196,100 @@ struct Reply {
     reward: i64,
 }
 
-/// The body of draw number `i`: `count` prizes from `pool`, for one of
-/// `users` simulated users.
-pub(super) fn draw_body(pool: &str, i: u64, users: u64, count: u32) -> Vec<u8> {
-    request_body(pool, (1 + (i * 7919) % users) as i64, count)
+/// Draw number `i`: `count` prizes from `pool`, for one of `users`
+/// simulated users.
+pub(super) fn draw_request(pool: &str, i: u64, users: u64, count: u32) -> DrawRequest {
+    request(pool, (1 + (i * 7919) % users) as i64, count)
 }
 
-/// The body of a draw of `count` prizes from `pool` for `user`.
-pub(super) fn request_body(pool: &str, user: i64, count: u32) -> Vec<u8> {
-    let request = DrawRequest {
+/// A draw of `count` prizes from `pool` for `user`.
+pub(super) fn request(pool: &str, user: i64, count: u32) -> DrawRequest {
+    DrawRequest {
         // Named after the run, so the run's cleanup finds its id claims.
         request_id: super::unique("r"),
         pool: pool.to_owned(),
         user_id: user,
         count,
-    };
-    typed_json("draw", &request)
+    }
+}
+
+/// How the load generator sends its draws.
+#[derive(Debug)]
+pub(super) enum Driver {
+    /// One `draw` message per draw, through request/reply clients used in
+    /// turn; the reply is read only for what is counted.
+    Single(Vec<Arc<RpcClient>>),
+    /// Through the library's batching clients, used in turn: draws merge
+    /// into `draw.batch` messages by the client's linger and batch size.
+    Batching(Vec<Client>),
+}
+
+/// What one draw came back with: `ok`, prizes and reward.
+struct Answer {
+    ok: bool,
+    prizes: u64,
+    reward: i64,
+}
+
+impl Driver {
+    async fn draw(&self, i: u64, request: DrawRequest) -> anyhow::Result<Answer> {
+        match self {
+            Self::Single(clients) => {
+                let client = &clients[(i as usize) % clients.len()];
+                let body = typed_json("draw", &request);
+                let reply = client
+                    .request(amqp::DRAW.routing_key, &body, Duration::from_secs(30))
+                    .await?;
+                let r: Reply = serde_json::from_slice(&reply)?;
+                Ok(Answer {
+                    ok: r.status == "ok",
+                    prizes: r.prizes.len() as u64,
+                    reward: r.reward,
+                })
+            }
+            Self::Batching(clients) => {
+                let r = clients[(i as usize) % clients.len()].draw(request).await?;
+                Ok(Answer {
+                    ok: r.status == Status::Ok,
+                    prizes: r.prizes.len() as u64,
+                    reward: r.reward.unwrap_or(0),
+                })
+            }
+        }
+    }
+
+    /// Messages the batching clients published so far (`None` for single
+    /// draws: one message each).
+    pub(super) fn messages(&self) -> Option<u64> {
+        match self {
+            Self::Single(_) => None,
+            Self::Batching(clients) => Some(clients.iter().map(|c| c.stats().snapshot().0).sum()),
+        }
+    }
+
+    /// Closes the connections.
+    pub(super) async fn close(self) {
+        match self {
+            Self::Single(clients) => {
+                for c in clients {
+                    if let Ok(c) = Arc::try_unwrap(c) {
+                        c.close().await;
+                    }
+                }
+            }
+            Self::Batching(clients) => {
+                for c in clients {
+                    c.close().await;
+                }
+            }
+        }
+    }
 }
 
 /// Sends draws for `duration`: `in_flight` at a time (closed loop), or at
 /// `rate` per second (open loop, at most `in_flight` outstanding).
 pub(super) async fn drive(
-    clients: &[Arc<RpcClient>],
+    driver: &Arc<Driver>,
     make: MakeRequest,
     duration: Duration,
     in_flight: usize,
@@ -244,20 +317,17 @@ pub(super) async fn drive(
         let Ok(permit) = slots.clone().acquire_owned().await else {
             break;
         };
-        let client = clients[(i as usize) % clients.len()].clone();
-        let (body, latencies, counters) = (make(i), latencies.clone(), counters.clone());
+        let (driver, request) = (driver.clone(), make(i));
+        let (latencies, counters) = (latencies.clone(), counters.clone());
         tasks.spawn(async move {
             let t = Instant::now();
-            let reply = client
-                .request(amqp::DRAW.routing_key, &body, Duration::from_secs(30))
-                .await
-                .and_then(|r| Ok(serde_json::from_slice::<Reply>(&r)?));
+            let reply = driver.draw(i, request).await;
             let took = t.elapsed();
             drop(permit);
             match reply {
-                Ok(r) if r.status == "ok" => {
+                Ok(r) if r.ok => {
                     counters[0].fetch_add(1, Ordering::Relaxed);
-                    counters[3].fetch_add(r.prizes.len() as u64, Ordering::Relaxed);
+                    counters[3].fetch_add(r.prizes, Ordering::Relaxed);
                     counters[4].fetch_add(r.reward.unsigned_abs(), Ordering::Relaxed);
                     latencies.lock().await.record(took);
                 }
@@ -304,11 +374,11 @@ pub(super) fn red_packet_grabs(packets: Vec<String>, shares: u64) -> MakeRequest
     Arc::new(move |_| {
         let n = grabbed.fetch_add(1, Ordering::Relaxed);
         let (packet, user) = grab_of(n, shares, packets.len());
-        request_body(&packets[packet], user, 1)
+        request(&packets[packet], user, 1)
     })
 }
 
 /// A lucky-gift draw request maker over `users` simulated users.
 pub(super) fn lucky_gift_requests(pool: String, users: u64, count: u32) -> MakeRequest {
-    Arc::new(move |i| draw_body(&pool, i, users, count))
+    Arc::new(move |i| draw_request(&pool, i, users, count))
 }

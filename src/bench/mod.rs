@@ -25,6 +25,7 @@ pub use stats::{Latencies, Percentiles};
 
 use crate::{
     amqp::rpc::RpcClient,
+    client::{Client, ClientConfig},
     config::Config,
     kinds::{
         lucky_gift::{self, PoolConfig, StockOutcome, Storage},
@@ -94,6 +95,17 @@ pub struct BenchArgs {
     /// Memory one Redis master may fill, in GB, for the plan.
     #[arg(long, default_value_t = 25.0)]
     redis_master_gb: f64,
+    /// Draws per message: drive the fleet through the library's batching
+    /// client (`prizepool::client`) with batches of at most K draws. Several
+    /// sizes, comma separated (`--batch 1,10,50,100`), sweep them: one run
+    /// per size and worker count, with a table and `batch.svg`. Without it,
+    /// each draw is one `draw` message from a plain request/reply client.
+    #[arg(long, value_name = "K", value_delimiter = ',')]
+    batch: Vec<usize>,
+    /// The batching client's linger: how long a batch waits for more draws
+    /// after its first.
+    #[arg(long, default_value_t = 2.0)]
+    linger_ms: f64,
     /// Where reports are written.
     #[arg(long, default_value = "results")]
     out: std::path::PathBuf,
@@ -401,14 +413,29 @@ async fn measure(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
         rep.ceilings.amqp.per_s, rep.ceilings.amqp.latency.p99_ms
     );
 
+    // No --batch: one run per worker count with single draws. With it, one
+    // run per worker count and batch size, through the batching client.
+    let batches: Vec<Option<usize>> = if args.batch.is_empty() {
+        vec![None]
+    } else {
+        args.batch.iter().map(|&k| Some(k.max(1))).collect()
+    };
     for &n in &args.workers {
-        println!("fleet with {n} draw workers");
-        let run = fleet_run(&svc, &args, storage, n).await?;
-        println!(
-            "  {:.0} draws/s, {:.0} prizes/s, p99 {:.1} ms; at half rate p99 {:.1} ms (rabbitmq {:.1} ms)",
-            run.max.draws_per_s, run.max.prizes_per_s, run.max.latency.p99_ms, run.half.latency.p99_ms, run.amqp_at_half.latency.p99_ms
-        );
-        rep.runs.push(run);
+        for &batch in &batches {
+            match batch {
+                Some(k) => println!("fleet with {n} draw workers, batches of up to {k} draws"),
+                None => println!("fleet with {n} draw workers"),
+            }
+            let run = fleet_run(&svc, &args, storage, n, batch).await?;
+            println!(
+                "  {:.0} draws/s, {:.0} prizes/s, p99 {:.1} ms; at half rate p99 {:.1} ms (rabbitmq {:.1} ms)",
+                run.max.draws_per_s, run.max.prizes_per_s, run.max.latency.p99_ms, run.half.latency.p99_ms, run.amqp_at_half.latency.p99_ms
+            );
+            if let Some(per) = run.draws_per_message {
+                println!("  {per:.1} draws per message");
+            }
+            rep.runs.push(run);
+        }
     }
     let dir = rep.write(&args.out).context("writing the reports")?;
     println!("\n{}", rep.markdown());
@@ -890,6 +917,7 @@ async fn fleet_run(
     args: &BenchArgs,
     storage: Storage,
     workers: usize,
+    batch: Option<usize>,
 ) -> anyhow::Result<report::Run> {
     let Services { config, db, .. } = svc;
     let id = unique("bench");
@@ -912,14 +940,37 @@ async fn fleet_run(
         BenchKind::Lottery => {
             svc.lottery(&id, args.users).await?;
             let (id, users) = (id.clone(), args.users);
-            Arc::new(move |i| fleet::draw_body(&id, i, users, 1))
+            Arc::new(move |i| fleet::draw_request(&id, i, users, 1))
         }
     };
     let fleet = fleet::Fleet::start(config, workers).await?;
-    let clients = vec![
-        Arc::new(RpcClient::connect(config).await?),
-        Arc::new(RpcClient::connect(config).await?),
-    ];
+    // Two connections either way, so batching is the one difference.
+    let clients = Arc::new(match batch {
+        None => fleet::Driver::Single(vec![
+            Arc::new(RpcClient::connect(config).await?),
+            Arc::new(RpcClient::connect(config).await?),
+        ]),
+        Some(k) => {
+            let mut clients = Vec::new();
+            for _ in 0..2 {
+                clients.push(
+                    Client::connect(
+                        ClientConfig::new(&config.amqp_url)
+                            .connection_name("prizepool-bench")
+                            .batch_size(k)
+                            .linger(Duration::from_secs_f64(args.linger_ms.max(0.0) / 1000.0))
+                            // Like the single draws: one attempt, a failure
+                            // is counted, not retried.
+                            .timeout(Duration::from_secs(30))
+                            .retries(0)
+                            .queue_capacity(args.in_flight.max(4096)),
+                    )
+                    .await?,
+                );
+            }
+            fleet::Driver::Batching(clients)
+        }
+    });
     // Warm-up: connections, script cache, first refill.
     let warm = fleet::drive(
         &clients,
@@ -935,9 +986,14 @@ async fn fleet_run(
     let own_before = stats::cpu_time(std::process::id()).unwrap_or_default();
     let duration = Duration::from_secs(args.duration);
     let rate = (args.rate > 0.0).then_some(args.rate);
+    let messages_before = clients.messages();
     let phase = std::time::Instant::now();
     let max = fleet::drive(&clients, make.clone(), duration, args.in_flight, rate).await;
     let phase_s = phase.elapsed().as_secs_f64();
+    let messages = clients
+        .messages()
+        .zip(messages_before)
+        .map(|(after, before)| after.saturating_sub(before));
     let cpu_after = fleet.cpu();
     let services: Vec<report::ServiceCpu> = stats::service_cpu_since(&services_before)
         .into_iter()
@@ -966,10 +1022,8 @@ async fn fleet_run(
         Some(half_rate),
     )
     .await;
-    for c in clients {
-        if let Ok(c) = Arc::try_unwrap(c) {
-            c.close().await;
-        }
+    if let Ok(clients) = Arc::try_unwrap(clients) {
+        clients.close().await;
     }
     fleet.stop();
     let amqp_at_half =
@@ -999,7 +1053,13 @@ async fn fleet_run(
         phase_s,
         report::cores(),
     );
+    let sent = messages.unwrap_or(max.ok + max.rejected + max.failed);
     Ok(report::Run {
+        batch,
+        linger_ms: batch.map(|_| args.linger_ms),
+        messages_per_s: sent as f64 / phase_s.max(f64::MIN_POSITIVE),
+        draws_per_message: messages
+            .map(|m| (max.ok + max.rejected + max.failed) as f64 / m.max(1) as f64),
         services,
         broker_cpu_per_draw_us,
         cpu_budget,

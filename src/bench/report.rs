@@ -11,6 +11,110 @@ use crate::{config::Config, kinds::lucky_gift::Storage};
 /// A plot panel: title, left offset, and the value plotted.
 type Panel = (&'static str, f64, fn(&Run) -> f64);
 
+/// A line of a plot: its label and its points (x, run).
+type Series<'a> = (String, Vec<(f64, &'a Run)>);
+
+/// Line colours, one per series.
+const COLOURS: [&str; 6] = [
+    "steelblue",
+    "darkorange",
+    "seagreen",
+    "crimson",
+    "purple",
+    "saddlebrown",
+];
+
+/// Draws/s and p99 latency of `series` against `x_name`, as an SVG of two
+/// panels, one polyline per series.
+fn plot(series: &[Series<'_>], x_name: &str) -> String {
+    let (w, h, pad) = (640.0, 300.0, 50.0);
+    let xs = || series.iter().flat_map(|(_, p)| p.iter().map(|(x, _)| *x));
+    let (xmin, xmax) = (xs().fold(f64::MAX, f64::min), xs().fold(f64::MIN, f64::max));
+    let x = |v: f64| {
+        pad + if xmax > xmin {
+            (v - xmin) / (xmax - xmin) * (w / 2.0 - 2.0 * pad)
+        } else {
+            (w / 2.0 - 2.0 * pad) / 2.0
+        }
+    };
+    let mut svg = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{}" font-family="sans-serif" font-size="11">"#,
+        h + 16.0 * series.len() as f64
+    );
+    let panels: [Panel; 2] = [
+        ("draws/s", 0.0, |r| r.max.draws_per_s),
+        ("p99 draw latency ms", w / 2.0, |r| r.max.latency.p99_ms),
+    ];
+    for (title, left, value) in panels {
+        let ymax = series
+            .iter()
+            .flat_map(|(_, p)| p.iter().map(|(_, r)| value(r)))
+            .fold(1e-9, f64::max)
+            * 1.15;
+        let y = |v: f64| h - pad - v / ymax * (h - 2.0 * pad);
+        let _ = write!(
+            svg,
+            r#"<g transform="translate({left},0)"><text x="{pad}" y="20" font-size="13">{title} vs {x_name}</text>"#
+        );
+        let _ = write!(
+            svg,
+            r#"<line x1="{pad}" y1="{}" x2="{}" y2="{}" stroke="black"/><line x1="{pad}" y1="{pad}" x2="{pad}" y2="{}" stroke="black"/>"#,
+            h - pad,
+            w / 2.0 - pad,
+            h - pad,
+            h - pad
+        );
+        let _ = write!(
+            svg,
+            r#"<text x="{}" y="{}">0</text><text x="4" y="{}">{:.0}</text>"#,
+            pad - 12.0,
+            h - pad + 4.0,
+            pad + 4.0,
+            ymax
+        );
+        for (n, (_, points)) in series.iter().enumerate() {
+            let colour = COLOURS[n % COLOURS.len()];
+            let line: Vec<String> = points
+                .iter()
+                .map(|(a, r)| format!("{:.1},{:.1}", x(*a), y(value(r))))
+                .collect();
+            let _ = write!(
+                svg,
+                r#"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"#,
+                line.join(" ")
+            );
+            for (a, r) in points {
+                let b = value(r);
+                let _ = write!(
+                    svg,
+                    r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{colour}"/><text x="{:.1}" y="{:.1}">{b:.0}</text>"#,
+                    x(*a),
+                    y(b),
+                    x(*a) + 5.0,
+                    y(b) - 5.0
+                );
+                let _ = write!(
+                    svg,
+                    r#"<text x="{:.1}" y="{}">{a}</text>"#,
+                    x(*a) - 3.0,
+                    h - pad + 15.0
+                );
+            }
+        }
+        let _ = write!(svg, "</g>");
+    }
+    for (n, (label, _)) in series.iter().enumerate() {
+        let _ = write!(
+            svg,
+            r#"<text x="{pad}" y="{}" fill="{}">— {label}</text>"#,
+            h + 12.0 + 16.0 * n as f64,
+            COLOURS[n % COLOURS.len()]
+        );
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
 #[derive(Debug, Default, Serialize)]
 pub(super) struct Ceilings {
     /// The draw step as the workers call it.
@@ -78,6 +182,15 @@ pub(super) struct ProcessCpu {
 #[derive(Debug, Serialize)]
 pub(super) struct Run {
     pub draw_workers: usize,
+    /// Draws per message at most (`--batch`), through the batching client;
+    /// `None`: one `draw` message per draw.
+    pub batch: Option<usize>,
+    /// The batching client's linger.
+    pub linger_ms: Option<f64>,
+    /// Messages published per second in the full-speed phase.
+    pub messages_per_s: f64,
+    /// Draws each message carried on average (batching client only).
+    pub draws_per_message: Option<f64>,
     pub max: Load,
     pub half: Load,
     pub amqp_at_half: Rate,
@@ -93,6 +206,16 @@ pub(super) struct Run {
     /// ceiling's per-message figure, it depends on the rate).
     pub broker_cpu_per_draw_us: Option<f64>,
     pub cpu_budget: CpuBudget,
+}
+
+impl Run {
+    /// The run's row label: its draw workers, and its batch size if any.
+    fn label(&self) -> String {
+        match self.batch {
+            Some(k) => format!("{} (batch {k})", self.draw_workers),
+            None => self.draw_workers.to_string(),
+        }
+    }
 }
 
 /// Where the machine's CPU went in the full-speed phase, per draw: with
@@ -195,6 +318,61 @@ impl Report {
         }
     }
 
+    /// The batched run with the most draws/s.
+    fn best_batched(&self) -> Option<&Run> {
+        self.runs
+            .iter()
+            .filter(|r| r.batch.is_some())
+            .max_by(|a, b| a.max.draws_per_s.total_cmp(&b.max.draws_per_s))
+    }
+
+    /// The batch-1 run (through the client, one draw per message) with the
+    /// most draws/s, the baseline of a sweep.
+    fn batch_one(&self) -> Option<&Run> {
+        self.runs
+            .iter()
+            .filter(|r| r.batch == Some(1))
+            .max_by(|a, b| a.max.draws_per_s.total_cmp(&b.max.draws_per_s))
+    }
+
+    /// The batch sweep: one row per batched run.
+    fn batch_markdown(&self, md: &mut String) {
+        let batched: Vec<&Run> = self.runs.iter().filter(|r| r.batch.is_some()).collect();
+        if batched.is_empty() {
+            return;
+        }
+        let linger = batched
+            .first()
+            .and_then(|r| r.linger_ms)
+            .unwrap_or_default();
+        let _ = writeln!(
+            md,
+            "\n### Batched draws (the library's client, linger {linger} ms)\n\n\
+             Latency is one draw's, as its caller sees it through the client (linger included). \
+             RabbitMQ's ceiling is {:.0} msg/s.\n\n\
+             | batch | draw workers | draws/s | prizes/s | messages/s | draws per message | p50 ms | p99 ms | p99 ms at half rate | CPU µs/draw, all parts | draws/s ÷ RabbitMQ msg/s ceiling |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|",
+            self.ceilings.amqp.per_s
+        );
+        for r in batched {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} | {:.2} |",
+                r.batch.unwrap_or(1),
+                r.draw_workers,
+                r.max.draws_per_s,
+                r.max.prizes_per_s,
+                r.messages_per_s,
+                r.draws_per_message.unwrap_or(1.0),
+                r.max.latency.p50_ms,
+                r.max.latency.p99_ms,
+                r.half.latency.p99_ms,
+                r.cpu_budget.total_us,
+                r.max.draws_per_s / self.ceilings.amqp.per_s.max(1.0)
+            );
+        }
+    }
+
     fn best(&self) -> Option<&Run> {
         self.runs
             .iter()
@@ -248,14 +426,14 @@ impl Report {
         let _ = writeln!(md, "\n### Fleet\n");
         let _ = writeln!(
             md,
-            "| draw workers | draws/s | prizes/s | p50 ms | p90 ms | p99 ms | max ms | rejected | settle lag ms | ledger | worker CPU µs/draw |\n|---|---|---|---|---|---|---|---|---|---|---|"
+            "| draw workers (draws per message) | draws/s | prizes/s | p50 ms | p90 ms | p99 ms | max ms | rejected | settle lag ms | ledger | worker CPU µs/draw |\n|---|---|---|---|---|---|---|---|---|---|---|"
         );
         for r in &self.runs {
             let l = &r.max;
             let _ = writeln!(
                 md,
                 "| {} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:.0} | {} | {:.0} |",
-                r.draw_workers,
+                r.label(),
                 l.draws_per_s,
                 l.prizes_per_s,
                 l.latency.p50_ms,
@@ -273,12 +451,12 @@ impl Report {
             );
         }
         let _ = writeln!(md, "\nAt half the maximum rate (open loop):\n");
-        let _ = writeln!(md, "| draw workers | rate/s | p50 ms | p99 ms | RabbitMQ p99 ms at that rate | ratio |\n|---|---|---|---|---|---|");
+        let _ = writeln!(md, "| draw workers (draws per message) | rate/s | p50 ms | p99 ms | RabbitMQ p99 ms at that rate | ratio |\n|---|---|---|---|---|---|");
         for r in &self.runs {
             let _ = writeln!(
                 md,
                 "| {} | {:.0} | {:.1} | {:.1} | {:.2} | {:.1}× |",
-                r.draw_workers,
+                r.label(),
                 r.half.draws_per_s,
                 r.half.latency.p50_ms,
                 r.half.latency.p99_ms,
@@ -303,8 +481,8 @@ impl Report {
                 .collect();
             let _ = writeln!(
                 md,
-                "- {} draw workers: {}; load generator {:.2}; services: {}",
-                r.draw_workers,
+                "- {}: {}; load generator {:.2}; services: {}",
+                r.label(),
                 procs.join(", "),
                 r.load_generator_cpu_s,
                 services.join(", ")
@@ -319,7 +497,7 @@ impl Report {
                 .collect();
             let _ = writeln!(
                 md,
-                "\nCPU µs per draw in the full-speed phase, and the draws/s the {} cores allow at that cost:\n\n| draw workers | {} | total | draws/s the cores allow | cores busy |\n|---|{}---|---|---|",
+                "\nCPU µs per draw in the full-speed phase, and the draws/s the {} cores allow at that cost:\n\n| draw workers (draws per message) | {} | total | draws/s the cores allow | cores busy |\n|---|{}---|---|---|",
                 self.cores,
                 names.join(" | "),
                 "---|".repeat(names.len())
@@ -338,7 +516,7 @@ impl Report {
                 let _ = writeln!(
                     md,
                     "| {} | {} | {:.0} | {:.0} | {:.0} % |",
-                    r.draw_workers,
+                    r.label(),
                     shares.join(" | "),
                     b.total_us,
                     b.cores_allow_per_s,
@@ -346,6 +524,7 @@ impl Report {
                 );
             }
         }
+        self.batch_markdown(&mut md);
         let _ = writeln!(md, "\n### Ratios\n");
         let _ = writeln!(md, "| measure | value | target |\n|---|---|---|");
         if let Some(best) = self.best() {
@@ -363,6 +542,20 @@ impl Report {
                 md,
                 "| worker CPU per draw | {:.0} µs | reported |",
                 best.cpu_per_draw_us
+            );
+        }
+        if let (Some(batched), Some(one)) = (self.best_batched(), self.batch_one()) {
+            let _ = writeln!(
+                md,
+                "| best batched draws/s (batch {}, {} workers) ÷ draws/s at batch 1 | {:.2} | reported |",
+                batched.batch.unwrap_or(1),
+                batched.draw_workers,
+                batched.max.draws_per_s / one.max.draws_per_s.max(1.0)
+            );
+            let _ = writeln!(
+                md,
+                "| total CPU per draw, best batched ÷ batch 1 | {:.2} | reported |",
+                batched.cpu_budget.total_us / one.cpu_budget.total_us.max(f64::MIN_POSITIVE)
             );
         }
         let _ = writeln!(
@@ -409,82 +602,68 @@ impl Report {
         md
     }
 
-    /// Throughput and p99 latency against draw workers, as an SVG.
+    /// Throughput and p99 latency against draw workers, as an SVG (one line
+    /// per batch size when the run swept them).
     fn svg(&self) -> String {
-        let (w, h, pad) = (640.0, 300.0, 50.0);
-        let xs: Vec<f64> = self.runs.iter().map(|r| r.draw_workers as f64).collect();
-        let (xmin, xmax) = (
-            xs.iter().copied().fold(f64::MAX, f64::min),
-            xs.iter().copied().fold(0.0, f64::max),
+        let series = self.series(
+            |r| r.batch,
+            |b| match b {
+                Some(k) => format!("batch {k}"),
+                None => "single draws".into(),
+            },
+            |r| r.draw_workers as f64,
         );
-        let x = |v: f64| {
-            pad + if xmax > xmin {
-                (v - xmin) / (xmax - xmin) * (w / 2.0 - 2.0 * pad)
-            } else {
-                (w / 2.0 - 2.0 * pad) / 2.0
-            }
-        };
-        let mut svg = format!(
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">"#
-        );
-        let panels: [Panel; 2] = [
-            ("draws/s", 0.0, |r| r.max.draws_per_s),
-            ("p99 publish→reply ms", w / 2.0, |r| r.max.latency.p99_ms),
-        ];
-        for (title, left, value) in panels {
-            let ys: Vec<f64> = self.runs.iter().map(value).collect();
-            let ymax = ys.iter().copied().fold(1e-9, f64::max) * 1.15;
-            let y = |v: f64| h - pad - v / ymax * (h - 2.0 * pad);
-            let _ = write!(
-                svg,
-                r#"<g transform="translate({left},0)"><text x="{pad}" y="20" font-size="13">{title} vs draw workers</text>"#
-            );
-            let _ = write!(
-                svg,
-                r#"<line x1="{pad}" y1="{}" x2="{}" y2="{}" stroke="black"/><line x1="{pad}" y1="{pad}" x2="{pad}" y2="{}" stroke="black"/>"#,
-                h - pad,
-                w / 2.0 - pad,
-                h - pad,
-                h - pad
-            );
-            let _ = write!(
-                svg,
-                r#"<text x="{}" y="{}">0</text><text x="4" y="{}">{:.0}</text>"#,
-                pad - 12.0,
-                h - pad + 4.0,
-                pad + 4.0,
-                ymax
-            );
-            let points: Vec<String> = xs
-                .iter()
-                .zip(&ys)
-                .map(|(a, b)| format!("{:.1},{:.1}", x(*a), y(*b)))
-                .collect();
-            let _ = write!(
-                svg,
-                r#"<polyline fill="none" stroke="steelblue" stroke-width="2" points="{}"/>"#,
-                points.join(" ")
-            );
-            for (a, b) in xs.iter().zip(&ys) {
-                let _ = write!(
-                    svg,
-                    r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="steelblue"/><text x="{:.1}" y="{:.1}">{b:.0}</text>"#,
-                    x(*a),
-                    y(*b),
-                    x(*a) + 5.0,
-                    y(*b) - 5.0
-                );
-                let _ = write!(
-                    svg,
-                    r#"<text x="{:.1}" y="{}">{a}</text>"#,
-                    x(*a) - 3.0,
-                    h - pad + 15.0
-                );
-            }
-            let _ = write!(svg, "</g>");
+        plot(&series, "draw workers")
+    }
+
+    /// Throughput and p99 latency against the batch size, one line per
+    /// draw-worker count; `None` without a `--batch` sweep.
+    fn batch_svg(&self) -> Option<String> {
+        let batched: Vec<&Run> = self.runs.iter().filter(|r| r.batch.is_some()).collect();
+        if batched.len() < 2 {
+            return None;
         }
-        svg.push_str("</svg>\n");
-        svg
+        let series = self.series(
+            |r| Some(r.draw_workers),
+            |w| format!("{} draw workers", w.unwrap_or_default()),
+            |r| r.batch.unwrap_or(1) as f64,
+        );
+        let series: Vec<Series<'_>> = series
+            .into_iter()
+            .map(|(label, points)| {
+                (
+                    label,
+                    points
+                        .into_iter()
+                        .filter(|(_, r)| r.batch.is_some())
+                        .collect(),
+                )
+            })
+            .collect();
+        Some(plot(&series, "draws per message (batch size)"))
+    }
+
+    /// The runs grouped by `key`, each group's points ordered by `x`.
+    fn series(
+        &self,
+        key: fn(&Run) -> Option<usize>,
+        label: fn(Option<usize>) -> String,
+        x: fn(&Run) -> f64,
+    ) -> Vec<Series<'_>> {
+        let mut series: Vec<(Option<usize>, Vec<(f64, &Run)>)> = Vec::new();
+        for r in &self.runs {
+            match series.iter_mut().find(|(k, _)| *k == key(r)) {
+                Some((_, points)) => points.push((x(r), r)),
+                None => series.push((key(r), vec![(x(r), r)])),
+            }
+        }
+        series
+            .into_iter()
+            .map(|(k, mut points)| {
+                points.sort_by(|a, b| a.0.total_cmp(&b.0));
+                (label(k), points)
+            })
+            .collect()
     }
 
     /// Writes report.json, report.md and plot.svg to `out/<time>/` and `out/latest/`.
@@ -496,6 +675,9 @@ impl Report {
             std::fs::write(d.join("report.json"), serde_json::to_string_pretty(self)?)?;
             std::fs::write(d.join("report.md"), self.markdown())?;
             std::fs::write(d.join("plot.svg"), self.svg())?;
+            if let Some(svg) = self.batch_svg() {
+                std::fs::write(d.join("batch.svg"), svg)?;
+            }
         }
         Ok(dir)
     }
@@ -504,6 +686,98 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn run(workers: usize, batch: Option<usize>, draws_per_s: f64, p99_ms: f64) -> Run {
+        Run {
+            draw_workers: workers,
+            batch,
+            linger_ms: batch.map(|_| 2.0),
+            messages_per_s: draws_per_s / batch.unwrap_or(1) as f64,
+            draws_per_message: batch.map(|k| k as f64),
+            max: Load {
+                draws_per_s,
+                prizes_per_s: draws_per_s * 10.0,
+                ok: (draws_per_s * 10.0) as u64,
+                latency: Percentiles {
+                    p99_ms,
+                    ..Percentiles::default()
+                },
+                ..Load::default()
+            },
+            half: Load::default(),
+            amqp_at_half: Rate::default(),
+            settle_lag_ms: 0.0,
+            ledger_matches: true,
+            cpu_per_draw_us: 100.0,
+            load_generator_cpu_s: 1.0,
+            processes: Vec::new(),
+            services: Vec::new(),
+            broker_cpu_per_draw_us: None,
+            cpu_budget: CpuBudget::new(
+                [("draw-worker".to_owned(), 1.0)],
+                (draws_per_s * 10.0) as u64,
+                10.0,
+                2,
+            ),
+        }
+    }
+
+    fn report(runs: Vec<Run>) -> Report {
+        Report {
+            started_at: "2026-11-25T00:00:00Z".into(),
+            command: "prizepool bench".into(),
+            kind: BenchKind::LuckyGift,
+            storage: Storage::List,
+            count: 10,
+            draw_events: crate::config::DrawEvents::Grouped,
+            sched_batch: false,
+            cores: 2,
+            ceilings: Ceilings {
+                amqp: Rate {
+                    per_s: 10_000.0,
+                    ..Rate::default()
+                },
+                ..Ceilings::default()
+            },
+            memory: Memory::default(),
+            flatness: None,
+            stall: None,
+            runs,
+        }
+    }
+
+    #[test]
+    fn a_batch_sweep_gets_its_table_its_ratios_and_its_plot() {
+        let rep = report(vec![
+            run(1, Some(1), 4_000.0, 20.0),
+            run(1, Some(10), 12_000.0, 15.0),
+            run(1, Some(50), 16_000.0, 30.0),
+        ]);
+        let md = rep.markdown();
+        assert!(
+            md.contains("### Batched draws (the library's client, linger 2 ms)"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| 10 | 1 | 12000 | 120000 | 1200 | 10.0 |"),
+            "{md}"
+        );
+        // 16,000 draws/s over a 10,000 msg/s ceiling: batching goes past it.
+        assert!(md.contains("| 1.60 |"), "{md}");
+        assert!(md.contains("÷ draws/s at batch 1 | 4.00 |"), "{md}");
+        assert!(md.contains("| 1 (batch 50) |"), "{md}");
+        let svg = rep.batch_svg().expect("a sweep has a batch plot");
+        assert!(svg.contains("vs draws per message (batch size)"));
+        assert_eq!(svg.matches("<polyline").count(), 2, "one line per panel");
+        // Without a sweep, no batch section and no batch plot.
+        let single = report(vec![
+            run(1, None, 4_000.0, 20.0),
+            run(2, None, 6_000.0, 20.0),
+        ]);
+        assert!(!single.markdown().contains("Batched draws"));
+        assert!(single.batch_svg().is_none());
+        assert_eq!(single.svg().matches("<polyline").count(), 2);
+    }
 
     #[test]
     fn cpu_budget_sums_replicas_and_divides_the_cores_by_the_cost_of_a_draw() {
