@@ -154,6 +154,40 @@ fn check_run(report: &Value, latest: &std::path::Path) {
 }
 
 #[tokio::test]
+async fn a_batch_sweep_drives_the_fleet_through_the_batching_client() {
+    let env = TestEnv::new(&[]).await;
+    let (report, latest) = bench(&env, &["--batch", "1,10", "--users", "300"], &[]).await;
+    let runs = report["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{report:#}");
+    for (run, k) in runs.iter().zip([1, 10]) {
+        assert_eq!(run["batch"], k);
+        assert_eq!(run["linger_ms"], 2.0);
+        for phase in ["max", "half"] {
+            assert!(run[phase]["ok"].as_u64().unwrap() > 0, "{run:#}");
+            assert_eq!(run[phase]["failed"], 0, "{run:#}");
+            assert_eq!(run[phase]["rejected"], 0, "{run:#}");
+        }
+        // Every answer the client handed out was paid, once.
+        assert_eq!(run["ledger_matches"], true, "{run:#}");
+        assert!(run["messages_per_s"].as_f64().unwrap() > 0.0);
+    }
+    assert_eq!(
+        runs[0]["draws_per_message"], 1.0,
+        "batch 1 sends draws alone"
+    );
+    let per = runs[1]["draws_per_message"].as_f64().unwrap();
+    // 64 draws in flight over two clients: batches of up to 10 fill.
+    assert!(per > 2.0 && per <= 10.0, "{per} draws per message");
+    let md = std::fs::read_to_string(latest.join("report.md")).unwrap();
+    assert!(
+        md.contains("### Batched draws") && md.contains("| 1 (batch 10) |"),
+        "{md}"
+    );
+    let svg = std::fs::read_to_string(latest.join("batch.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("batch size"));
+}
+
+#[tokio::test]
 async fn bench_of_a_sparse_lucky_gift_pool_reports_every_measure() {
     let env = TestEnv::new(&[]).await;
     let (report, latest) = bench(&env, &["--storage", "sparse", "--users", "300"], &[]).await;
