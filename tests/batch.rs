@@ -415,7 +415,11 @@ async fn batches_in_flight_across_a_stop_and_a_kill_are_answered_and_paid_once()
                     let n = b * PER + i;
                     entry(
                         &format!("f-{n}"),
-                        if n % 2 == 0 { "inflight" } else { "inflight2" },
+                        if n.is_multiple_of(2) {
+                            "inflight"
+                        } else {
+                            "inflight2"
+                        },
                         1 + (n % 50) as i64,
                         1 + (n % 3) as u32,
                     )
