@@ -48,6 +48,24 @@ macro_rules! lucky_gift {
     };
 }
 
+/// A lucky-gift draw script that applies several draws of one pool per
+/// call: the [`lucky_gift!`] preludes, the script's body as a function of
+/// its arguments, and the driver `lua/lib/many.lua`, which calls it once per
+/// draw (ARGV[1] = arguments per draw, then each draw's arguments).
+macro_rules! coalesced {
+    ($path:literal) => {
+        Script::new(concat!(
+            include_str!("../lua/lib/answer.lua"),
+            include_str!("../lua/lib/award.lua"),
+            include_str!("../lua/lib/jackpot.lua"),
+            "local function step(ARGV)\n",
+            include_str!($path),
+            "\nend\n",
+            include_str!("../lua/lib/many.lua")
+        ))
+    };
+}
+
 /// The compiled-in scripts.
 #[derive(Debug)]
 pub struct Scripts {
@@ -80,7 +98,7 @@ impl Scripts {
     /// Builds the script table (hashing only; nothing is sent to Redis yet).
     pub fn new() -> Self {
         Self {
-            draw_lucky_gift: lucky_gift!("../lua/draw_lucky_gift.lua"),
+            draw_lucky_gift: coalesced!("../lua/draw_lucky_gift.lua"),
             regate_held: lucky_gift!("../lua/regate_held.lua"),
             stock_begin: Script::new(include_str!("../lua/stock_begin.lua")),
             stock_trim: Script::new(include_str!("../lua/stock_trim.lua")),
@@ -96,7 +114,7 @@ impl Scripts {
             draw_wheel: lottery!("../lua/draw_wheel.lua"),
             draw_ladder: lottery!("../lua/draw_ladder.lua"),
             grant_chances: Script::new(include_str!("../lua/grant_chances.lua")),
-            draw_sparse: lucky_gift!("../lua/draw_sparse.lua"),
+            draw_sparse: coalesced!("../lua/draw_sparse.lua"),
             sparse_stock: Script::new(include_str!("../lua/sparse_stock.lua")),
             red_packet_status: Script::new(include_str!("../lua/red_packet_status.lua")),
             claim: answering!("../lua/claim.lua"),

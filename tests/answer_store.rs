@@ -211,8 +211,14 @@ async fn answers_in_the_buckets_of_the_layout_before_are_still_replayed() {
     // `hi`, a token's bucket being its selector modulo the size.
     let text = t.answer.clone();
     let mut parts = text.splitn(3, |b| *b == b':');
-    let ttl: u64 = std::str::from_utf8(parts.next().unwrap()).unwrap().parse().unwrap();
-    let selector: u64 = std::str::from_utf8(parts.next().unwrap()).unwrap().parse().unwrap();
+    let ttl: u64 = std::str::from_utf8(parts.next().unwrap())
+        .unwrap()
+        .parse()
+        .unwrap();
+    let selector: u64 = std::str::from_utf8(parts.next().unwrap())
+        .unwrap()
+        .parse()
+        .unwrap();
     let rest = parts.next().unwrap();
     let (field, fp) = (&rest[..6], &rest[6..8]);
     let now = std::time::SystemTime::now()

@@ -442,7 +442,8 @@ async fn every_kind_mix_up_and_forged_internal_message_moves_nothing() {
             json!({"type": "draw.completed.batch", "events": []}),
         ),
         (
-            "draw",
+            // A batch of draws is a draw-queue message only.
+            "refill",
             json!({"type": "draw.batch", "requests": [draw_as("f-2", "g", 8, 1)]}),
         ),
         (

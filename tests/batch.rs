@@ -376,3 +376,148 @@ async fn a_batch_mixes_kinds_and_each_follows_its_own_rule() {
     assert_eq!(code(&rs[2]), "no_chances", "{}", rs[2]);
     env.stop_workers().await;
 }
+
+/// Batches in flight across a graceful stop of one draw worker and a
+/// `kill -9` of another: every batch is answered (a batch answered twice,
+/// possible only around the killed worker, answers the same both times),
+/// every draw in it is paid once, and conservation holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_in_flight_across_a_stop_and_a_kill_are_answered_and_paid_once() {
+    use common::{raw::Raw, spawn_binary, wait_exit};
+    use std::process::Command;
+    const BATCHES: usize = 600;
+    const PER: usize = 10;
+    let mut env = TestEnv::new(&[]).await;
+    env.load(&pool_toml(
+        "inflight",
+        "refill_at = 0.5\nmax_count = 100",
+        GIFT,
+    ))
+    .await;
+    env.load(&pool_toml(
+        "inflight2",
+        "refill_at = 0.5\nmax_count = 100",
+        GIFT,
+    ))
+    .await;
+    env.start_refill_worker().await;
+    env.start_settle_worker().await;
+    let worker =
+        |env: &TestEnv| spawn_binary(env, "draw-worker", env!("CARGO_BIN_EXE_draw-worker"));
+    let mut stopped = worker(&env);
+    let mut killed = worker(&env);
+
+    let raw = Raw::new(&env).await;
+    let messages: Vec<(&str, Vec<u8>, String)> = (0..BATCHES)
+        .map(|b| {
+            let entries: Vec<Value> = (0..PER)
+                .map(|i| {
+                    let n = b * PER + i;
+                    entry(
+                        &format!("f-{n}"),
+                        if n.is_multiple_of(2) {
+                            "inflight"
+                        } else {
+                            "inflight2"
+                        },
+                        1 + (n % 50) as i64,
+                        1 + (n % 3) as u32,
+                    )
+                })
+                .collect();
+            (
+                "draw",
+                serde_json::to_vec(&batch(entries)).unwrap(),
+                format!("batch-{b}"),
+            )
+        })
+        .collect();
+    raw.publish_all(&messages).await;
+    let replies = || {
+        let mut by_batch: HashMap<String, Vec<Value>> = HashMap::new();
+        for (corr, reply) in raw.replies.lock().unwrap().iter() {
+            by_batch
+                .entry(corr.clone().unwrap_or_default())
+                .or_default()
+                .push(reply.clone());
+        }
+        by_batch
+    };
+    let deadline = tokio::time::Instant::now() + T;
+    while replies().len() < 40 {
+        assert!(tokio::time::Instant::now() < deadline, "no batch answered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Command::new("kill")
+        .args(["-KILL", &killed.id().to_string()])
+        .status()
+        .unwrap();
+    Command::new("kill")
+        .args(["-TERM", &stopped.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(wait_exit(&mut stopped, T).await.success());
+    let _ = wait_exit(&mut killed, T).await;
+    let at_stop = replies().len();
+    assert!(at_stop < BATCHES, "nothing was in flight at the stop");
+
+    let mut restarted = worker(&env);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    while replies().len() < BATCHES && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    Command::new("kill")
+        .args(["-TERM", &restarted.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(wait_exit(&mut restarted, T).await.success());
+
+    let replies = replies();
+    assert_eq!(replies.len(), BATCHES, "every batch answered");
+    let mut by_request: HashMap<String, Value> = HashMap::new();
+    for copies in replies.values() {
+        assert!(
+            copies.iter().all(|c| c == &copies[0]),
+            "a batch answered twice answers the same: {copies:?}"
+        );
+        for r in results(&copies[0]) {
+            let id = r["request_id"].as_str().unwrap().to_owned();
+            assert!(
+                by_request.insert(id, r).is_none(),
+                "a request in two batches"
+            );
+        }
+    }
+    assert_eq!(by_request.len(), BATCHES * PER);
+    let (mut prizes, mut paid) = (HashMap::<String, u64>::new(), HashMap::<String, i64>::new());
+    for r in by_request.values() {
+        match r["status"].as_str() {
+            Some("ok") => {
+                let pool = r["pool"].as_str().unwrap().to_owned();
+                *prizes.entry(pool.clone()).or_default() +=
+                    r["prizes"].as_array().unwrap().len() as u64;
+                *paid.entry(pool).or_default() += r["reward"].as_i64().unwrap();
+            }
+            _ => assert_eq!(code(r), "pool_exhausted", "{r}"),
+        }
+    }
+    for pool in ["inflight", "inflight2"] {
+        let want = paid.get(pool).copied().unwrap_or(0);
+        assert_eq!(
+            env.wait_ledger(pool, want).await,
+            want,
+            "{pool}: ledger = replies"
+        );
+        let s = env.status(pool).await;
+        assert_eq!(
+            s.drawn,
+            prizes.get(pool).copied().unwrap_or(0),
+            "{pool}: drawn once"
+        );
+        assert_eq!(s.stocked, s.drawn + s.in_pool, "{pool}: conservation");
+    }
+    assert_eq!(env.queue_depth(amqp::DRAW.queue).await, 0);
+    assert_eq!(env.queue_depth(amqp::DRAW.dlq).await, 0);
+    env.stop_workers().await;
+}

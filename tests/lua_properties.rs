@@ -519,3 +519,107 @@ fn a_gated_draw_walks_a_long_jackpot_run() {
         });
     }
 }
+
+/// Copies every key of pool `from` to pool `to` (the same state under
+/// another hash tag).
+async fn copy_pool(env: &TestEnv, from: &str, to: &str) {
+    let mut redis = env.redis.clone();
+    let prefix = &env.config.redis_prefix;
+    let pattern = format!("{prefix}:{{{from}}}:*");
+    let names: Vec<String> = redis::cmd("KEYS")
+        .arg(&pattern)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    for name in names {
+        let dump: Vec<u8> = redis::cmd("DUMP")
+            .arg(&name)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        let target = name.replacen(&format!("{{{from}}}"), &format!("{{{to}}}"), 1);
+        let _: () = redis::cmd("RESTORE")
+            .arg(&target)
+            .arg(0)
+            .arg(dump)
+            .arg("REPLACE")
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+    }
+}
+
+/// One Lua call applying many draws of a pool answers each exactly as one
+/// call per draw does, in order, from the same state, and leaves the same
+/// state: the jackpot gate counts each draw's consumption in turn, a refill
+/// point is taken once, and a short or too-large draw in the middle changes
+/// nothing while the draws after it go on.
+async fn coalesced(env: &TestEnv, n: usize, case: Case) -> Result<(), TestCaseError> {
+    let (one, many) = (format!("one{n}"), format!("many{n}"));
+    let day = prizepool::scripts::utc_day();
+    load(env, &one, &case).await;
+    copy_pool(env, &one, &many).await;
+    let mut redis = env.redis.clone();
+    let mut singles = Vec::new();
+    let mut pending = Vec::new();
+    for (i, count) in case.counts.iter().enumerate() {
+        let rid = format!("{one}-r{i}");
+        let token = env.tokens("rq", &rid).answer;
+        singles.push(
+            lucky_gift::draw_once(
+                &mut redis,
+                &env.scripts,
+                &env.keys(&one),
+                case.storage,
+                &rid,
+                *count,
+                600,
+                &token,
+            )
+            .await
+            .unwrap(),
+        );
+        pending.push(lucky_gift::Pending {
+            request_id: rid,
+            count: *count,
+            result_ttl_s: 600,
+            token,
+        });
+    }
+    let steps = lucky_gift::draw_many(
+        &mut redis,
+        lucky_gift::draw_script(&env.scripts, case.storage),
+        &env.keys(&many),
+        case.storage,
+        &pending,
+    )
+    .await
+    .unwrap();
+    prop_assert_eq!(steps.len(), singles.len());
+    for (step, single) in steps.into_iter().zip(&singles) {
+        prop_assert_eq!(&step.unwrap(), single);
+    }
+    prop_assert_eq!(
+        snapshot(env, &env.keys(&one), &day).await,
+        snapshot(env, &env.keys(&many), &day).await
+    );
+    Ok(())
+}
+
+#[test]
+fn a_coalesced_call_draws_exactly_what_one_call_per_draw_draws() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let env = rt.block_on(TestEnv::new(&[]));
+    let n = std::sync::atomic::AtomicUsize::new(0);
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 24,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&case(), |case| {
+            let n = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            rt.block_on(coalesced(&env, n, case))
+        })
+        .unwrap();
+}

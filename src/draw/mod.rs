@@ -24,7 +24,7 @@ use serde_json::Value;
 use crate::{
     amqp::{self, grouped::DRAW_COMPLETED, HandleError, Handler, Outcome, Outgoing, Publisher},
     config::{Config, DrawEvents},
-    kinds::{self, answer, lottery, Ask, Award, Claim, Kinds, Refusal, Step, Tokens},
+    kinds::{self, answer, lottery, Ask, Award, Claim, Kind, Kinds, Refusal, Step, Tokens},
     messages::{
         batch_reply, decode_typed, rejected_reply, retype, typed_json, DrawBatch, DrawQueueMessage,
         DrawRequest, DrawResult, ErrorBody, ErrorCode, GrantRequest, GrantResult, RefillRequest,
@@ -67,6 +67,19 @@ impl DrawWorker {
         req: DrawRequest,
         publisher: &Publisher,
     ) -> Result<Outcome, HandleError> {
+        match self.prepare(req).await? {
+            Ready::Answered(outcome) => Ok(outcome),
+            Ready::Draw(draw) => {
+                let first = self.kinds.draw(draw.kind, &draw.ask()).await;
+                self.finish(&draw, first, publisher).await
+            }
+        }
+    }
+
+    /// Everything before the pool step: validates the request, binds its id
+    /// to its content (refusing an id first used for other content) and
+    /// resolves the pool's kind (an unknown pool is answered here).
+    async fn prepare(&self, req: DrawRequest) -> Result<Ready, HandleError> {
         req.validate()?;
         let fingerprint = kinds::fingerprint("draw", &[&req.pool, &req.user_id, &req.count]);
         let ttl = self.config.result_ttl.as_secs();
@@ -82,19 +95,40 @@ impl DrawWorker {
         if kinds::claim(&mut conn, scripts, &tokens).await? == Claim::Reused {
             return Err(answer::reused("request_id", &req.request_id));
         }
-        let ask = Ask {
-            request_id: &req.request_id,
-            pool: &req.pool,
-            user: req.user_id,
-            count: req.count,
-            token: &tokens.answer,
-            result_ttl_s: ttl,
-        };
-        let Some(kind) = self.kinds.resolve(&req.pool).await? else {
-            return self
-                .refuse(&ask, Refusal::new(ErrorCode::UnknownPool))
-                .await;
-        };
+        match self.kinds.resolve(&req.pool).await? {
+            Some(kind) => Ok(Ready::Draw(Prepared {
+                req,
+                tokens,
+                kind,
+                ttl,
+            })),
+            None => {
+                let ask = Ask {
+                    request_id: &req.request_id,
+                    pool: &req.pool,
+                    user: req.user_id,
+                    count: req.count,
+                    token: &tokens.answer,
+                    result_ttl_s: ttl,
+                };
+                let refused = self
+                    .refuse(&ask, Refusal::new(ErrorCode::UnknownPool))
+                    .await?;
+                Ok(Ready::Answered(refused))
+            }
+        }
+    }
+
+    /// Everything after the first pool step `first`: the award or refusal
+    /// it is, or, while the pool is short, an urgent refill and more steps
+    /// until it arrives or the short-pool wait is over (`pool_exhausted`).
+    async fn finish(
+        &self,
+        draw: &Prepared,
+        first: Result<Step, HandleError>,
+        publisher: &Publisher,
+    ) -> Result<Outcome, HandleError> {
+        let ask = draw.ask();
         let mut delays = ExponentialBuilder::default()
             .with_jitter()
             .with_min_delay(Duration::from_millis(10))
@@ -103,47 +137,48 @@ impl DrawWorker {
             .without_max_times()
             .build();
         let mut asked = None;
+        let mut step = first;
         loop {
-            let step = match self.kinds.draw(kind, &ask).await {
+            let (in_pool, generation) = match step {
                 Err(HandleError::Invalid(why)) => {
                     // Bad for this pool (a count past its maximum, a grab
                     // of two shares): nothing was stored, so the id stays
                     // free for the request the upstream meant to send.
-                    answer::release(&mut conn, scripts, &tokens).await?;
+                    let mut conn = self.kinds.redis();
+                    answer::release(&mut conn, self.kinds.scripts(), &draw.tokens).await?;
                     return Err(HandleError::Invalid(why));
                 }
-                step => step?,
-            };
-            let (in_pool, generation) = match step {
-                Step::Awarded(award) => {
-                    metrics::counter!("prizepool_draws_total", "kind" => kind.label(), "outcome" => "ok")
+                Err(e) => return Err(e),
+                Ok(Step::Awarded(award)) => {
+                    metrics::counter!("prizepool_draws_total", "kind" => draw.kind.label(), "outcome" => "ok")
                         .increment(1);
                     return Ok(self.awarded(*award));
                 }
-                Step::Refused(refusal) => {
-                    metrics::counter!("prizepool_draws_total", "kind" => kind.label(), "outcome" => refusal.code.as_str())
+                Ok(Step::Refused(refusal)) => {
+                    metrics::counter!("prizepool_draws_total", "kind" => draw.kind.label(), "outcome" => refusal.code.as_str())
                         .increment(1);
                     return Ok(refused(&ask, refusal));
                 }
-                Step::Short {
+                Ok(Step::Short {
                     in_pool,
                     generation,
-                } => (in_pool, generation),
+                }) => (in_pool, generation),
             };
             if asked != Some(generation) {
-                self.ask_refill(&req.pool, generation, publisher).await?;
+                self.ask_refill(ask.pool, generation, publisher).await?;
                 asked = Some(generation);
             }
             match delays.next() {
                 Some(delay) => tokio::time::sleep(delay).await,
                 None => {
-                    tracing::debug!(in_pool, count = req.count, "no refill arrived in time");
+                    tracing::debug!(in_pool, count = ask.count, "no refill arrived in time");
                     metrics::counter!("prizepool_pool_exhausted_total").increment(1);
                     return self
                         .refuse(&ask, Refusal::new(ErrorCode::PoolExhausted))
                         .await;
                 }
             }
+            step = self.kinds.draw(draw.kind, &ask).await;
         }
     }
 
@@ -329,13 +364,9 @@ impl DrawWorker {
                 Err(invalid) => answers.push(Some(Err(invalid.into()))),
             }
         }
-        let runs = by_pool.into_iter().map(|(_, entries)| async move {
-            let mut done = Vec::with_capacity(entries.len());
-            for (i, req) in entries {
-                done.push((i, self.draw(req, publisher).await));
-            }
-            done
-        });
+        let runs = by_pool
+            .into_iter()
+            .map(|(_, entries)| self.pool_entries(entries, publisher));
         for (i, answer) in futures_util::future::join_all(runs)
             .await
             .into_iter()
@@ -385,6 +416,73 @@ impl DrawWorker {
         }
         outcome.reply = Some(batch_reply(&replies));
         Ok(outcome)
+    }
+}
+
+impl DrawWorker {
+    /// The entries of one pool of a batch (with their places in it): claimed
+    /// side by side, then drawn in one ordered step of the pool (one Lua
+    /// call for a lucky gift), then finished each (a short entry waits for
+    /// its refill alone).
+    async fn pool_entries(
+        &self,
+        entries: Vec<(usize, DrawRequest)>,
+        publisher: &Publisher,
+    ) -> Vec<(usize, Result<Outcome, HandleError>)> {
+        let places: Vec<usize> = entries.iter().map(|(i, _)| *i).collect();
+        let prepared =
+            futures_util::future::join_all(entries.into_iter().map(|(_, req)| self.prepare(req)))
+                .await;
+        let mut done = Vec::with_capacity(places.len());
+        let mut drawing = Vec::new();
+        for (i, ready) in places.into_iter().zip(prepared) {
+            match ready {
+                Ok(Ready::Draw(draw)) => drawing.push((i, draw)),
+                Ok(Ready::Answered(outcome)) => done.push((i, Ok(outcome))),
+                Err(e) => done.push((i, Err(e))),
+            }
+        }
+        let Some((_, first)) = drawing.first() else {
+            return done;
+        };
+        let asks: Vec<Ask<'_>> = drawing.iter().map(|(_, d)| d.ask()).collect();
+        let steps = self.kinds.draw_all(first.kind, &asks).await;
+        let finished = futures_util::future::join_all(
+            drawing
+                .iter()
+                .zip(steps)
+                .map(|((_, draw), step)| self.finish(draw, step, publisher)),
+        )
+        .await;
+        done.extend(drawing.iter().map(|(i, _)| *i).zip(finished));
+        done
+    }
+}
+
+/// A draw request ready for its pool step, or answered already.
+enum Ready {
+    Answered(Outcome),
+    Draw(Prepared),
+}
+
+/// A draw request whose id is claimed and whose pool's kind is known.
+struct Prepared {
+    req: DrawRequest,
+    tokens: Tokens,
+    kind: Kind,
+    ttl: u64,
+}
+
+impl Prepared {
+    fn ask(&self) -> Ask<'_> {
+        Ask {
+            request_id: &self.req.request_id,
+            pool: &self.req.pool,
+            user: self.req.user_id,
+            count: self.req.count,
+            token: &self.tokens.answer,
+            result_ttl_s: self.ttl,
+        }
     }
 }
 

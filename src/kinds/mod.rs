@@ -114,14 +114,17 @@ pub struct Kinds {
     /// Postgres enforces one namespace), so entries never go stale.
     kinds: RwLock<HashMap<String, Kind>>,
     lucky: lucky_gift::Decoder,
+    lucky_calls: lucky_gift::Coalescer,
 }
 
 impl Kinds {
     /// The dispatch over `redis`, with keys under `prefix`.
     pub fn new(redis: RedisConn, prefix: &str) -> Self {
+        let scripts = Scripts::new();
         Self {
             redis,
-            scripts: Scripts::new(),
+            lucky_calls: lucky_gift::Coalescer::new(&scripts),
+            scripts,
             prefix: prefix.to_owned(),
             kinds: RwLock::new(HashMap::new()),
             lucky: lucky_gift::Decoder::default(),
@@ -187,16 +190,46 @@ impl Kinds {
 
     /// One draw step of `kind` for `ask`.
     pub async fn draw(&self, kind: Kind, ask: &Ask<'_>) -> Result<Step, HandleError> {
-        let keys = self.keys(ask.pool);
+        self.draw_all(kind, std::slice::from_ref(ask))
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(HandleError::internal("a draw step answered nothing")))
+    }
+
+    /// Draw steps of `kind` for `asks`, all of one pool, applied in order;
+    /// their steps in the same order. A lucky-gift pool applies them in one
+    /// call, shared with the draws of other deliveries in flight
+    /// ([`lucky_gift::Coalescer`]); the other kinds one call each.
+    pub async fn draw_all(&self, kind: Kind, asks: &[Ask<'_>]) -> Vec<Result<Step, HandleError>> {
+        let Some(first) = asks.first() else {
+            return Vec::new();
+        };
+        let keys = self.keys(first.pool);
         let mut conn = self.redis.clone();
+        let mut steps = Vec::with_capacity(asks.len());
         match kind {
             Kind::LuckyGift(storage) => {
-                lucky_gift::draw(&mut conn, &self.scripts, &self.lucky, &keys, storage, ask).await
+                return lucky_gift::draw(
+                    &self.redis,
+                    &self.lucky_calls,
+                    &self.lucky,
+                    &keys,
+                    storage,
+                    asks,
+                )
+                .await
             }
-            Kind::RedPacket => red_packet::grab(&mut conn, &self.scripts, &keys, ask).await,
+            Kind::RedPacket => {
+                for ask in asks {
+                    steps.push(red_packet::grab(&mut conn, &self.scripts, &keys, ask).await);
+                }
+            }
             Kind::Lottery(strategy) => {
-                lottery::draw(&mut conn, &self.scripts, &keys, strategy, ask).await
+                for ask in asks {
+                    steps.push(lottery::draw(&mut conn, &self.scripts, &keys, strategy, ask).await);
+                }
             }
         }
+        steps
     }
 }

@@ -243,14 +243,32 @@ pub fn draw_call<'a>(
     call.key(keys.held())
         .key(keys.spent(day))
         .key(keys.results())
-        .arg(count)
-        .arg(result_ttl_s)
-        .arg(SPENT_TTL_S);
+        .arg(args_per_draw(storage));
+    draw_args(&mut call, storage, count, result_ttl_s, token);
+    call
+}
+
+/// How many arguments one draw of `storage` takes (`lua/lib/many.lua`).
+fn args_per_draw(storage: Storage) -> usize {
+    match storage {
+        Storage::List => 4,
+        Storage::Sparse => 5,
+    }
+}
+
+/// Appends one draw's arguments, in the order the script's header lists them.
+fn draw_args(
+    call: &mut redis::ScriptInvocation<'_>,
+    storage: Storage,
+    count: u32,
+    result_ttl_s: u64,
+    token: &[u8],
+) {
+    call.arg(count).arg(result_ttl_s).arg(SPENT_TTL_S);
     if storage == Storage::Sparse {
         call.arg(SPARSE_BUCKET);
     }
     call.arg(token);
-    call
 }
 
 /// Draws `count` prizes for `request_id` from the pool behind `keys`, in one
@@ -278,8 +296,74 @@ pub async fn draw_once<C: ConnectionLike + Send>(
     )
     .invoke_async(conn)
     .await?;
+    step_of(&status, text, number, request_id)
+}
+
+/// One draw of a coalesced call: what it asks and where its step goes.
+#[derive(Debug)]
+pub struct Pending {
+    pub request_id: String,
+    pub count: u32,
+    pub result_ttl_s: u64,
+    pub token: Vec<u8>,
+}
+
+/// Applies `draws` to the pool behind `keys` in one Lua call, in order,
+/// each exactly as [`draw_once`] would (`lua/lib/many.lua`). A reply of the
+/// wrong length fails them all; a draw whose reply does not read fails alone.
+pub async fn draw_many<C: ConnectionLike + Send>(
+    conn: &mut C,
+    script: &redis::Script,
+    keys: &PoolKeys,
+    storage: Storage,
+    draws: &[Pending],
+) -> Result<Vec<Result<DrawStep, HandleError>>, HandleError> {
+    let Some(first) = draws.first() else {
+        return Ok(Vec::new());
+    };
+    let day = crate::scripts::utc_day();
+    let mut call = draw_call(
+        script,
+        keys,
+        storage,
+        &day,
+        first.count,
+        first.result_ttl_s,
+        &first.token,
+    );
+    for d in &draws[1..] {
+        draw_args(&mut call, storage, d.count, d.result_ttl_s, &d.token);
+    }
+    let replies: Vec<redis::Value> = call.invoke_async(conn).await?;
+    if replies.len() != 3 * draws.len() {
+        return Err(HandleError::internal(format!(
+            "a coalesced draw of {} answered {} values",
+            draws.len(),
+            replies.len()
+        )));
+    }
+    Ok(replies
+        .chunks(3)
+        .zip(draws)
+        .map(|(reply, d)| {
+            let (status, text, number): (String, String, u64) =
+                redis::from_redis_value(redis::Value::Array(reply.to_vec())).map_err(|e| {
+                    HandleError::internal(format!("a draw reply that does not read: {e}"))
+                })?;
+            step_of(&status, text, number, &d.request_id)
+        })
+        .collect())
+}
+
+/// The step one draw script reply says.
+fn step_of(
+    status: &str,
+    text: String,
+    number: u64,
+    request_id: &str,
+) -> Result<DrawStep, HandleError> {
     Ok(
-        match ScriptReply::read(&status, text, number, "request_id", request_id)? {
+        match ScriptReply::read(status, text, number, "request_id", request_id)? {
             ScriptReply::Awarded(body) => DrawStep::Drawn(Drawn::parse(&body)?),
             ScriptReply::Replayed(body) => DrawStep::Replayed(Drawn::parse(&body)?),
             ScriptReply::Refused(refusal) => DrawStep::Refused(refusal),
@@ -336,26 +420,49 @@ impl Decoder {
     }
 }
 
-/// One draw step of a lucky-gift pool, as the seam asks it.
-pub async fn draw<C: ConnectionLike + Send>(
-    conn: &mut C,
-    scripts: &Scripts,
+/// Draw steps of a lucky-gift pool for `asks` (all of one pool), applied in
+/// order in the pool's next coalesced call; each step as the seam asks it.
+pub async fn draw(
+    redis: &crate::redis_conn::RedisConn,
+    coalescer: &super::Coalescer,
     decoder: &Decoder,
     keys: &PoolKeys,
     storage: Storage,
+    asks: &[Ask<'_>],
+) -> Vec<Result<Step, HandleError>> {
+    let Some(first) = asks.first() else {
+        return Vec::new();
+    };
+    let pending = asks
+        .iter()
+        .map(|ask| Pending {
+            request_id: ask.request_id.to_owned(),
+            count: ask.count,
+            result_ttl_s: ask.result_ttl_s,
+            token: ask.token.to_vec(),
+        })
+        .collect();
+    let steps = coalescer
+        .draw(redis, keys, storage, first.pool, pending)
+        .await;
+    let mut out = Vec::with_capacity(asks.len());
+    for (ask, step) in asks.iter().zip(steps) {
+        out.push(match step {
+            Ok(step) => seam_step(redis, decoder, keys, ask, step).await,
+            Err(e) => Err(e),
+        });
+    }
+    out
+}
+
+/// What one draw step means to the seam.
+async fn seam_step(
+    redis: &crate::redis_conn::RedisConn,
+    decoder: &Decoder,
+    keys: &PoolKeys,
     ask: &Ask<'_>,
+    step: DrawStep,
 ) -> Result<Step, HandleError> {
-    let step = draw_once(
-        conn,
-        scripts,
-        keys,
-        storage,
-        ask.request_id,
-        ask.count,
-        ask.result_ttl_s,
-        ask.token,
-    )
-    .await?;
     let (drawn, replayed) = match step {
         DrawStep::Drawn(drawn) => (drawn, false),
         DrawStep::Replayed(drawn) => (drawn, true),
@@ -378,7 +485,8 @@ pub async fn draw<C: ConnectionLike + Send>(
         }
     };
     let highest = drawn.codes.iter().copied().max().unwrap_or(0);
-    let table = decoder.table(conn, keys, ask.pool, highest).await?;
+    let mut conn = redis.clone();
+    let table = decoder.table(&mut conn, keys, ask.pool, highest).await?;
     award(ask, drawn, &table, replayed).map(|a| Step::Awarded(Box::new(a)))
 }
 

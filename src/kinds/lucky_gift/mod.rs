@@ -14,6 +14,7 @@
 //! Conservation holds at every instant because each Lua step moves counters
 //! together: `stocked = drawn + visible + len(held)`.
 
+mod coalesce;
 pub mod codes;
 pub mod config;
 mod draw;
@@ -21,9 +22,13 @@ mod stock;
 
 use redis::aio::ConnectionLike;
 
+pub use coalesce::{Coalescer, MAX_PER_CALL};
 pub use codes::{Batch, CodeTable};
 pub use config::{parse_file, PoolConfig, Storage};
-pub use draw::{draw, draw_call, draw_once, draw_script, stored_award, Decoder, DrawStep, Drawn};
+pub use draw::{
+    draw, draw_call, draw_many, draw_once, draw_script, stored_award, Decoder, DrawStep, Drawn,
+    Pending,
+};
 pub use stock::{
     composition, stock_committed, stock_next, stock_next_as, Commitment, Recorder, StockError,
     StockOutcome, DEFAULT_LEASE_MS,
