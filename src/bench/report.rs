@@ -11,8 +11,11 @@ use crate::{config::Config, kinds::lucky_gift::Storage};
 /// A plot panel: title, left offset, and the value plotted.
 type Panel = (&'static str, f64, fn(&Run) -> f64);
 
-/// A line of a plot: its label and its points (x, run).
-type Series<'a> = (String, Vec<(f64, &'a Run)>);
+/// The points of a plot's line: (x, run).
+type Points<'a> = Vec<(f64, &'a Run)>;
+
+/// A line of a plot: its label and its points.
+type Series<'a> = (String, Points<'a>);
 
 /// Line colours, one per series.
 const COLOURS: [&str; 6] = [
@@ -650,7 +653,7 @@ impl Report {
         label: fn(Option<usize>) -> String,
         x: fn(&Run) -> f64,
     ) -> Vec<Series<'_>> {
-        let mut series: Vec<(Option<usize>, Vec<(f64, &Run)>)> = Vec::new();
+        let mut series: Vec<(Option<usize>, Points<'_>)> = Vec::new();
         for r in &self.runs {
             match series.iter_mut().find(|(k, _)| *k == key(r)) {
                 Some((_, points)) => points.push((x(r), r)),
