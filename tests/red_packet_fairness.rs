@@ -11,23 +11,11 @@ use std::time::Duration;
 
 use common::{draw, TestEnv};
 use futures_util::StreamExt;
-use prizepool::{amqp, kinds::red_packet, messages::SettleRequest};
+use prizepool::kinds::red_packet;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 const T: Duration = Duration::from_secs(30);
-
-async fn fund(env: &TestEnv, account: i64, amount: i64) {
-    let topup = SettleRequest::new(
-        format!("topup:{account}:{amount}"),
-        account,
-        "coin",
-        amount,
-        "topup",
-        json!({}),
-    );
-    prizepool::settle::apply(&env.db, &[topup]).await.unwrap();
-}
 
 /// The commitment as docs/fairness.md defines it.
 fn documented_commitment(packet: &str, salt: &str, shares: &[i64]) -> String {
@@ -42,48 +30,6 @@ fn documented_commitment(packet: &str, salt: &str, shares: &[i64]) -> String {
         .collect()
 }
 
-/// A queue bound to `redpacket.closed`, as a downstream auditor binds one.
-async fn listen_for_closes(env: &TestEnv) -> (lapin::Connection, lapin::Consumer) {
-    let conn = amqp::connect(&env.config.amqp_url, "closes").await.unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    amqp::declare_topology(&ch, env.config.delivery_limit)
-        .await
-        .unwrap();
-    let queue = ch
-        .queue_declare(
-            "".into(),
-            lapin::options::QueueDeclareOptions {
-                exclusive: true,
-                ..Default::default()
-            },
-            Default::default(),
-        )
-        .await
-        .unwrap();
-    ch.queue_bind(
-        queue.name().clone(),
-        amqp::EVENTS.into(),
-        red_packet::CLOSED_EVENT.into(),
-        Default::default(),
-        Default::default(),
-    )
-    .await
-    .unwrap();
-    let consumer = ch
-        .basic_consume(
-            queue.name().clone(),
-            "closes".into(),
-            lapin::options::BasicConsumeOptions {
-                no_ack: true,
-                ..Default::default()
-            },
-            Default::default(),
-        )
-        .await
-        .unwrap();
-    (conn, consumer)
-}
-
 async fn verdict(env: &TestEnv, packet: &str) -> red_packet::fair::Verdict {
     red_packet::fair::verify(&env.db, packet).await.unwrap()
 }
@@ -92,9 +38,9 @@ async fn verdict(env: &TestEnv, packet: &str) -> red_packet::fair::Verdict {
 async fn a_packet_commits_to_its_split_and_its_close_reveals_what_was_paid() {
     let mut env = TestEnv::new(&[]).await;
     env.start_fleet().await;
-    let (_conn, mut closes) = listen_for_closes(&env).await;
+    let (_conn, mut closes) = env.listen(red_packet::CLOSED_EVENT).await;
     let client = env.client().await;
-    fund(&env, 3, 50_000).await;
+    env.fund(3, 50_000).await;
     let created = client
         .call(
             "refill",
