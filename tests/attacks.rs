@@ -16,7 +16,7 @@ use lapin::{
     types::{AMQPValue, FieldTable},
     BasicProperties,
 };
-use prizepool::{amqp, kinds::red_packet, messages::SettleRequest};
+use prizepool::{amqp, kinds::red_packet};
 use serde_json::{json, Value};
 
 const T: Duration = Duration::from_secs(30);
@@ -48,18 +48,6 @@ fn code(reply: &Value) -> &str {
 }
 
 /// Credits `amount` coins to `account` straight in the ledger.
-async fn fund(env: &TestEnv, account: i64, amount: i64) {
-    let topup = SettleRequest::new(
-        format!("topup:{account}:{}", ulid::Ulid::new()),
-        account,
-        "coin",
-        amount,
-        "topup",
-        json!({}),
-    );
-    prizepool::settle::apply(&env.db, &[topup]).await.unwrap();
-}
-
 async fn balance_of(env: &TestEnv, account: i64, asset: &str) -> i64 {
     prizepool::settle::balances(&env.db, account)
         .await
@@ -249,7 +237,7 @@ async fn concurrent_debits_never_overdraw_an_account() {
     let client = env.client().await;
 
     // Thirty withdrawals of 10 against a balance of 100, all at once.
-    fund(&env, 1, 100).await;
+    env.fund(1, 100).await;
     let calls = (0..30).map(|i| {
         let client = &client;
         async move {
@@ -273,7 +261,7 @@ async fn concurrent_debits_never_overdraw_an_account() {
     assert_eq!(coins(&env, 1).await, 0);
 
     // Fifteen withdrawals inside one settle.batch.
-    fund(&env, 2, 100).await;
+    env.fund(2, 100).await;
     let entries: Vec<Value> = (0..15)
         .map(|i| settle(&format!("wb-{i}"), 2, -10, "purchase"))
         .collect();
@@ -297,7 +285,7 @@ async fn concurrent_debits_never_overdraw_an_account() {
     // A red packet and a withdrawal race for the same 1,000 coins.
     for round in 0..6 {
         let sender = 100 + round;
-        fund(&env, sender, 1_000).await;
+        env.fund(sender, 1_000).await;
         let rp = format!("rp-race-{round}");
         let wd = format!("wd-race-{round}");
         let (cb, wb) = (
@@ -320,7 +308,7 @@ async fn concurrent_debits_never_overdraw_an_account() {
     // Ten packets from one sender at once, with room for three of them,
     // on two refill workers.
     env.start_refill_worker().await;
-    fund(&env, 300, 1_000).await;
+    env.fund(300, 1_000).await;
     let creates = (0..10).map(|i| {
         let client = &client;
         async move {
@@ -365,7 +353,7 @@ async fn every_kind_mix_up_and_forged_internal_message_moves_nothing() {
     .await;
     env.start_fleet().await;
     let client = env.client().await;
-    fund(&env, 7, 10_000).await;
+    env.fund(7, 10_000).await;
     let made = client
         .call("refill", &create("rp", 7, 1_000, 4, 1, 3600), T)
         .await
@@ -675,7 +663,7 @@ async fn every_field_of_every_message_type_is_checked_and_nothing_moves() {
     .await;
     env.start_fleet().await;
     let client = env.client().await;
-    fund(&env, 7, 10_000).await;
+    env.fund(7, 10_000).await;
     let made = client
         .call("refill", &create("rp", 7, 1_000, 4, 1, 3600), T)
         .await
@@ -972,7 +960,7 @@ async fn twenty_copies_at_once_of_a_grant_a_grab_and_a_create_act_once() {
     .await;
     env.start_fleet().await;
     let client = env.client().await;
-    fund(&env, 7, 100_000).await;
+    env.fund(7, 100_000).await;
 
     async fn twenty(
         client: &prizepool::amqp::rpc::RpcClient,
@@ -1080,7 +1068,7 @@ async fn grabs_racing_the_expiry_keep_escrow_whole() {
     let mut env = TestEnv::new(&[]).await;
     env.start_fleet().await;
     let client = env.client().await;
-    fund(&env, 7, 10_000).await;
+    env.fund(7, 10_000).await;
     let made = client
         .call("refill", &create("rp-short", 7, 10_000, 200, 1, 2), T)
         .await
@@ -1207,7 +1195,7 @@ async fn the_longest_valid_ids_are_paid() {
         .await
         .unwrap();
     assert_eq!(drawn["reward"], 20, "{drawn}");
-    fund(&env, 7, 1_000).await;
+    env.fund(7, 1_000).await;
     let made = client
         .call("refill", &create(&pid, 7, 1_000, 1, 0, 3600), T)
         .await
@@ -1279,7 +1267,7 @@ async fn the_extremes_of_valid_values_are_served_and_paid() {
     assert_eq!(coins(&env, top).await, 20_000);
     assert_eq!(coins(&env, 0).await, 10);
     // A packet sent by and grabbed by the largest user id; a lottery draw too.
-    fund(&env, top, 1_000).await;
+    env.fund(top, 1_000).await;
     let made = client
         .call("refill", &create(&"p".repeat(64), top, 1_000, 1, 0, 1), T)
         .await
@@ -1408,7 +1396,7 @@ async fn mixed_traffic_through(fault: Fault, overrides: &[(&str, &str)]) {
     .await;
     env.start_fleet().await;
     let client = env.client().await;
-    fund(&env, 7, 10_000_000).await;
+    env.fund(7, 10_000_000).await;
     for p in 0..4 {
         let r = client
             .call(
@@ -1680,7 +1668,7 @@ async fn reloads_and_kind_changes_while_draws_run_conserve_and_pay_what_was_said
     env.load(&pool_toml("g", "refill_at = 0.5", combos)).await;
     env.start_fleet().await;
     let client = env.client().await;
-    fund(&env, 7, 10_000).await;
+    env.fund(7, 10_000).await;
     let draws = (0..400i64).map(|i| {
         let client = &client;
         async move {
@@ -1892,7 +1880,7 @@ async fn a_request_refused_as_invalid_leaves_its_id_free() {
     .await;
     env.start_fleet().await;
     let client = env.client().await;
-    fund(&env, 7, 1_000).await;
+    env.fund(7, 1_000).await;
     let made = client
         .call("refill", &create("rp", 7, 1_000, 4, 1, 3600), T)
         .await

@@ -649,49 +649,6 @@ async fn concurrent_ledger_entries_travel_in_few_messages_and_none_is_lost() {
     env.stop_workers().await;
 }
 
-/// A queue bound to `draw.completed` on the events exchange, as a
-/// downstream consumer would bind one.
-async fn listen_for_draw_events(env: &TestEnv) -> (lapin::Connection, lapin::Consumer) {
-    let conn = amqp::connect(&env.config.amqp_url, "events").await.unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    amqp::declare_topology(&ch, env.config.delivery_limit)
-        .await
-        .unwrap();
-    let queue = ch
-        .queue_declare(
-            "".into(),
-            lapin::options::QueueDeclareOptions {
-                exclusive: true,
-                ..Default::default()
-            },
-            Default::default(),
-        )
-        .await
-        .unwrap();
-    ch.queue_bind(
-        queue.name().clone(),
-        amqp::EVENTS.into(),
-        "draw.completed".into(),
-        Default::default(),
-        Default::default(),
-    )
-    .await
-    .unwrap();
-    let consumer = ch
-        .basic_consume(
-            queue.name().clone(),
-            "events".into(),
-            lapin::options::BasicConsumeOptions {
-                no_ack: true,
-                ..Default::default()
-            },
-            Default::default(),
-        )
-        .await
-        .unwrap();
-    (conn, consumer)
-}
-
 /// Receives event messages until they hold `expected` events; returns the
 /// messages' types and the events (the members of a batch, in order).
 async fn receive_draw_events(
@@ -752,7 +709,7 @@ async fn concurrent_draws_tell_each_event_once_in_grouped_messages() {
     let mut env = TestEnv::new(&[]).await;
     env.load(&pool_toml("ev", "refill_at = 0.5\nmax_count = 100", GIFT))
         .await;
-    let (_conn, mut consumer) = listen_for_draw_events(&env).await;
+    let (_conn, mut consumer) = env.listen("draw.completed").await;
     env.start_fleet().await;
     let replies = concurrent_draws(&env, "ev", 300).await;
     let (types, events) = receive_draw_events(&mut consumer, replies.len()).await;
@@ -776,7 +733,7 @@ async fn draw_events_each_sends_one_message_per_draw_and_off_sends_none() {
     let mut env = TestEnv::new(&[("DRAW_EVENTS", "each")]).await;
     env.load(&pool_toml("ev", "refill_at = 0.5\nmax_count = 100", GIFT))
         .await;
-    let (_conn, mut consumer) = listen_for_draw_events(&env).await;
+    let (_conn, mut consumer) = env.listen("draw.completed").await;
     env.start_fleet().await;
     let replies = concurrent_draws(&env, "ev", 100).await;
     let (types, events) = receive_draw_events(&mut consumer, replies.len()).await;

@@ -21,7 +21,7 @@ const WORKERS: [&str; 3] = [
 ];
 
 /// Every variable a worker reads, as `--help` must list it.
-const VARIABLES: [&str; 24] = [
+const VARIABLES: [&str; 25] = [
     "AMQP_URL",
     "REDIS_URL",
     "DATABASE_URL",
@@ -33,6 +33,7 @@ const VARIABLES: [&str; 24] = [
     "SETTLE_BATCH_WAIT_MS",
     "REFILL_CHUNK",
     "SHORT_POOL_WAIT_MS",
+    "MAX_BATCH",
     "RESULT_TTL_S",
     "TRANSIENT_RETRY_MS",
     "SHUTDOWN_GRACE_MS",

@@ -7,22 +7,10 @@ mod common;
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use common::{draw, TestEnv};
-use prizepool::{amqp, kinds::red_packet, messages::SettleRequest};
+use prizepool::{amqp, kinds::red_packet};
 use serde_json::{json, Value};
 
 const T: Duration = Duration::from_secs(30);
-
-async fn fund(env: &TestEnv, account: i64, amount: i64) {
-    let topup = SettleRequest::new(
-        format!("topup:{account}:{amount}"),
-        account,
-        "coin",
-        amount,
-        "topup",
-        json!({}),
-    );
-    prizepool::settle::apply(&env.db, &[topup]).await.unwrap();
-}
 
 /// One grab of `packet` through the red-packet kind's step; the amount
 /// awarded, if any.
@@ -91,7 +79,7 @@ async fn creation_escrows_the_total_or_refuses_without_side_effects() {
         .unwrap();
     assert_eq!(n, 0);
 
-    fund(&env, 7, 25_000).await;
+    env.fund(7, 25_000).await;
     let reply = client
         .call("refill", &create("rp-1", 7, 10_000, 10, 1, 3600), T)
         .await
@@ -143,7 +131,7 @@ async fn two_thousand_grabs_by_three_hundred_users_on_two_processes() {
     env.start_refill_worker().await;
     env.start_settle_worker().await;
     let client = Arc::new(env.client().await);
-    fund(&env, 1, 1_000_000).await;
+    env.fund(1, 1_000_000).await;
     let total = 100_000;
     let reply = client
         .call("refill", &create("rp-crowd", 1, total, 200, 10, 3600), T)
@@ -243,7 +231,7 @@ async fn expiry_closes_the_packet_and_refunds_the_rest_exactly() {
     let mut env = TestEnv::new(&[]).await;
     env.start_fleet().await;
     let client = env.client().await;
-    fund(&env, 3, 50_000).await;
+    env.fund(3, 50_000).await;
     let reply = client
         .call("refill", &create("rp-exp", 3, 30_000, 10, 100, 2), T)
         .await
@@ -376,7 +364,7 @@ async fn a_packet_id_is_bound_to_what_it_first_asked() {
     .await;
     env.start_refill_worker().await;
     let client = env.client().await;
-    fund(&env, 7, 100_000).await;
+    env.fund(7, 100_000).await;
     let first = create("rp-bound", 7, 10_000, 10, 5, 3600);
     let reply = client.call("refill", &first, T).await.unwrap();
     assert_eq!(reply["status"], "ok", "{reply}");
@@ -430,7 +418,7 @@ async fn extreme_or_malformed_creates_are_refused_at_once_and_the_worker_goes_on
     let mut env = TestEnv::new(&[]).await;
     env.start_refill_worker().await;
     let client = env.client().await;
-    fund(&env, 7, 100_000).await;
+    env.fund(7, 100_000).await;
     let max = red_packet::split::MAX_TOTAL;
     let mut bad = vec![
         create("rp-x", 7, 10_000, 10, i64::MAX, 3600),
@@ -495,7 +483,7 @@ async fn extreme_or_malformed_creates_are_refused_at_once_and_the_worker_goes_on
     assert_eq!(r["status"], "ok", "{r}");
     let s = assert_escrow_holds(&env, "rp-x").await;
     assert_eq!((s.in_packet, s.shares_left), (10_000, 10));
-    fund(&env, 9, max).await;
+    env.fund(9, max).await;
     let r = client
         .call("refill", &create("rp-max", 9, max, 1, 0, 60), T)
         .await
@@ -519,7 +507,7 @@ async fn a_forged_expiry_closes_nothing_early() {
     let mut env = TestEnv::new(&[]).await;
     env.start_fleet().await;
     let client = env.client().await;
-    fund(&env, 3, 50_000).await;
+    env.fund(3, 50_000).await;
     let reply = client
         .call("refill", &create("rp-long", 3, 30_000, 10, 100, 86_400), T)
         .await
@@ -595,7 +583,7 @@ async fn a_forged_expiry_closes_nothing_early() {
 async fn escrow_holds_under_concurrent_grabs_forged_expiries_and_duplicate_creates() {
     let env = TestEnv::new(&[]).await;
     let w = Arc::new(worker(&env));
-    fund(&env, 1, 1_000_000).await;
+    env.fund(1, 1_000_000).await;
     let body = create("rp-race", 1, 50_000, 40, 10, 3600);
     // Twenty copies of one create at once: one escrow, one answer.
     let mut tasks = Vec::new();
@@ -660,7 +648,7 @@ async fn escrow_holds_under_concurrent_grabs_forged_expiries_and_duplicate_creat
 async fn a_create_sent_twice_at_once_with_different_contents_has_one_winner() {
     let env = TestEnv::new(&[]).await;
     let w = Arc::new(worker(&env));
-    fund(&env, 1, 1_000_000).await;
+    env.fund(1, 1_000_000).await;
     let mut debited = 0;
     for round in 0..8 {
         let id = format!("rp-twice-{round}");
@@ -686,7 +674,7 @@ async fn a_create_sent_twice_at_once_with_different_contents_has_one_winner() {
 async fn closing_refunds_once_and_lets_the_keys_expire() {
     let env = TestEnv::new(&[]).await;
     let w = worker(&env);
-    fund(&env, 4, 10_000).await;
+    env.fund(4, 10_000).await;
     let created = w
         .create_red_packet(decode_create(&create("rp-short", 4, 10_000, 5, 1, 1)))
         .await

@@ -8,7 +8,6 @@ mod common;
 use std::time::Duration;
 
 use common::{activity_toml, raw::Raw, TestEnv};
-use prizepool::messages::SettleRequest;
 use serde_json::{json, Value};
 
 const T: Duration = Duration::from_secs(30);
@@ -31,18 +30,6 @@ fn code(reply: &Value) -> &str {
 }
 
 /// Credits `amount` coins to `account` straight in the ledger.
-async fn fund(env: &TestEnv, account: i64, amount: i64) {
-    let topup = SettleRequest::new(
-        format!("topup:{account}:{}", ulid::Ulid::new()),
-        account,
-        "coin",
-        amount,
-        "topup",
-        json!({}),
-    );
-    prizepool::settle::apply(&env.db, &[topup]).await.unwrap();
-}
-
 async fn coins(env: &TestEnv, account: i64) -> i64 {
     prizepool::settle::balances(&env.db, account)
         .await
@@ -68,12 +55,12 @@ async fn a_create_refused_for_funds_stays_refused_and_moves_nothing_later() {
     let mut env = TestEnv::new(&[]).await;
     env.start_fleet().await;
     let client = env.client().await;
-    fund(&env, 7, 500).await;
+    env.fund(7, 500).await;
     let req = create("rp-short", 7, 1_000, 5, 1, 3600);
     let first = client.call("refill", &req, T).await.unwrap();
     assert_eq!(code(&first), "insufficient_funds", "{first}");
     // The sender is paid in later (an unrelated top-up).
-    fund(&env, 7, 1_000).await;
+    env.fund(7, 1_000).await;
     let again = client.call("refill", &req, T).await.unwrap();
     assert_eq!(
         again["status"], first["status"],
@@ -99,7 +86,7 @@ async fn forged_early_expiries_do_not_multiply_pending_expiries() {
     let mut env = TestEnv::new(&[]).await;
     env.start_fleet().await;
     let client = env.client().await;
-    fund(&env, 7, 10_000).await;
+    env.fund(7, 10_000).await;
     let reply = client
         .call("refill", &create("rp-amp", 7, 1_000, 5, 1, 3 * 3600), T)
         .await
@@ -313,7 +300,7 @@ async fn no_share_is_grabbed_after_the_expiry_the_create_answered() {
     let mut env = TestEnv::new(&[]).await;
     env.start_fleet().await;
     let client = env.client().await;
-    fund(&env, 7, 100_000).await;
+    env.fund(7, 100_000).await;
     let mut late_grabs = Vec::new();
     for n in 0..3 {
         let id = format!("rp-late-{n}");
@@ -356,7 +343,7 @@ async fn a_create_sent_again_after_redis_lost_the_packet_never_pays_a_share_twic
     let mut env = TestEnv::new(&[]).await;
     env.start_fleet().await;
     let client = env.client().await;
-    fund(&env, 7, 10_000).await;
+    env.fund(7, 10_000).await;
     let req = create("rp-lost", 7, 1_000, 4, 1, 3600);
     let reply = client.call("refill", &req, T).await.unwrap();
     assert_eq!(reply["status"], "ok", "{reply}");

@@ -122,6 +122,14 @@ enum AuditCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Check a closed red packet: its revealed split against the commitment
+    /// its create answered, every grab the ledger paid against its share,
+    /// and the refund (docs/fairness.md). Exits 1 when something does not hold.
+    Packet {
+        packet_id: String,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -235,12 +243,35 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 async fn audit(config: &Config, command: AuditCommand) -> anyhow::Result<()> {
-    let AuditCommand::Verify {
-        pool,
-        generation,
-        json,
-    } = command;
     let db = crate::db::connect(&config.database_url).await?;
+    let (pool, generation, json) = match command {
+        AuditCommand::Verify {
+            pool,
+            generation,
+            json,
+        } => (pool, generation, json),
+        AuditCommand::Packet { packet_id, json } => {
+            let verdict = crate::kinds::red_packet::fair::verify(&db, &packet_id)
+                .await
+                .context("reading the packet and its ledger entries")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&verdict)?);
+            } else {
+                match &verdict.mismatch {
+                    None => println!(
+                        "packet {packet_id}: ok: split matches commitment {}; {} grabs paid their shares; refund exact",
+                        verdict.commitment.as_deref().unwrap_or_default(),
+                        verdict.grabs
+                    ),
+                    Some(why) => println!("packet {packet_id}: MISMATCH: {why}"),
+                }
+            }
+            if !verdict.ok {
+                std::process::exit(1);
+            }
+            return Ok(());
+        }
+    };
     let verdict = crate::audit::verify(&db, &pool, generation)
         .await
         .context("reading the audit trail")?;

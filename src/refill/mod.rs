@@ -343,6 +343,7 @@ impl RefillWorker {
             packet: &red_packet::Stored,
             refunded: i64,
             now: bool,
+            reveal: Option<red_packet::fair::Reveal>,
         ) -> Result<Outcome, HandleError> {
             let mut effects = Vec::new();
             let mut ledger = Vec::new();
@@ -356,7 +357,7 @@ impl RefillWorker {
             }
             if now {
                 tracing::info!(packet = %id, refunded, "red packet closed");
-                let event = red_packet::ClosedEvent::new(id, refunded);
+                let event = red_packet::ClosedEvent::new(id, refunded, reveal);
                 effects.push(Outgoing::event_raw(red_packet::CLOSED_EVENT, body(&event)?));
             }
             Ok(Outcome {
@@ -406,7 +407,7 @@ impl RefillWorker {
         if let Some(refunded) = packet.refunded {
             // Closed and recorded: answer again, and send the refund again in
             // case the first send was lost (its entry id makes it once).
-            return closed(id, &packet, refunded, false);
+            return closed(id, &packet, refunded, false, None);
         }
         let keys = PoolKeys::new(&self.config.redis_prefix, id);
         let mut conn = self.redis.clone();
@@ -446,7 +447,13 @@ impl RefillWorker {
                     // Announced by whoever records the close, which the Redis
                     // step's closer may not have lived to do.
                     let first = red_packet::record_closed(&self.db, id, refunded).await?;
-                    return closed(id, &packet, refunded, first);
+                    // The close reveals the split the create committed to.
+                    let reveal = if first {
+                        red_packet::fair::reveal(&self.db, id).await?
+                    } else {
+                        None
+                    };
+                    return closed(id, &packet, refunded, first, reveal);
                 }
                 // Redis keeps its own copy of the expiry, which the grab
                 // script obeys; closing follows the same clock.

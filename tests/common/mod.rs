@@ -447,6 +447,66 @@ pub fn redis_server(port: u16, dir: &std::path::Path, extra: &[&str]) -> KillOnD
 }
 
 impl TestEnv {
+    /// Credits `amount` coins to `account` straight in the ledger (a fresh
+    /// top-up entry each call).
+    pub async fn fund(&self, account: i64, amount: i64) {
+        let topup = prizepool::messages::SettleRequest::new(
+            format!("topup:{account}:{}", ulid::Ulid::new()),
+            account,
+            "coin",
+            amount,
+            "topup",
+            serde_json::json!({}),
+        );
+        prizepool::settle::apply(&self.db, &[topup]).await.unwrap();
+    }
+
+    /// A queue of this test's own bound to `routing_key` on the events
+    /// exchange, as a downstream consumer binds one, and its consumer
+    /// (no acks). Keep the connection while consuming.
+    pub async fn listen(&self, routing_key: &str) -> (lapin::Connection, lapin::Consumer) {
+        let conn = prizepool::amqp::connect(&self.config.amqp_url, "events")
+            .await
+            .unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        prizepool::amqp::declare_topology(&ch, self.config.delivery_limit)
+            .await
+            .unwrap();
+        let queue = ch
+            .queue_declare(
+                "".into(),
+                lapin::options::QueueDeclareOptions {
+                    exclusive: true,
+                    ..Default::default()
+                },
+                Default::default(),
+            )
+            .await
+            .unwrap();
+        ch.queue_bind(
+            queue.name().clone(),
+            prizepool::amqp::EVENTS.into(),
+            routing_key.into(),
+            Default::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+        let consumer = ch
+            .basic_consume(
+                queue.name().clone(),
+                "events".into(),
+                lapin::options::BasicConsumeOptions {
+                    no_ack: true,
+                    ..Default::default()
+                },
+                Default::default(),
+            )
+            .await
+            .unwrap();
+        (conn, consumer)
+    }
+
     /// Spawns the shared consume loop (`amqp::run`) around `handler`, as a
     /// worker of this test's own, and waits until it consumes. It stops with
     /// the other workers.

@@ -5,7 +5,8 @@
 //! script's setup, the reply). A worker keeps, per pool, at most one draw
 //! call in flight: a draw that finds one running joins the pool's queue,
 //! and when the call returns, everything queued meanwhile (up to
-//! [`MAX_PER_CALL`]) goes out as the next call, applied in queue order
+//! [`MAX_PER_CALL`] draws and [`MAX_PRIZES_PER_CALL`] prizes) goes out as
+//! the next call, applied in queue order
 //! (`lua/lib/many.lua`). Under light load every call carries one draw and
 //! nothing waits; under load the calls grow with the load.
 //!
@@ -30,6 +31,10 @@ use crate::{amqp::HandleError, redis_conn::RedisConn, scripts::PoolKeys};
 
 /// Most draws one call applies.
 pub const MAX_PER_CALL: usize = 64;
+/// Most prizes one call takes (past the first draw): a call holds Redis for
+/// as long as its draws take together, so it is kept to what one large draw
+/// takes alone.
+pub const MAX_PRIZES_PER_CALL: u64 = 10_000;
 
 type Answer = Result<DrawStep, HandleError>;
 /// Each busy pool's draws waiting for a call, with where their steps go.
@@ -131,7 +136,16 @@ async fn run(mut runner: Runner) {
             let mut queues = lock(&runner.queues);
             match queues.get_mut(&runner.pool) {
                 Some(queue) if !queue.is_empty() => {
-                    let n = queue.len().min(MAX_PER_CALL);
+                    let mut prizes = 0;
+                    let n = queue
+                        .iter()
+                        .take(MAX_PER_CALL)
+                        .take_while(|(d, _)| {
+                            prizes += u64::from(d.count);
+                            prizes <= MAX_PRIZES_PER_CALL
+                        })
+                        .count()
+                        .max(1);
                     queue.drain(..n).collect()
                 }
                 _ => {

@@ -22,7 +22,7 @@ mod stock;
 
 use redis::aio::ConnectionLike;
 
-pub use coalesce::{Coalescer, MAX_PER_CALL};
+pub use coalesce::{Coalescer, MAX_PER_CALL, MAX_PRIZES_PER_CALL};
 pub use codes::{Batch, CodeTable};
 pub use config::{parse_file, PoolConfig, Storage};
 pub use draw::{

@@ -38,6 +38,7 @@
 //! `unknown_pool`; Postgres keeps the packet for good, so a replayed create
 //! still answers as first created and stocks nothing again.
 
+pub mod fair;
 mod grab;
 pub mod split;
 
@@ -75,6 +76,9 @@ pub struct Created {
     pub count: i64,
     pub total: i64,
     pub expires_at: DateTime<Utc>,
+    /// The packet's commitment to its split ([`fair`]); `None` for a packet
+    /// created before packets committed.
+    pub commitment: Option<String>,
     /// Postgres records the packet as closed (a create sent again late).
     pub closed: bool,
 }
@@ -220,8 +224,10 @@ pub async fn create<C: ConnectionLike + Send>(
     let expires_at = whole_second_from(Utc::now() + chrono::Duration::seconds(req.expires_in_s));
     // `validate` bounds `count` by MAX_SHARES, so it fits an INTEGER.
     let count = i32::try_from(req.count).map_err(|e| CreateError::Invalid(e.to_string()))?;
+    let salt = fair::new_salt();
+    let commitment = fair::commitment(&req.packet_id, &salt, &shares);
     sqlx::query(
-        "INSERT INTO red_packets (id, sender, asset, total, share_count, min_share, expires_at, min_asked, expires_in_s) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        "INSERT INTO red_packets (id, sender, asset, total, share_count, min_share, expires_at, min_asked, expires_in_s, salt, commitment) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
     )
     .bind(&req.packet_id)
     .bind(req.sender)
@@ -232,6 +238,8 @@ pub async fn create<C: ConnectionLike + Send>(
     .bind(expires_at)
     .bind(req.min)
     .bind(req.expires_in_s)
+    .bind(&salt)
+    .bind(&commitment)
     .execute(&mut *tx)
     .await?;
     let numbers: Vec<i32> = (1..=count).collect();
@@ -269,6 +277,7 @@ pub async fn create<C: ConnectionLike + Send>(
         count: req.count,
         total: req.total,
         expires_at,
+        commitment: Some(commitment),
         closed: false,
     })
 }
@@ -429,6 +438,8 @@ pub struct Stored {
     pub refunded: Option<i64>,
     /// Whether the packet's first stocking in Redis is recorded.
     pub stocked: bool,
+    /// The packet's commitment to its split, if it has one.
+    pub commitment: Option<String>,
 }
 
 type StoredRow = (
@@ -443,12 +454,13 @@ type StoredRow = (
     Option<DateTime<Utc>>,
     Option<i64>,
     bool,
+    Option<String>,
 );
 
 /// Reads packet `packet_id` from Postgres.
 pub async fn stored(db: &PgPool, packet_id: &str) -> Result<Option<Stored>, sqlx::Error> {
     let row: Option<StoredRow> = sqlx::query_as(
-        "SELECT sender, asset, total, share_count, min_share, min_asked, expires_in_s, expires_at, closed_at, refunded, stocked_at IS NOT NULL FROM red_packets WHERE id = $1",
+        "SELECT sender, asset, total, share_count, min_share, min_asked, expires_in_s, expires_at, closed_at, refunded, stocked_at IS NOT NULL, commitment FROM red_packets WHERE id = $1",
     )
     .bind(packet_id)
     .fetch_optional(db)
@@ -466,6 +478,7 @@ pub async fn stored(db: &PgPool, packet_id: &str) -> Result<Option<Stored>, sqlx
             closed_at,
             refunded,
             stocked,
+            commitment,
         )| {
             Stored {
                 sender,
@@ -478,6 +491,7 @@ pub async fn stored(db: &PgPool, packet_id: &str) -> Result<Option<Stored>, sqlx
                 expires_at,
                 refunded: closed_at.and(refunded),
                 stocked,
+                commitment,
             }
         },
     ))
@@ -576,6 +590,7 @@ async fn existing<C: ConnectionLike + Send>(
         count: packet.count,
         total: packet.total,
         expires_at: packet.expires_at,
+        commitment: packet.commitment,
         closed: packet.refunded.is_some(),
     })
 }
@@ -669,6 +684,11 @@ pub struct CreatedReply {
     pub count: i64,
     pub total: i64,
     pub expires_at: String,
+    /// SHA-256 of the packet's split and salt, fixed before the first grab
+    /// (`docs/fairness.md`); absent for a packet created before packets
+    /// committed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub commitment: Option<String>,
 }
 
 impl Created {
@@ -681,6 +701,7 @@ impl Created {
             count: self.count,
             total: self.total,
             expires_at: wire_time(self.expires_at),
+            commitment: self.commitment.clone(),
         }
     }
 
@@ -763,15 +784,24 @@ pub struct ClosedEvent {
     pub kind: &'static str,
     pub packet_id: String,
     pub refunded: i64,
+    /// The revealed salt of the packet's commitment ([`fair`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub salt: Option<String>,
+    /// The revealed split, in share order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shares: Option<Vec<i64>>,
 }
 
 impl ClosedEvent {
-    /// Packet `packet_id` closed, refunding `refunded`.
-    pub fn new(packet_id: &str, refunded: i64) -> Self {
+    /// Packet `packet_id` closed, refunding `refunded`, revealing `reveal`.
+    pub fn new(packet_id: &str, refunded: i64, reveal: Option<fair::Reveal>) -> Self {
+        let (salt, shares) = reveal.map(|r| (r.salt, r.shares)).unzip();
         Self {
             kind: CLOSED_EVENT,
             packet_id: packet_id.to_owned(),
             refunded,
+            salt,
+            shares,
         }
     }
 }
@@ -928,6 +958,7 @@ mod tests {
             expires_at: Utc::now(),
             refunded: None,
             stocked: true,
+            commitment: None,
         }
     }
 
@@ -1023,13 +1054,15 @@ mod tests {
             count: 10,
             total: 10_000,
             expires_at: DateTime::from_timestamp(1_795_000_000, 123_000_000).unwrap_or_default(),
+            commitment: Some("ab".repeat(32)),
             closed: false,
         };
         let reply = serde_json::to_value(created.reply()).unwrap_or_default();
         assert_eq!(
             reply,
             serde_json::json!({"type": "redpacket_result", "packet_id": "rp-1", "status": "ok",
-                               "count": 10, "total": 10_000, "expires_at": "2026-11-18T11:06:40Z"})
+                               "count": 10, "total": 10_000, "expires_at": "2026-11-18T11:06:40Z",
+                               "commitment": "ab".repeat(32)})
         );
         let event = serde_json::to_value(created.event()).unwrap_or_default();
         assert_eq!(event["type"], "redpacket.created");
@@ -1045,8 +1078,17 @@ mod tests {
                                "closed": true, "refunded": 5})
         );
         assert_eq!(
-            serde_json::to_value(ClosedEvent::new("rp-1", 5)).unwrap_or_default(),
+            serde_json::to_value(ClosedEvent::new("rp-1", 5, None)).unwrap_or_default(),
             serde_json::json!({"type": "redpacket.closed", "packet_id": "rp-1", "refunded": 5})
+        );
+        let reveal = fair::Reveal {
+            salt: "00".repeat(16),
+            shares: vec![3, 2],
+        };
+        assert_eq!(
+            serde_json::to_value(ClosedEvent::new("rp-1", 0, Some(reveal))).unwrap_or_default(),
+            serde_json::json!({"type": "redpacket.closed", "packet_id": "rp-1", "refunded": 0,
+                               "salt": "00".repeat(16), "shares": [3, 2]})
         );
     }
 }
