@@ -525,11 +525,7 @@ async fn the_verifier_names_the_first_draw_of_a_tampered_batch() {
     // The settle worker is ready before its audit consumer has bound the
     // audit queue (it does so beside it): an event published before the
     // binding reaches no audit queue, so the first draw waits for it.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while env.consumers(audit::ROUTE.queue).await == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "no audit consumer");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_audit_consumer(&env).await;
     let client = env.client().await;
     let call = |i: i64| {
         let client = &client;
@@ -719,6 +715,31 @@ async fn the_verifier_names_the_first_draw_of_a_tampered_batch() {
     assert_eq!(users, vec![replies[0]["user_id"].as_i64().unwrap()]);
     let _ = conn.close(200, "bye".into()).await;
     env.stop_workers().await;
+}
+
+/// Waits until the audit queue exists and is consumed.
+async fn wait_for_audit_consumer(env: &TestEnv) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let conn = prizepool::amqp::connect(&env.config.amqp_url, "test")
+        .await
+        .unwrap();
+    loop {
+        // A passive declare of a queue not declared yet closes its channel.
+        let channel = conn.create_channel().await.unwrap();
+        let passive = lapin::options::QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let queue = channel
+            .queue_declare(audit::ROUTE.queue.into(), passive, Default::default())
+            .await;
+        if queue.is_ok_and(|q| q.consumer_count() > 0) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no audit consumer");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = conn.close(200, "bye".into()).await;
 }
 
 /// The fleet's seal key, as the workers of `env` load it.
