@@ -43,6 +43,47 @@ fn leader(node: &str, queue: &str) -> String {
         .unwrap_or_default()
 }
 
+/// What the live nodes say about queues, channels and consumers: printed
+/// when the fleet stalls, to tell a broker that holds messages from a
+/// client that holds deliveries.
+fn diagnose(nodes: &[PrivateRabbit], down: &str) -> String {
+    let Some(live) = nodes.iter().find(|n| n.node != down) else {
+        return String::new();
+    };
+    let mut out = String::new();
+    for args in [
+        &[
+            "list_queues",
+            "name",
+            "leader",
+            "members",
+            "messages_ready",
+            "messages_unacknowledged",
+            "consumers",
+        ][..],
+        &[
+            "list_channels",
+            "connection",
+            "number",
+            "consumer_count",
+            "messages_unacknowledged",
+            "messages_unconfirmed",
+        ][..],
+        &[
+            "list_consumers",
+            "queue_name",
+            "channel_pid",
+            "prefetch_count",
+            "active",
+        ][..],
+    ] {
+        let o = node_ctl(&live.node, args);
+        out.push_str(&String::from_utf8_lossy(&o.stdout));
+        out.push('\n');
+    }
+    out
+}
+
 // Ignored until its intermittent failure is understood: in about one run
 // in three, after the leader's node comes back, settlement stops short of
 // what the replies promised (17,760 of 44,370 on 2026-11-25) or the draw
@@ -130,14 +171,17 @@ async fn losing_the_node_that_leads_the_draw_queue_stalls_nothing() {
             replies
         }));
     }
+    let nodes = &nodes;
     let wait_for = |target: usize, what: &'static str, answered: Arc<AtomicUsize>| async move {
         let deadline = Instant::now() + Duration::from_secs(60);
         while answered.load(Ordering::Relaxed) < target {
-            assert!(
-                Instant::now() < deadline,
-                "{what}: {} answered, waiting for {target}",
-                answered.load(Ordering::Relaxed)
-            );
+            if Instant::now() >= deadline {
+                panic!(
+                    "{what}: {} answered, waiting for {target}\n{}",
+                    answered.load(Ordering::Relaxed),
+                    diagnose(nodes, "")
+                );
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
@@ -211,6 +255,14 @@ async fn losing_the_node_that_leads_the_draw_queue_stalls_nothing() {
         "{n} requests, {} answered; {during} answered while {leading} (leader of the draw queue) was stopped; longest gap between replies {gap:?}",
         replies.len()
     );
+    let promised: i64 = replies.values().filter_map(|r| r["reward"].as_i64()).sum();
+    let settled = env.wait_ledger("cl", promised).await;
+    if settled != promised {
+        eprintln!(
+            "ledger {settled} of {promised} promised\n{}",
+            diagnose(nodes, "")
+        );
+    }
     assert_invariants(&env, "cl", n, count, &replies).await;
     env.stop_workers().await;
 }

@@ -27,9 +27,10 @@ use lapin::{
     Channel, Connection, ConnectionProperties, ExchangeKind,
 };
 
+pub use acks::Settle;
 pub use consumer::{
-    publish_dead_letter, publish_dead_letter_as, publish_dead_letter_part, run, HandleError,
-    Handler, Outcome,
+    publish_dead_letter, publish_dead_letter_as, publish_dead_letter_part, run, run_batches, Batch,
+    BatchHandler, BatchLimits, HandleError, Handler, Outcome,
 };
 pub use publish::{Outgoing, Publisher};
 pub use reply::{Replier, Sent};
@@ -107,6 +108,28 @@ pub fn delay_queue(remaining_ms: u64) -> &'static str {
 pub const ERROR_CODE_HEADER: &str = "x-prizepool-error-code";
 /// Header carrying the human-readable reason of a message we dead-lettered.
 pub const ERROR_HEADER: &str = "x-prizepool-error";
+
+/// How long the broker gets for a frame-level operation: an ack, a cancel, a
+/// qos round trip, a close.
+///
+/// lapin 4 can leave such a call pending for good when the channel dies
+/// under it: an ack queued just as the connection is closed (a node that is
+/// stopping closes it) is dropped without resolving its promise. Before
+/// this bound, the settle worker waited on such an ack forever, its
+/// consumer gone with the connection and its queue filling up unseen, and
+/// the shared loop's acker stopped acking for the whole session.
+pub(crate) const BROKER_OP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Runs a frame-level broker operation for at most [`BROKER_OP_TIMEOUT`].
+pub(crate) async fn bounded<T>(
+    what: &'static str,
+    op: impl std::future::Future<Output = lapin::Result<T>>,
+) -> anyhow::Result<T> {
+    match tokio::time::timeout(BROKER_OP_TIMEOUT, op).await {
+        Ok(result) => result.context(what),
+        Err(_) => anyhow::bail!("{what}: no answer from the broker within {BROKER_OP_TIMEOUT:?}"),
+    }
+}
 
 /// How long one node gets to open a connection.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
