@@ -84,11 +84,11 @@ fn diagnose(nodes: &[PrivateRabbit], down: &str) -> String {
     out
 }
 
-// Ignored until its intermittent failure is understood: in about one run
-// in three, after the leader's node comes back, settlement stops short of
-// what the replies promised (17,760 of 44,370 on 2026-11-25) or the draw
-// worker holds its deliveries unanswered. Run it with `--ignored`.
-#[ignore = "intermittent: settlement or replies stall after the leader's node returns"]
+// Once intermittent (about one run in three, settlement stopped short of
+// the replies after the leader's node returned): the settle worker awaited
+// an ack lapin never resolved once the stopped node closed its connection.
+// Every broker operation is bounded now (`amqp::bounded`, the publisher's
+// confirm timeout, the session watchdog).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_the_node_that_leads_the_draw_queue_stalls_nothing() {
     let _ = tracing_subscriber::fmt()
