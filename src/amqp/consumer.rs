@@ -15,6 +15,7 @@
 
 use std::{future::Future, panic::AssertUnwindSafe, sync::Arc, time::Instant};
 
+use anyhow::Context;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures_util::{FutureExt, StreamExt};
 use lapin::{
@@ -379,15 +380,25 @@ struct Link {
     conn: lapin::Connection,
     channel: lapin::Channel,
     publisher: Publisher,
-    consumer: lapin::Consumer,
-    tag: String,
+    /// Every consumer of the session (a draw worker consumes each draw
+    /// shard), merged; each ends with a `None` item, which ends the session.
+    consumer: futures_util::stream::SelectAll<Consumed>,
+    tags: Vec<String>,
     prefetch: u16,
     acks: Acks,
     acker: tokio::task::JoinHandle<()>,
     watchdog: tokio::time::Interval,
 }
 
-/// What the consumer gave, or why the session ends.
+/// One consumer's items, `None` last (when the broker cancelled it or its
+/// channel closed).
+type Consumed = std::pin::Pin<
+    Box<dyn futures_util::Stream<Item = Option<lapin::Result<Delivery>>> + Send + Sync>,
+>;
+
+/// What the consumer gave, or why the session ends. Short-lived, one at a
+/// time: boxing the delivery would cost an allocation per message.
+#[allow(clippy::large_enum_variant)]
 enum Next {
     Delivery(Delivery),
     /// The worker is asked to stop.
@@ -404,36 +415,52 @@ impl Link {
     /// and then never answer a declare or a consume (a quorum queue whose
     /// leader is being elected), which would hold the worker for good.
     async fn open(config: &Config, route: Route, prefetch: u16) -> anyhow::Result<Self> {
-        let tag = format!("{}-{}", route.queue, ulid::Ulid::new());
-        let (conn, channel, publisher, consumer) = tokio::time::timeout(SETUP_TIMEOUT, async {
-            let conn = super::connect(&config.amqp_url, route.queue).await?;
-            let channel = conn.create_channel().await?;
-            super::declare_topology(&channel, config.delivery_limit).await?;
-            channel
-                .basic_qos(prefetch, BasicQosOptions::default())
-                .await?;
-            let publisher = Publisher::new(conn.create_channel().await?).await?;
-            let consumer = channel
-                .basic_consume(
-                    route.queue.into(),
-                    tag.as_str().into(),
-                    BasicConsumeOptions::default(),
-                    FieldTable::default(),
-                )
-                .await?;
-            anyhow::Ok((conn, channel, publisher, consumer))
-        })
-        .await
-        .map_err(|_| {
-            anyhow::anyhow!("the broker did not set up the session within {SETUP_TIMEOUT:?}")
-        })??;
+        let (conn, channel, publisher, consumer, tags) =
+            tokio::time::timeout(SETUP_TIMEOUT, async {
+                let conn = super::connect(&config.amqp_url, route.queue).await?;
+                let channel = conn.create_channel().await?;
+                super::declare_topology_for(&channel, config).await?;
+                channel
+                    .basic_qos(prefetch, BasicQosOptions::default())
+                    .await?;
+                let publisher = Publisher::new(conn.create_channel().await?).await?;
+                let queues = super::consumed_queues(&conn, route, config.draw_shards).await?;
+                // All on the one channel: delivery tags are the channel's, so
+                // the acker's coalescing spans every queue consumed.
+                let mut consumer = futures_util::stream::SelectAll::new();
+                let mut tags = Vec::new();
+                for queue in &queues {
+                    let tag = format!("{queue}-{}", ulid::Ulid::new());
+                    let stream = channel
+                        .basic_consume(
+                            queue.as_str().into(),
+                            tag.as_str().into(),
+                            BasicConsumeOptions::default(),
+                            FieldTable::default(),
+                        )
+                        .await
+                        .with_context(|| format!("consuming {queue}"))?;
+                    let stream: Consumed = Box::pin(
+                        stream
+                            .map(Some)
+                            .chain(futures_util::stream::once(std::future::ready(None))),
+                    );
+                    consumer.push(stream);
+                    tags.push(tag);
+                }
+                anyhow::Ok((conn, channel, publisher, consumer, tags))
+            })
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!("the broker did not set up the session within {SETUP_TIMEOUT:?}")
+            })??;
         let (acks, acker) = Acks::start(channel.clone());
         Ok(Self {
             conn,
             channel,
             publisher,
             consumer,
-            tag,
+            tags,
             prefetch,
             acks,
             acker,
@@ -453,9 +480,11 @@ impl Link {
             tokio::select! {
                 _ = shutdown.cancelled() => return Next::Stop,
                 next = self.consumer.next() => return match next {
-                    Some(Ok(delivery)) => Next::Delivery(delivery),
-                    Some(Err(e)) => Next::Lost(anyhow::Error::from(e).context("consuming")),
-                    None => Next::Lost(anyhow::anyhow!("the broker cancelled the consumer")),
+                    Some(Some(Ok(delivery))) => Next::Delivery(delivery),
+                    Some(Some(Err(e))) => Next::Lost(anyhow::Error::from(e).context("consuming")),
+                    Some(None) | None => {
+                        Next::Lost(anyhow::anyhow!("the broker cancelled a consumer"))
+                    }
                 },
                 () = self.publisher.broken() => return Next::Lost(anyhow::anyhow!(
                     "the publishing channel failed or lost a confirm"
@@ -504,12 +533,14 @@ impl Link {
 
     /// Stops new deliveries (the ones in hand are finished by the caller).
     async fn cancel(&self) {
-        let _ = super::bounded(
-            "cancelling the consumer",
-            self.channel
-                .basic_cancel(self.tag.as_str().into(), BasicCancelOptions::default()),
-        )
-        .await;
+        for tag in &self.tags {
+            let _ = super::bounded(
+                "cancelling the consumer",
+                self.channel
+                    .basic_cancel(tag.as_str().into(), BasicCancelOptions::default()),
+            )
+            .await;
+        }
     }
 
     /// Sends the last acks, makes sure the broker processed them, and closes

@@ -45,7 +45,7 @@ impl RpcClient {
     pub async fn connect(config: &crate::config::Config) -> anyhow::Result<Self> {
         let conn = super::connect(&config.amqp_url, "prizepool-client").await?;
         let channel = conn.create_channel().await?;
-        super::declare_topology(&channel, config.delivery_limit).await?;
+        super::declare_topology_for(&channel, config).await?;
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await?;

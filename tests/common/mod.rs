@@ -95,6 +95,25 @@ impl TestEnv {
         }
     }
 
+    /// Another handle on this test's vhost, Redis prefix and database, with
+    /// `change` applied to a copy of the configuration (workers of another
+    /// setting on the same servers). Whichever handle drops first removes
+    /// the vhost and the database.
+    pub fn sharing(&self, change: impl FnOnce(&mut Config)) -> Self {
+        let mut config = self.config.clone();
+        change(&mut config);
+        Self {
+            config,
+            vhost: self.vhost.clone(),
+            db_name: self.db_name.clone(),
+            db: self.db.clone(),
+            redis: self.redis.clone(),
+            scripts: Scripts::new(),
+            shutdown: CancellationToken::new(),
+            workers: Vec::new(),
+        }
+    }
+
     /// Environment variables that point a worker process at this test's
     /// vhost, prefix and database.
     pub fn env(&self) -> Vec<(String, String)> {
