@@ -26,7 +26,8 @@ const GIFT: &[(&str, &[(u64, u64)])] = &[
 ];
 
 fn node(tag: &str) -> PrivateRabbit {
-    PrivateRabbit::start(tag, &[], |port, _| {
+    // x-random spreads the draw shards (DRAW_SHARDS > 1).
+    PrivateRabbit::start_with_plugins(tag, &[], &["rabbitmq_random_exchange"], |port, _| {
         format!("listeners.tcp.default = 127.0.0.1:{port}\nqueue_leader_locator = balanced\n")
     })
 }
@@ -91,6 +92,23 @@ fn diagnose(nodes: &[PrivateRabbit], down: &str) -> String {
 // confirm timeout, the session watchdog).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_the_node_that_leads_the_draw_queue_stalls_nothing() {
+    leader_loss(1).await;
+}
+
+/// The same with `DRAW_SHARDS = 3`: three draw queues whose leaders the
+/// cluster spreads over its nodes; the node leading `prizepool.draw` (shard
+/// 0) is stopped and started again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_draw_shards_lose_nothing_when_a_leaders_node_stops() {
+    leader_loss(3).await;
+}
+
+/// One cluster at a time: three nodes and a fleet are what this machine
+/// holds.
+static CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn leader_loss(shards: u16) {
+    let _one = CLUSTER.lock().await;
     let _ = tracing_subscriber::fmt()
         .with_env_filter("prizepool=info,lapin=warn")
         .with_test_writer()
@@ -118,9 +136,23 @@ async fn losing_the_node_that_leads_the_draw_queue_stalls_nothing() {
         .map(|n| format!("amqp://guest:guest@127.0.0.1:{}/%2f", n.port))
         .collect::<Vec<_>>()
         .join(",");
-    let mut env = TestEnv::new(&[("AMQP_URL", &url)]).await;
+    let shards_text = shards.to_string();
+    let mut env = TestEnv::new(&[("AMQP_URL", &url), ("DRAW_SHARDS", &shards_text)]).await;
     env.load(&pool_toml("cl", "max_count = 100", GIFT)).await;
     env.start_fleet().await;
+    if shards > 1 {
+        let out = node_ctl(&nodes[0].node, &["list_queues", "-q", "name", "leader"]);
+        let leaders: std::collections::HashSet<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with("prizepool.draw") && !l.contains(".dlq"))
+            .filter_map(|l| l.split_whitespace().nth(1).map(str::to_owned))
+            .collect();
+        eprintln!("draw shard leaders: {leaders:?}");
+        assert!(
+            leaders.len() > 1,
+            "the shards' leaders sit on different nodes"
+        );
+    }
 
     // Upstream senders run until told to stop, so the load covers the whole
     // outage however fast the fleet is.

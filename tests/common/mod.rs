@@ -606,6 +606,16 @@ impl PrivateRabbit {
         files: &[std::path::PathBuf],
         listeners: impl Fn(u16, &std::path::Path) -> String,
     ) -> Self {
+        Self::start_with_plugins(tag, files, &[], listeners)
+    }
+
+    /// [`PrivateRabbit::start`] with `plugins` enabled from the start.
+    pub fn start_with_plugins(
+        tag: &str,
+        files: &[std::path::PathBuf],
+        plugins: &[&str],
+        listeners: impl Fn(u16, &std::path::Path) -> String,
+    ) -> Self {
         let dir = tempdir(tag);
         for file in files {
             std::fs::copy(file, dir.join(file.file_name().unwrap())).unwrap();
@@ -616,7 +626,7 @@ impl PrivateRabbit {
             format!("{}loopback_users = none\n", listeners(port, &dir)),
         )
         .unwrap();
-        std::fs::write(dir.join("plugins"), "[].\n").unwrap();
+        std::fs::write(dir.join("plugins"), format!("[{}].\n", plugins.join(","))).unwrap();
         let chown = Command::new("chown")
             .args(["-R", "rabbitmq:rabbitmq"])
             .arg(&dir)
