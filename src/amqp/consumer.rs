@@ -531,7 +531,19 @@ impl Link {
         }
     }
 
-    /// Stops new deliveries (the ones in hand are finished by the caller).
+    /// Stops new deliveries, then lets the ones in hand (`tracker`'s tasks)
+    /// finish within `grace`; those that do not are redelivered.
+    async fn drain(&self, tracker: &TaskTracker, grace: std::time::Duration) {
+        self.cancel().await;
+        tracker.close();
+        if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+            tracing::warn!(
+                "deliveries in hand did not finish within the grace period; they will be redelivered"
+            );
+        }
+    }
+
+    /// Stops new deliveries.
     async fn cancel(&self) {
         for tag in &self.tags {
             let _ = super::bounded(
@@ -649,17 +661,7 @@ async fn session<H: Handler>(
     };
     health.set_ready(false);
 
-    // Stop new deliveries, then let the ones in hand finish.
-    link.cancel().await;
-    tracker.close();
-    if tokio::time::timeout(config.shutdown_grace, tracker.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            "in-flight deliveries did not finish within the grace period; they will be redelivered"
-        );
-    }
+    link.drain(&tracker, config.shutdown_grace).await;
     // From here no delivery is answered: one still in hand is redelivered
     // and answered then. Waiting for the write lock waits for those that
     // were answered to hand their acks on, so the flush below sends them.
@@ -745,16 +747,7 @@ async fn batch_session<B: BatchHandler>(
     };
     health.set_ready(false);
 
-    link.cancel().await;
-    tracker.close();
-    if tokio::time::timeout(config.shutdown_grace, tracker.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            "the batch in hand did not finish within the grace period; it will be redelivered"
-        );
-    }
+    link.drain(&tracker, config.shutdown_grace).await;
     link.close().await;
     result
 }
