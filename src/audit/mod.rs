@@ -557,7 +557,7 @@ pub async fn run(
         let declared = async {
             let conn = amqp::connect(&config.amqp_url, "prizepool.audit.declare").await?;
             let channel = conn.create_channel().await?;
-            amqp::declare_topology(&channel, config.delivery_limit).await?;
+            amqp::declare_topology_for(&channel, &config).await?;
             declare(&channel, config.delivery_limit).await?;
             conn.close(200, "declared".into()).await.ok();
             anyhow::Ok(())
