@@ -270,7 +270,8 @@ async fn draw_and_record(env: &TestEnv, kinds: &Kinds, pool: &str, n: usize, cou
     let kind = kinds.resolve(pool).await.unwrap().unwrap();
     let step = kinds.draw(kind, &ask).await.unwrap();
     if let Step::Awarded(award) = &step {
-        // What the audit consumer checks an event against: the stored answer.
+        // The stored answer holds what the reply says (the audit consumer
+        // trusts a record by its seal, `draw_records_need_the_fleets_seal…`).
         let mut redis = env.redis.clone();
         let stored = lucky_gift::stored_award(
             &mut redis,

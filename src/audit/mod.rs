@@ -14,8 +14,9 @@
 //! before the batch is visible ([`PgRecorder`]); when Postgres is away it
 //! goes on stocking, and the commitment reaches Postgres later through the
 //! `pool.refilled` event, which the audit queue keeps until Postgres is
-//! back. Events are checked against stored state before they are recorded
-//! ([`AuditWorker`]).
+//! back. Events are checked before they are recorded ([`AuditWorker`]): a
+//! draw record by the seal the draw worker put on it ([`draw_completed`]),
+//! a commitment against the pool's state.
 
 mod verify;
 
