@@ -106,6 +106,11 @@ struct Settings {
     #[arg(long, env = "DELIVERY_LIMIT", value_name = "COUNT", default_value_t = 20,
           value_parser = clap::value_parser!(u32).range(1..))]
     delivery_limit: u32,
+    /// Quorum queues the draw requests are spread over (count, 1–16; 1 is
+    /// the single `prizepool.draw`).
+    #[arg(long, env = "DRAW_SHARDS", value_name = "COUNT", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=crate::amqp::MAX_DRAW_SHARDS as i64))]
+    draw_shards: u16,
     /// Ledger entries written per transaction at most (count, ≥ 1).
     #[arg(long, env = "SETTLE_BATCH_SIZE", value_name = "COUNT", default_value_t = 500,
           value_parser = clap::value_parser!(u64).range(1..=100_000))]
@@ -354,6 +359,9 @@ pub struct Config {
     pub concurrency: usize,
     /// `DELIVERY_LIMIT`: redeliveries before the broker dead-letters a message.
     pub delivery_limit: u32,
+    /// `DRAW_SHARDS`: quorum queues the draw requests are spread over
+    /// (`prizepool.draw`, `prizepool.draw.1`, …; see [`crate::amqp`]).
+    pub draw_shards: u16,
     /// `SETTLE_BATCH_SIZE`: ledger entries written per transaction at most.
     pub settle_batch_size: usize,
     /// `SETTLE_BATCH_WAIT_MS`: how long a settle batch waits to fill up.
@@ -461,6 +469,7 @@ impl Config {
             "prefetch": self.prefetch,
             "concurrency": self.concurrency,
             "delivery_limit": self.delivery_limit,
+            "draw_shards": self.draw_shards,
             "settle_batch_size": self.settle_batch_size,
             "settle_batch_wait_ms": self.settle_batch_wait.as_millis() as u64,
             "refill_chunk": self.refill_chunk,
@@ -589,6 +598,7 @@ impl Settings {
             prefetch: self.prefetch,
             concurrency: usize_of("CONCURRENCY", self.concurrency)?,
             delivery_limit: self.delivery_limit,
+            draw_shards: self.draw_shards,
             settle_batch_size: usize_of("SETTLE_BATCH_SIZE", self.settle_batch_size)?,
             settle_batch_wait: Duration::from_millis(self.settle_batch_wait_ms),
             refill_chunk: usize_of("REFILL_CHUNK", self.refill_chunk)?,

@@ -522,6 +522,10 @@ async fn the_verifier_names_the_first_draw_of_a_tampered_batch() {
     ))
     .await;
     env.start_fleet().await;
+    // The settle worker is ready before its audit consumer has bound the
+    // audit queue (it does so beside it): an event published before the
+    // binding reaches no audit queue, so the first draw waits for it.
+    wait_for_audit_consumer(&env).await;
     let client = env.client().await;
     let call = |i: i64| {
         let client = &client;
@@ -653,6 +657,23 @@ async fn the_verifier_names_the_first_draw_of_a_tampered_batch() {
                             {"combo": "b", "stock": [[0, 20], [2, 10], [10, 5]]}]}),
         ),
     ];
+    // A draw record needs the fleet's seal over exactly its content: one
+    // with a seal of another key, and a real draw's record sealed with the
+    // fleet's key but with one field changed afterwards, go the same way.
+    let sealer = fleet_sealer(&env).await;
+    let mut wrong_seal = forged[0].1.clone();
+    wrong_seal["seal"] = json!(prizepool::ledger::Sealer::new("not the fleet's key")
+        .seal_record(&record_bytes(&wrong_seal)));
+    let mut changed = replies[0].clone();
+    changed["type"] = json!("draw.completed");
+    changed["seal"] = json!(sealer.seal_record(&record_bytes(&changed)));
+    changed["user_id"] = json!(changed["user_id"].as_i64().unwrap() + 1);
+    let forged = [
+        forged[0].clone(),
+        forged[1].clone(),
+        ("draw.completed", wrong_seal),
+        ("draw.completed", changed),
+    ];
     for (key, body) in &forged {
         channel
             .basic_publish(
@@ -668,7 +689,7 @@ async fn the_verifier_names_the_first_draw_of_a_tampered_batch() {
             .unwrap();
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while env.queue_depth(audit::ROUTE.dlq).await < 2 {
+    while env.queue_depth(audit::ROUTE.dlq).await < 4 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "forged events not dead-lettered"
@@ -683,8 +704,185 @@ async fn the_verifier_names_the_first_draw_of_a_tampered_batch() {
     .await
     .unwrap();
     assert_eq!(forged_rows, 0);
+    // The changed record did not replace the real one (nor add a row).
+    let (users,): (Vec<i64>,) = sqlx::query_as(
+        "SELECT array_agg(user_id) FROM fair_draws WHERE pool = 'fair' AND request_id = $1",
+    )
+    .bind(replies[0]["request_id"].as_str().unwrap())
+    .fetch_one(&env.db)
+    .await
+    .unwrap();
+    assert_eq!(users, vec![replies[0]["user_id"].as_i64().unwrap()]);
     let _ = conn.close(200, "bye".into()).await;
     env.stop_workers().await;
+}
+
+/// Waits until the audit queue exists and is consumed.
+async fn wait_for_audit_consumer(env: &TestEnv) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let conn = prizepool::amqp::connect(&env.config.amqp_url, "test")
+        .await
+        .unwrap();
+    loop {
+        // A passive declare of a queue not declared yet closes its channel.
+        let channel = conn.create_channel().await.unwrap();
+        let passive = lapin::options::QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let queue = channel
+            .queue_declare(audit::ROUTE.queue.into(), passive, Default::default())
+            .await;
+        if queue.is_ok_and(|q| q.consumer_count() > 0) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no audit consumer");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = conn.close(200, "bye".into()).await;
+}
+
+/// The fleet's seal key, as the workers of `env` load it.
+async fn fleet_sealer(env: &TestEnv) -> prizepool::ledger::Sealer {
+    let mut redis = env.redis.clone();
+    prizepool::ledger::Sealer::load(&mut redis, &env.config.redis_prefix, None)
+        .await
+        .unwrap()
+}
+
+/// The canonical bytes of a draw record: its `DrawResult`, serialised.
+fn record_bytes(event: &Value) -> Vec<u8> {
+    let result: prizepool::messages::DrawResult = serde_json::from_value(event.clone()).unwrap();
+    serde_json::to_vec(&result).unwrap()
+}
+
+/// The audit records a draw only under the fleet's seal over its exact
+/// content (no Redis is asked): a record without a seal, with another
+/// key's seal or with a field changed after sealing is refused, alone
+/// (dead-lettered by the consumer) or inside a group (the others are
+/// recorded); the sealed record is recorded once however often it comes.
+#[tokio::test]
+async fn draw_records_need_the_fleets_seal_over_their_exact_content() {
+    let env = TestEnv::new(&[]).await;
+    let kinds = Kinds::new(env.redis.clone(), &env.config.redis_prefix);
+    env.load(&pool_toml(
+        "sealed",
+        "refill_at = 0.5\nmax_count = 100",
+        SMALL,
+    ))
+    .await;
+    let worker = audit::AuditWorker::new(
+        env.db.clone(),
+        env.redis.clone(),
+        &env.config.redis_prefix,
+        fleet_sealer(&env).await,
+    );
+    // Two real draws, sealed the way the draw worker seals their events.
+    let draws_seal = prizepool::ledger::FleetSealer::default();
+    let mut events = Vec::new();
+    for n in 0..2 {
+        let request_id = format!("sealed-{n}");
+        let fingerprint = prizepool::kinds::fingerprint("draw", &[&"sealed", &1i64, &8u32]);
+        let ttl = env.config.result_ttl.as_secs();
+        let tokens = Tokens::new(
+            &env.config.redis_prefix,
+            "rq",
+            &request_id,
+            fingerprint,
+            ttl,
+        );
+        let ask = Ask {
+            request_id: &request_id,
+            pool: "sealed",
+            user: 1,
+            count: 8,
+            token: &tokens.answer,
+            result_ttl_s: ttl,
+        };
+        let kind = kinds.resolve("sealed").await.unwrap().unwrap();
+        let Step::Awarded(award) = kinds.draw(kind, &ask).await.unwrap() else {
+            panic!("no award")
+        };
+        let fields = serde_json::to_vec(&award.result).unwrap();
+        let event = audit::draw_completed(&draws_seal, &env.config, &fields);
+        let event: Value = serde_json::from_slice(&event).unwrap();
+        // The event is the reply but for its type and seal.
+        let mut reply = event.clone();
+        reply.as_object_mut().unwrap().remove("seal").unwrap();
+        reply["type"] = json!("draw_result");
+        assert_eq!(
+            reply,
+            prizepool::messages::with_type("draw_result", &award.result)
+        );
+        events.push(event);
+    }
+    let recorded = |request_id: &'static str| {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM fair_draws WHERE request_id = $1")
+            .bind(request_id)
+            .fetch_one(&env.db)
+    };
+    let refused = |result: Result<(), prizepool::amqp::HandleError>| {
+        matches!(result, Err(prizepool::amqp::HandleError::Invalid(_)))
+    };
+
+    // Missing, of another key, not hex, or over other content: refused.
+    let mut unsealed = events[0].clone();
+    unsealed.as_object_mut().unwrap().remove("seal");
+    let mut other_key = events[0].clone();
+    other_key["seal"] =
+        json!(prizepool::ledger::Sealer::new("upstream's guess")
+            .seal_record(&record_bytes(&events[0])));
+    let mut junk = events[0].clone();
+    junk["seal"] = json!("not a seal");
+    let mut forged = vec![unsealed, other_key, junk];
+    for change in [
+        ("user_id", json!(2)),
+        ("serial", json!(events[0]["serial"].as_i64().unwrap() + 100)),
+        ("request_id", json!("sealed-x")),
+        ("version", json!(events[0]["version"].as_i64().unwrap() + 1)),
+        ("reward", json!(1_000_000)),
+    ] {
+        let mut changed = events[0].clone();
+        changed[change.0] = change.1;
+        forged.push(changed);
+    }
+    let mut moved = events[0].clone();
+    moved["positions"][0]["position"] =
+        json!(moved["positions"][0]["position"].as_u64().unwrap() + 1);
+    forged.push(moved);
+    let mut renamed = events[0].clone();
+    renamed["prizes"][0]["combo"] = json!("z");
+    forged.push(renamed);
+    for event in &forged {
+        assert!(refused(worker.record(event).await), "{event}");
+    }
+    assert_eq!(recorded("sealed-0").await.unwrap(), 0);
+    let (rows,): (i64,) = sqlx::query_as("SELECT count(*) FROM fair_draws")
+        .fetch_one(&env.db)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0);
+
+    // The sealed record is recorded, once, alone or again in a group; the
+    // bad records of a group are left out and the others recorded.
+    worker.record(&events[0]).await.unwrap();
+    assert_eq!(recorded("sealed-0").await.unwrap(), 1);
+    let mut group: Vec<Value> = forged.clone();
+    group.push(events[0].clone());
+    group.push(events[1].clone());
+    group.push(events[1].clone());
+    worker
+        .record(&json!({"type": "draw.completed.batch", "events": group}))
+        .await
+        .unwrap();
+    assert_eq!(recorded("sealed-0").await.unwrap(), 1);
+    assert_eq!(recorded("sealed-1").await.unwrap(), 1);
+    let (rows, users): (i64, Vec<i64>) =
+        sqlx::query_as("SELECT count(*), array_agg(DISTINCT user_id) FROM fair_draws")
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
+    assert_eq!((rows, users), (2, vec![1]));
 }
 
 /// With Postgres away, a batch is still stocked at once (draws never wait
@@ -764,7 +962,7 @@ async fn stocking_goes_on_while_postgres_is_away_and_the_commitment_comes_later(
         env.db.clone(),
         env.redis.clone(),
         &env.config.redis_prefix,
-        env.config.result_ttl.as_secs(),
+        fleet_sealer(&env).await,
     );
     worker.record(&event).await.unwrap();
     assert_eq!(rows(2).await.unwrap(), vec![committed.commitment.clone()]);

@@ -684,7 +684,8 @@ async fn concurrent_draws(env: &TestEnv, pool: &str, n: i64) -> Vec<Value> {
     replies.into_iter().map(Result::unwrap).collect()
 }
 
-/// Every reply has exactly one event, equal to it but for its type.
+/// Every reply has exactly one event, equal to it but for its type and the
+/// fleet's seal (for the audit trail, `docs/fairness.md`).
 fn assert_one_event_per_reply(replies: &[Value], events: &[Value]) {
     let mut by_id: std::collections::HashMap<String, Value> = events
         .iter()
@@ -698,6 +699,13 @@ fn assert_one_event_per_reply(replies: &[Value], events: &[Value]) {
             .remove(id)
             .unwrap_or_else(|| panic!("no event for {id}"));
         assert_eq!(event["type"], "draw.completed");
+        let seal = event.as_object_mut().unwrap().remove("seal");
+        assert!(
+            seal.as_ref()
+                .and_then(Value::as_str)
+                .is_some_and(|s| s.len() == 64),
+            "{seal:?}"
+        );
         event["type"] = reply["type"].clone();
         assert_eq!(&event, reply);
     }

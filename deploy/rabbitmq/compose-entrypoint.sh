@@ -6,6 +6,10 @@
 set -euo pipefail
 : "${AMQP_PASSWORD:?AMQP_PASSWORD must be set}"
 
+# DRAW_SHARDS > 1 spreads draws through an x-random exchange (a plugin that
+# ships with RabbitMQ).
+rabbitmq-plugins enable --offline rabbitmq_random_exchange >/dev/null
+
 docker-entrypoint.sh rabbitmq-server &
 broker=$!
 trap 'kill -TERM "$broker"; wait "$broker"' TERM INT

@@ -20,6 +20,7 @@ use lapin::{
     Channel,
 };
 use tokio::{sync::mpsc, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
 
 /// How a delivery ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,6 +130,10 @@ impl AckWindow {
 #[derive(Debug, Clone)]
 pub struct Acks {
     tx: mpsc::UnboundedSender<(u64, Settle)>,
+    /// Cancelled once a frame could not be sent: the channel is gone or
+    /// stuck, and the session should end (the broker redelivers whatever it
+    /// had not seen settled).
+    failed: CancellationToken,
 }
 
 impl Acks {
@@ -136,6 +141,8 @@ impl Acks {
     /// dropped and the last frames are sent; await the handle to know that.
     pub fn start(channel: Channel) -> (Self, JoinHandle<()>) {
         let (tx, mut rx) = mpsc::unbounded_channel();
+        let failed = CancellationToken::new();
+        let failing = failed.clone();
         let task = tokio::spawn(async move {
             let mut window = AckWindow::default();
             let mut batch = Vec::with_capacity(256);
@@ -153,13 +160,26 @@ impl Acks {
                     if let Err(error) = result {
                         // The channel is gone: the broker redelivers whatever
                         // it had not seen settled.
-                        tracing::warn!(%error, ?frame, "settling a delivery failed");
+                        // Once per session: the rest fail the same way.
+                        if !failing.is_cancelled() {
+                            tracing::warn!(
+                                error = format!("{error:#}"),
+                                ?frame,
+                                "settling a delivery failed; ending the session"
+                            );
+                        }
+                        failing.cancel();
                     }
                 }
                 metrics::gauge!("prizepool_acks_held_ahead").set(window.ahead() as f64);
             }
         });
-        (Self { tx }, task)
+        (Self { tx, failed }, task)
+    }
+
+    /// Resolves once a frame could not be sent.
+    pub async fn failed(&self) {
+        self.failed.cancelled().await;
     }
 
     /// Hands a finished delivery to the acker.
@@ -169,26 +189,33 @@ impl Acks {
     }
 }
 
-async fn send(channel: &Channel, frame: Frame) -> lapin::Result<()> {
-    match frame {
-        Frame::Ack { tag, multiple } => channel.basic_ack(tag, BasicAckOptions { multiple }).await,
-        Frame::Requeue(tag) => {
-            channel
-                .basic_nack(
-                    tag,
-                    BasicNackOptions {
-                        multiple: false,
-                        requeue: true,
-                    },
-                )
-                .await
+async fn send(channel: &Channel, frame: Frame) -> anyhow::Result<()> {
+    // Bounded: a frame lapin never resolves would stop this acker, and with
+    // it every later ack of the session (see `super::BROKER_OP_TIMEOUT`).
+    super::bounded("settling a delivery", async {
+        match frame {
+            Frame::Ack { tag, multiple } => {
+                channel.basic_ack(tag, BasicAckOptions { multiple }).await
+            }
+            Frame::Requeue(tag) => {
+                channel
+                    .basic_nack(
+                        tag,
+                        BasicNackOptions {
+                            multiple: false,
+                            requeue: true,
+                        },
+                    )
+                    .await
+            }
+            Frame::Reject(tag) => {
+                channel
+                    .basic_reject(tag, BasicRejectOptions { requeue: false })
+                    .await
+            }
         }
-        Frame::Reject(tag) => {
-            channel
-                .basic_reject(tag, BasicRejectOptions { requeue: false })
-                .await
-        }
-    }
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@
 
 use std::{future::Future, panic::AssertUnwindSafe, sync::Arc, time::Instant};
 
+use anyhow::Context;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures_util::{FutureExt, StreamExt};
 use lapin::{
@@ -209,14 +210,110 @@ pub async fn run<H: Handler>(
     health: Health,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let mut backoff = reconnect_backoff();
     let replier = Replier::new(&config.amqp_url, handler.route().queue);
+    let (handler, replier, health_ref, stop) = (&handler, &replier, &health, &shutdown);
+    reconnecting(&health, &shutdown, move || {
+        session(config, handler, replier, health_ref, stop)
+    })
+    .await
+}
+
+/// A queue worker that handles its deliveries in batches: the settle worker
+/// writes a batch of ledger entries in one Postgres transaction.
+///
+/// The shared loop gathers up to [`BatchLimits::size`] deliveries, waiting
+/// at most [`BatchLimits::wait`] for a batch to fill, and hands them over
+/// together; one batch is handled at a time. Session, reconnection, qos,
+/// coalesced acks, watchdog and graceful stop are the same as for a
+/// [`Handler`].
+pub trait BatchHandler: Send + Sync + 'static {
+    /// The queue this worker consumes.
+    fn route(&self) -> Route;
+
+    /// How deliveries are gathered into batches.
+    fn limits(&self) -> BatchLimits;
+
+    /// Handles one batch. Every delivery is settled through
+    /// [`Batch::settle`] once what it caused is committed and confirmed; an
+    /// error ends the session, and the broker redelivers every delivery not
+    /// settled by then.
+    fn handle_batch(&self, batch: Batch) -> impl Future<Output = anyhow::Result<()>> + Send;
+}
+
+/// How a [`BatchHandler`]'s deliveries are gathered.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchLimits {
+    /// Most deliveries in one batch.
+    pub size: usize,
+    /// How long a batch that has its first delivery waits for more.
+    pub wait: std::time::Duration,
+    /// The consuming channel's prefetch (at least two batches, so the next
+    /// one is on its way while one is written).
+    pub prefetch: u16,
+}
+
+/// One batch of deliveries, and what the session lends to answer them.
+#[derive(Debug)]
+pub struct Batch {
+    pub deliveries: Vec<Delivery>,
+    /// The session's confirming channel (dead letters).
+    pub publisher: Publisher,
+    /// The worker's reply connection.
+    pub replier: Replier,
+    /// Cancelled when the worker is asked to stop.
+    pub shutdown: CancellationToken,
+    /// Unix seconds: the worker's start or, later, the last time the loop
+    /// found the queue empty. Nothing delivered since can have waited
+    /// longer than since then (the settle worker's lag gauge).
+    pub empty_since: u64,
+    acks: Acks,
+}
+
+impl Batch {
+    /// Settles `delivery` (of this batch): handed to the session's acker,
+    /// which coalesces the batch's acks into one `multiple` ack.
+    pub fn settle(&self, delivery: &Delivery, how: Settle) {
+        self.acks.finish(delivery.delivery_tag, how);
+    }
+}
+
+/// Consumes `handler`'s queue in batches until `shutdown` is cancelled,
+/// reconnecting after failures, like [`run`].
+pub async fn run_batches<B: BatchHandler>(
+    config: &Config,
+    handler: Arc<B>,
+    health: Health,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let replier = Replier::new(&config.amqp_url, handler.route().queue);
+    // Across sessions: a new session does not make the queue empty.
+    let empty_since = std::sync::atomic::AtomicU64::new(unix_now());
+    let (handler, replier, health_ref, stop, empty) =
+        (&handler, &replier, &health, &shutdown, &empty_since);
+    reconnecting(&health, &shutdown, move || {
+        batch_session(config, handler, replier, health_ref, stop, empty)
+    })
+    .await
+}
+
+/// Runs `session` again after every failure, with backoff, until one ends
+/// cleanly (a shutdown) or the broker contradicts the configuration.
+async fn reconnecting<F, Fut>(
+    health: &Health,
+    shutdown: &CancellationToken,
+    mut session: F,
+) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let mut backoff = reconnect_backoff();
     loop {
         if shutdown.is_cancelled() {
             return Ok(());
         }
         let began = Instant::now();
-        match session(config, &handler, &replier, &health, &shutdown).await {
+        match session().await {
             Ok(()) => return Ok(()),
             Err(error) if error.downcast_ref::<super::Misconfigured>().is_some() => {
                 return Err(error);
@@ -244,6 +341,13 @@ pub async fn run<H: Handler>(
     }
 }
 
+/// How long connecting, declaring the topology and starting to consume may
+/// take together.
+const SETUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// How often a session checks that its connection and channels still stand.
+const WATCHDOG: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The longest wait between two reconnection attempts.
 const RECONNECT_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -259,6 +363,242 @@ fn reconnect_backoff() -> impl Iterator<Item = std::time::Duration> {
         .build()
 }
 
+/// How long the loop must wait for a delivery before it takes the queue
+/// for empty (a delivery already on its way arrives well within this).
+const IDLE: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Now, in unix seconds.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A session's links to the broker: the connection, the consuming channel
+/// and its consumer, the confirming channel, and the acker.
+struct Link {
+    conn: lapin::Connection,
+    channel: lapin::Channel,
+    publisher: Publisher,
+    /// Every consumer of the session (a draw worker consumes each draw
+    /// shard), merged; each ends with a `None` item, which ends the session.
+    consumer: futures_util::stream::SelectAll<Consumed>,
+    tags: Vec<String>,
+    prefetch: u16,
+    acks: Acks,
+    acker: tokio::task::JoinHandle<()>,
+    watchdog: tokio::time::Interval,
+}
+
+/// One consumer's items, `None` last (when the broker cancelled it or its
+/// channel closed).
+type Consumed = std::pin::Pin<
+    Box<dyn futures_util::Stream<Item = Option<lapin::Result<Delivery>>> + Send + Sync>,
+>;
+
+/// What the consumer gave, or why the session ends. Short-lived, one at a
+/// time: boxing the delivery would cost an allocation per message.
+#[allow(clippy::large_enum_variant)]
+enum Next {
+    Delivery(Delivery),
+    /// The worker is asked to stop.
+    Stop,
+    /// A link to the broker is gone: end the session and reconnect.
+    Lost(anyhow::Error),
+}
+
+impl Link {
+    /// Connects, declares the topology, sets the prefetch and starts
+    /// consuming `route`'s queue.
+    ///
+    /// Bounded: a node that is starting or stopping may take the connection
+    /// and then never answer a declare or a consume (a quorum queue whose
+    /// leader is being elected), which would hold the worker for good.
+    async fn open(config: &Config, route: Route, prefetch: u16) -> anyhow::Result<Self> {
+        let (conn, channel, publisher, consumer, tags) =
+            tokio::time::timeout(SETUP_TIMEOUT, async {
+                let conn = super::connect(&config.amqp_url, route.queue).await?;
+                let channel = conn.create_channel().await?;
+                super::declare_topology_for(&channel, config).await?;
+                channel
+                    .basic_qos(prefetch, BasicQosOptions::default())
+                    .await?;
+                let publisher = Publisher::new(conn.create_channel().await?).await?;
+                let queues = super::consumed_queues(&conn, route, config.draw_shards).await?;
+                // All on the one channel: delivery tags are the channel's, so
+                // the acker's coalescing spans every queue consumed.
+                let mut consumer = futures_util::stream::SelectAll::new();
+                let mut tags = Vec::new();
+                for queue in &queues {
+                    let tag = format!("{queue}-{}", ulid::Ulid::new());
+                    let stream = channel
+                        .basic_consume(
+                            queue.as_str().into(),
+                            tag.as_str().into(),
+                            BasicConsumeOptions::default(),
+                            FieldTable::default(),
+                        )
+                        .await
+                        .with_context(|| format!("consuming {queue}"))?;
+                    let stream: Consumed = Box::pin(
+                        stream
+                            .map(Some)
+                            .chain(futures_util::stream::once(std::future::ready(None))),
+                    );
+                    consumer.push(stream);
+                    tags.push(tag);
+                }
+                anyhow::Ok((conn, channel, publisher, consumer, tags))
+            })
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!("the broker did not set up the session within {SETUP_TIMEOUT:?}")
+            })??;
+        let (acks, acker) = Acks::start(channel.clone());
+        Ok(Self {
+            conn,
+            channel,
+            publisher,
+            consumer,
+            tags,
+            prefetch,
+            acks,
+            acker,
+            watchdog: tokio::time::interval(WATCHDOG),
+        })
+    }
+
+    /// The next delivery, unless the worker is asked to stop or a link to
+    /// the broker is gone first. Every way a link can fail ends the wait:
+    /// the consumer's stream ends or errs (the broker cancelled the
+    /// consumer: a quorum queue that lost its leader, a deleted queue; the
+    /// channel or connection closed), the publishing channel failed or lost
+    /// a confirm, the acker could not send a frame, or the watchdog finds a
+    /// channel or the connection closed without the stream saying so.
+    async fn next(&mut self, shutdown: &CancellationToken) -> Next {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return Next::Stop,
+                next = self.consumer.next() => return match next {
+                    Some(Some(Ok(delivery))) => Next::Delivery(delivery),
+                    Some(Some(Err(e))) => Next::Lost(anyhow::Error::from(e).context("consuming")),
+                    Some(None) | None => {
+                        Next::Lost(anyhow::anyhow!("the broker cancelled a consumer"))
+                    }
+                },
+                () = self.publisher.broken() => return Next::Lost(anyhow::anyhow!(
+                    "the publishing channel failed or lost a confirm"
+                )),
+                () = self.acks.failed() => return Next::Lost(anyhow::anyhow!(
+                    "the broker did not take an ack"
+                )),
+                _ = self.watchdog.tick() => {
+                    if let Some(lost) = self.lost() {
+                        return Next::Lost(anyhow::anyhow!("{lost}"));
+                    }
+                }
+            }
+        }
+    }
+
+    /// What of the links is gone, if anything.
+    fn lost(&self) -> Option<&'static str> {
+        if !self.conn.status().connected() {
+            Some("the connection to the broker was lost")
+        } else if !self.channel.status().connected() {
+            Some("the broker closed the consuming channel")
+        } else if self.publisher.is_broken() {
+            Some("the publishing channel failed or lost a confirm")
+        } else {
+            None
+        }
+    }
+
+    /// Resolves once a link is gone (for waits other than [`Self::next`]).
+    async fn lost_any(&mut self) -> anyhow::Error {
+        loop {
+            tokio::select! {
+                () = self.publisher.broken() => return anyhow::anyhow!(
+                    "the publishing channel failed or lost a confirm"
+                ),
+                () = self.acks.failed() => return anyhow::anyhow!("the broker did not take an ack"),
+                _ = self.watchdog.tick() => {
+                    if let Some(lost) = self.lost() {
+                        return anyhow::anyhow!("{lost}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops new deliveries, then lets the ones in hand (`tracker`'s tasks)
+    /// finish within `grace`; those that do not are redelivered.
+    async fn drain(&self, tracker: &TaskTracker, grace: std::time::Duration) {
+        self.cancel().await;
+        tracker.close();
+        if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+            tracing::warn!(
+                "deliveries in hand did not finish within the grace period; they will be redelivered"
+            );
+        }
+    }
+
+    /// Stops new deliveries.
+    async fn cancel(&self) {
+        for tag in &self.tags {
+            let _ = super::bounded(
+                "cancelling the consumer",
+                self.channel
+                    .basic_cancel(tag.as_str().into(), BasicCancelOptions::default()),
+            )
+            .await;
+        }
+    }
+
+    /// Sends the last acks, makes sure the broker processed them, and closes
+    /// the channels, then the connection.
+    async fn close(self) {
+        let Self {
+            conn,
+            channel,
+            publisher,
+            prefetch,
+            acks,
+            acker,
+            ..
+        } = self;
+        // The acker ends once every handle is gone and its frames are out.
+        drop(acks);
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), acker).await;
+        // A synchronous round trip on the consuming channel: the broker
+        // handles a channel's frames in order, so once qos-ok arrives every
+        // ack sent before it has been processed (acks written just before a
+        // close can be lost).
+        let _ = super::bounded(
+            "flushing the acks",
+            channel.basic_qos(prefetch, BasicQosOptions::default()),
+        )
+        .await;
+        // Each bounded: a connection that is already gone must not hold the
+        // worker's reconnect.
+        let _ = super::bounded(
+            "closing the channel",
+            channel.close(200, "shutting down".into()),
+        )
+        .await;
+        let _ = super::bounded(
+            "closing the publishing channel",
+            publisher.channel().close(200, "shutting down".into()),
+        )
+        .await;
+        let _ = super::bounded(
+            "closing the connection",
+            conn.close(200, "shutting down".into()),
+        )
+        .await;
+    }
+}
+
 async fn session<H: Handler>(
     config: &Config,
     handler: &Arc<H>,
@@ -267,29 +607,13 @@ async fn session<H: Handler>(
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     let route = handler.route();
-    let conn = super::connect(&config.amqp_url, route.queue).await?;
-    let channel = conn.create_channel().await?;
-    super::declare_topology(&channel, config.delivery_limit).await?;
-    channel
-        .basic_qos(config.prefetch, BasicQosOptions::default())
-        .await?;
-    let publisher = Publisher::new(conn.create_channel().await?).await?;
-    let tag = format!("{}-{}", route.queue, ulid::Ulid::new());
-    let mut consumer = channel
-        .basic_consume(
-            route.queue.into(),
-            tag.as_str().into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
+    let mut link = Link::open(config, route, config.prefetch).await?;
     health.set_ready(true);
     tracing::info!(queue = route.queue, "consuming");
 
     let tracker = TaskTracker::new();
-    let (acks, acker) = Acks::start(channel.clone());
-    let (ledger, ledger_task) = Grouper::start(publisher.clone(), grouped::LEDGER);
-    let (events, events_task) = Grouper::start(publisher.clone(), grouped::DRAW_COMPLETED);
+    let (ledger, ledger_task) = Grouper::start(link.publisher.clone(), grouped::LEDGER);
+    let (events, events_task) = Grouper::start(link.publisher.clone(), grouped::DRAW_COMPLETED);
     let groupers = Groupers {
         ledger,
         events,
@@ -298,30 +622,27 @@ async fn session<H: Handler>(
     };
     let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
     let result = loop {
-        let next = tokio::select! {
-            _ = shutdown.cancelled() => break Ok(()),
-            next = consumer.next() => next,
+        let delivery = match link.next(shutdown).await {
+            Next::Delivery(delivery) => delivery,
+            Next::Stop => break Ok(()),
+            Next::Lost(error) => break Err(error),
         };
-        match next {
-            Some(Ok(delivery)) => {
-                let permit = tokio::select! {
-                    _ = shutdown.cancelled() => break Ok(()),
-                    permit = slots.clone().acquire_owned() => permit?,
-                };
-                let handler = handler.clone();
-                let publisher = publisher.clone();
-                let config = config.clone();
-                let acks = acks.clone();
-                let groupers = groupers.clone();
-                tracker.spawn(async move {
-                    let tag = delivery.delivery_tag;
-                    // `process` does not panic (a handler's panic is caught
-                    // inside it); should a bug make it, the broker
-                    // dead-letters the delivery rather than it staying
-                    // unsettled.
-                    let (how, replied) = AssertUnwindSafe(process(
-                        &config, &*handler, &publisher, &groupers, delivery,
-                    ))
+        let permit = tokio::select! {
+            _ = shutdown.cancelled() => break Ok(()),
+            permit = slots.clone().acquire_owned() => permit?,
+        };
+        let handler = handler.clone();
+        let publisher = link.publisher.clone();
+        let config = config.clone();
+        let acks = link.acks.clone();
+        let groupers = groupers.clone();
+        tracker.spawn(async move {
+            let tag = delivery.delivery_tag;
+            // `process` does not panic (a handler's panic is caught inside
+            // it); should a bug make it, the broker dead-letters the
+            // delivery rather than it staying unsettled.
+            let (how, replied) =
+                AssertUnwindSafe(process(&config, &*handler, &publisher, &groupers, delivery))
                     .catch_unwind()
                     .await
                     .unwrap_or_else(|panic| {
@@ -331,55 +652,103 @@ async fn session<H: Handler>(
                         );
                         (Settle::Reject, None)
                     });
-                    // The ack of a delivery that was answered is handed on
-                    // before the session may close (see `Groupers::closed`).
-                    acks.finish(tag, how);
-                    drop(replied);
-                    drop(permit);
-                });
-            }
-            Some(Err(e)) => break Err(anyhow::Error::from(e).context("consuming")),
-            None => break Err(anyhow::anyhow!("the broker cancelled the consumer")),
-        }
+            // The ack of a delivery that was answered is handed on before
+            // the session may close (see `Groupers::closed`).
+            acks.finish(tag, how);
+            drop(replied);
+            drop(permit);
+        });
     };
     health.set_ready(false);
 
-    // Stop new deliveries, then let the ones in hand finish.
-    let _ = channel
-        .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
-        .await;
-    tracker.close();
-    if tokio::time::timeout(config.shutdown_grace, tracker.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            "in-flight deliveries did not finish within the grace period; they will be redelivered"
-        );
-    }
+    link.drain(&tracker, config.shutdown_grace).await;
     // From here no delivery is answered: one still in hand is redelivered
     // and answered then. Waiting for the write lock waits for those that
     // were answered to hand their acks on, so the flush below sends them.
     *groupers.closed.write().await = true;
-    // The acker and the groupers end once every handle is gone and what
-    // they hold is out.
+    // The groupers end once every handle is gone and what they hold is out.
     drop(groupers);
     let _ = tokio::time::timeout(
         std::time::Duration::from_secs(2),
         futures_util::future::join(ledger_task, events_task),
     )
     .await;
-    drop(acks);
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), acker).await;
-    // A synchronous round trip on the consuming channel: the broker handles a
-    // channel's frames in order, so once qos-ok arrives every ack sent before
-    // it has been processed (acks written just before a close can be lost).
-    let _ = channel
-        .basic_qos(config.prefetch, BasicQosOptions::default())
-        .await;
-    let _ = channel.close(200, "shutting down".into()).await;
-    let _ = publisher.channel().close(200, "shutting down".into()).await;
-    let _ = conn.close(200, "shutting down".into()).await;
+    link.close().await;
+    result
+}
+
+async fn batch_session<B: BatchHandler>(
+    config: &Config,
+    handler: &Arc<B>,
+    replier: &Replier,
+    health: &Health,
+    shutdown: &CancellationToken,
+    empty_since: &std::sync::atomic::AtomicU64,
+) -> anyhow::Result<()> {
+    use std::sync::atomic::Ordering;
+    let route = handler.route();
+    let limits = handler.limits();
+    let mut link = Link::open(config, route, limits.prefetch).await?;
+    health.set_ready(true);
+    tracing::info!(queue = route.queue, "consuming");
+
+    let tracker = TaskTracker::new();
+    let result = loop {
+        // The first delivery of a batch. A wait that lasts means the queue
+        // was empty when it began.
+        let waiting_since = unix_now();
+        let started = Instant::now();
+        let first = match link.next(shutdown).await {
+            Next::Delivery(delivery) => delivery,
+            Next::Stop => break Ok(()),
+            Next::Lost(error) => break Err(error),
+        };
+        if started.elapsed() >= IDLE {
+            empty_since.fetch_max(waiting_since, Ordering::Relaxed);
+        }
+        let mut deliveries = vec![first];
+        let deadline = tokio::time::Instant::now() + limits.wait;
+        let mut end = None;
+        while deliveries.len() < limits.size {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => break,
+                next = link.next(shutdown) => match next {
+                    Next::Delivery(delivery) => deliveries.push(delivery),
+                    // The batch in hand is still handled.
+                    Next::Stop => { end = Some(Ok(())); break }
+                    Next::Lost(error) => { end = Some(Err(error)); break }
+                },
+            }
+        }
+        let batch = Batch {
+            deliveries,
+            publisher: link.publisher.clone(),
+            replier: replier.clone(),
+            shutdown: shutdown.clone(),
+            empty_since: empty_since.load(Ordering::Relaxed),
+            acks: link.acks.clone(),
+        };
+        let handler = handler.clone();
+        let mut handling = tracker.spawn(async move { handler.handle_batch(batch).await });
+        // One batch at a time; a link lost meanwhile ends the session at
+        // once (the batch's own acks would go nowhere).
+        let handled = tokio::select! {
+            handled = &mut handling => handled,
+            error = link.lost_any() => break Err(error),
+        };
+        match handled {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => break Err(error),
+            Err(join) => break Err(anyhow::anyhow!("the batch handler failed: {join}")),
+        }
+        if let Some(end) = end {
+            break end;
+        }
+    };
+    health.set_ready(false);
+
+    link.drain(&tracker, config.shutdown_grace).await;
+    link.close().await;
     result
 }
 

@@ -10,6 +10,20 @@
 //!                   --settle-> prizepool.settle --dead letters--> prizepool.dlx --> prizepool.settle.dlq
 //! prizepool.events (topic): draw.completed, pool.refilled, ...
 //! ```
+//!
+//! With `DRAW_SHARDS = N > 1` the key `draw` no longer goes straight to
+//! `prizepool.draw`: it goes to the exchange `prizepool.draw.shards`
+//! (`x-random`, from the `rabbitmq_random_exchange` plugin that ships with
+//! RabbitMQ), bound behind `prizepool`, which puts each request on one of N
+//! quorum queues, `prizepool.draw` (shard 0), `prizepool.draw.1` …
+//! `prizepool.draw.<N-1>`, whose leaders the broker spreads over the
+//! cluster's nodes. Every draw worker consumes all of them; every shard
+//! dead-letters to `prizepool.draw.dlq`. Upstreams still publish to
+//! `prizepool` with key `draw`: the wire contract does not change.
+//!
+//! ```text
+//! prizepool --draw--> prizepool.draw.shards (x-random) --> prizepool.draw | prizepool.draw.1 | …
+//! ```
 
 pub mod acks;
 mod consumer;
@@ -21,15 +35,21 @@ mod reply;
 pub mod rpc;
 
 use anyhow::Context;
+
+use crate::config::Config;
 use lapin::{
-    options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions},
+    options::{
+        ExchangeBindOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
+        QueueDeclareOptions,
+    },
     types::{AMQPValue, FieldTable, LongString},
     Channel, Connection, ConnectionProperties, ExchangeKind,
 };
 
+pub use acks::Settle;
 pub use consumer::{
-    publish_dead_letter, publish_dead_letter_as, publish_dead_letter_part, run, HandleError,
-    Handler, Outcome,
+    publish_dead_letter, publish_dead_letter_as, publish_dead_letter_part, run, run_batches, Batch,
+    BatchHandler, BatchLimits, HandleError, Handler, Outcome,
 };
 pub use publish::{Outgoing, Publisher};
 pub use reply::{Replier, Sent};
@@ -61,6 +81,24 @@ pub const SETTLE: Route = Route {
 };
 /// Every work queue.
 pub const ROUTES: [Route; 3] = [DRAW, REFILL, SETTLE];
+
+/// Most draw shards (`DRAW_SHARDS`).
+pub const MAX_DRAW_SHARDS: u16 = 16;
+
+/// The exchange that spreads routing key `draw` over the draw shards when
+/// `DRAW_SHARDS` > 1 (type `x-random`: each message goes to one bound
+/// queue, picked at random, whatever properties it carries).
+pub const DRAW_SPREAD: &str = "prizepool.draw.shards";
+
+/// The queue of draw shard `k`: shard 0 is `prizepool.draw` itself, so one
+/// shard is exactly the unsharded topology.
+pub fn draw_shard(k: u16) -> String {
+    if k == 0 {
+        DRAW.queue.to_owned()
+    } else {
+        format!("{}.{k}", DRAW.queue)
+    }
+}
 
 /// A work queue, its routing key on [`EXCHANGE`], and its dead-letter queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,6 +145,28 @@ pub fn delay_queue(remaining_ms: u64) -> &'static str {
 pub const ERROR_CODE_HEADER: &str = "x-prizepool-error-code";
 /// Header carrying the human-readable reason of a message we dead-lettered.
 pub const ERROR_HEADER: &str = "x-prizepool-error";
+
+/// How long the broker gets for a frame-level operation: an ack, a cancel, a
+/// qos round trip, a close.
+///
+/// lapin 4 can leave such a call pending for good when the channel dies
+/// under it: an ack queued just as the connection is closed (a node that is
+/// stopping closes it) is dropped without resolving its promise. Before
+/// this bound, the settle worker waited on such an ack forever, its
+/// consumer gone with the connection and its queue filling up unseen, and
+/// the shared loop's acker stopped acking for the whole session.
+pub(crate) const BROKER_OP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Runs a frame-level broker operation for at most [`BROKER_OP_TIMEOUT`].
+pub(crate) async fn bounded<T>(
+    what: &'static str,
+    op: impl std::future::Future<Output = lapin::Result<T>>,
+) -> anyhow::Result<T> {
+    match tokio::time::timeout(BROKER_OP_TIMEOUT, op).await {
+        Ok(result) => result.context(what),
+        Err(_) => anyhow::bail!("{what}: no answer from the broker within {BROKER_OP_TIMEOUT:?}"),
+    }
+}
 
 /// How long one node gets to open a connection.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -174,16 +234,198 @@ fn quorum() -> FieldTable {
     args
 }
 
+/// Routes key `draw` to the draw shards: straight to `prizepool.draw` for
+/// one shard, through [`DRAW_SPREAD`] for more.
+///
+/// The old route is removed before the new one is added: in between, a
+/// request is unroutable (its publisher's confirm says so and it sends
+/// again) rather than delivered to two queues and answered twice.
+async fn declare_draw_routing(
+    channel: &Channel,
+    delivery_limit: u32,
+    draw_shards: u16,
+) -> anyhow::Result<()> {
+    if draw_shards <= 1 {
+        // Deleting an exchange that does not exist is a no-op; deleting the
+        // spread takes its bindings (to the shards and from `prizepool`)
+        // with it. Queues of a larger DRAW_SHARDS stay, and the workers keep
+        // consuming them until they are deleted (docs/operations.md).
+        channel
+            .exchange_delete(DRAW_SPREAD.into(), ExchangeDeleteOptions::default())
+            .await
+            .with_context(|| format!("deleting exchange {DRAW_SPREAD}"))?;
+        channel
+            .queue_bind(
+                DRAW.queue.into(),
+                EXCHANGE.into(),
+                DRAW.routing_key.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        return Ok(());
+    }
+    for k in 1..draw_shards {
+        let mut args = work_queue_args(delivery_limit, DRAW.queue);
+        // New queues, so no older declaration to contradict: their leaders
+        // go to the node with the fewest, spreading the shards.
+        args.insert("x-queue-leader-locator".into(), text("balanced"));
+        declare_work_queue(channel, &draw_shard(k), args, delivery_limit).await?;
+    }
+    channel
+        .exchange_declare(
+            DRAW_SPREAD.into(),
+            ExchangeKind::Custom("x-random".into()),
+            ExchangeDeclareOptions {
+                durable: true,
+                ..ExchangeDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| {
+            anyhow::Error::new(Misconfigured(format!(
+                "DRAW_SHARDS={draw_shards} needs the exchange type x-random, from the \
+                 rabbitmq_random_exchange plugin (rabbitmq-plugins enable \
+                 rabbitmq_random_exchange), but the broker refused it: {e}"
+            )))
+        })?;
+    for k in 0..draw_shards {
+        channel
+            .queue_bind(
+                draw_shard(k).as_str().into(),
+                DRAW_SPREAD.into(),
+                DRAW.routing_key.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+    }
+    channel
+        .queue_unbind(
+            DRAW.queue.into(),
+            EXCHANGE.into(),
+            DRAW.routing_key.into(),
+            FieldTable::default(),
+        )
+        .await?;
+    channel
+        .exchange_bind(
+            DRAW_SPREAD.into(),
+            EXCHANGE.into(),
+            DRAW.routing_key.into(),
+            ExchangeBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    Ok(())
+}
+
+/// The queues a worker of `route` consumes: the route's queue and, for the
+/// draw route, every draw shard: the `shards` configured, and any further
+/// one a larger `DRAW_SHARDS` left behind (found by a passive declare, so a
+/// request already on it is still answered).
+pub(crate) async fn consumed_queues(
+    conn: &Connection,
+    route: Route,
+    shards: u16,
+) -> anyhow::Result<Vec<String>> {
+    if route != DRAW {
+        return Ok(vec![route.queue.to_owned()]);
+    }
+    let mut queues: Vec<String> = (0..shards.max(1)).map(draw_shard).collect();
+    for k in shards.max(1)..MAX_DRAW_SHARDS {
+        // A passive declare of a missing queue closes its channel: one
+        // channel per probe.
+        let probe = conn.create_channel().await?;
+        let found = probe
+            .queue_declare(
+                draw_shard(k).as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .is_ok();
+        if !found {
+            break;
+        }
+        let _ = bounded("closing a probe", probe.close(200, "probed".into())).await;
+        queues.push(draw_shard(k));
+    }
+    Ok(queues)
+}
+
 /// A setting the broker contradicts: retrying cannot help, so the worker
 /// stops and says which setting.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct Misconfigured(pub String);
 
-/// Declares the whole SPEC §2 topology. Idempotent: every worker calls it at
-/// start, with the same arguments (a queue redeclared with other arguments
-/// would close the channel).
+/// Declares the whole SPEC §2 topology with one draw queue (`DRAW_SHARDS`
+/// = 1). Idempotent: every worker calls it at start, with the same arguments
+/// (a queue redeclared with other arguments would close the channel).
 pub async fn declare_topology(channel: &Channel, delivery_limit: u32) -> anyhow::Result<()> {
+    declare(channel, delivery_limit, 1).await
+}
+
+/// Declares the topology for `config`: [`declare_topology`] with its
+/// `DRAW_SHARDS`. Every process of a fleet must use the same value: one
+/// that declares one shard takes the spreading exchange away.
+pub async fn declare_topology_for(channel: &Channel, config: &Config) -> anyhow::Result<()> {
+    declare(channel, config.delivery_limit, config.draw_shards).await
+}
+
+/// The arguments of a work queue: quorum, the delivery limit, and
+/// at-least-once dead-lettering to [`DLX`] under `dead_letter_key`.
+fn work_queue_args(delivery_limit: u32, dead_letter_key: &str) -> FieldTable {
+    let mut args = quorum();
+    args.insert(
+        "x-delivery-limit".into(),
+        AMQPValue::LongLongInt(i64::from(delivery_limit)),
+    );
+    args.insert("x-dead-letter-exchange".into(), text(DLX));
+    args.insert("x-dead-letter-routing-key".into(), text(dead_letter_key));
+    // Without these two, RabbitMQ dead-letters at most once and may lose
+    // a message the DLQ cannot take.
+    args.insert("x-dead-letter-strategy".into(), text("at-least-once"));
+    args.insert("x-overflow".into(), text("reject-publish"));
+    args
+}
+
+/// Declares a work queue, naming `DELIVERY_LIMIT` when the broker's queue
+/// disagrees with it.
+async fn declare_work_queue(
+    channel: &Channel,
+    queue: &str,
+    args: FieldTable,
+    delivery_limit: u32,
+) -> anyhow::Result<()> {
+    let queue_opts = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    channel
+        .queue_declare(queue.into(), queue_opts, args)
+        .await
+        .map_err(|e| {
+            let text = e.to_string();
+            if text.contains("x-delivery-limit") {
+                anyhow::Error::new(Misconfigured(format!(
+                    "DELIVERY_LIMIT={delivery_limit} disagrees with queue {queue} as the broker \
+                     declared it ({text}): set DELIVERY_LIMIT to the queues' value, or \
+                     delete and redeclare the queues"
+                )))
+            } else {
+                anyhow::Error::new(e).context(format!("declaring queue {queue}"))
+            }
+        })?;
+    Ok(())
+}
+
+async fn declare(channel: &Channel, delivery_limit: u32, draw_shards: u16) -> anyhow::Result<()> {
     let durable = ExchangeDeclareOptions {
         durable: true,
         ..ExchangeDeclareOptions::default()
@@ -216,34 +458,17 @@ pub async fn declare_topology(channel: &Channel, delivery_limit: u32) -> anyhow:
                 FieldTable::default(),
             )
             .await?;
-
-        let mut args = quorum();
-        args.insert(
-            "x-delivery-limit".into(),
-            AMQPValue::LongLongInt(i64::from(delivery_limit)),
-        );
-        args.insert("x-dead-letter-exchange".into(), text(DLX));
-        args.insert("x-dead-letter-routing-key".into(), text(route.queue));
-        // Without these two, RabbitMQ dead-letters at most once and may lose
-        // a message the DLQ cannot take.
-        args.insert("x-dead-letter-strategy".into(), text("at-least-once"));
-        args.insert("x-overflow".into(), text("reject-publish"));
-        channel
-            .queue_declare(route.queue.into(), queue_opts, args)
-            .await
-            .map_err(|e| {
-                let text = e.to_string();
-                if text.contains("x-delivery-limit") {
-                    anyhow::Error::new(Misconfigured(format!(
-                        "DELIVERY_LIMIT={delivery_limit} disagrees with queue {} as the broker \
-                         declared it ({text}): set DELIVERY_LIMIT to the queues' value, or \
-                         delete and redeclare the queues",
-                        route.queue
-                    )))
-                } else {
-                    anyhow::Error::new(e).context(format!("declaring queue {}", route.queue))
-                }
-            })?;
+        declare_work_queue(
+            channel,
+            route.queue,
+            work_queue_args(delivery_limit, route.queue),
+            delivery_limit,
+        )
+        .await?;
+        if route == DRAW {
+            declare_draw_routing(channel, delivery_limit, draw_shards).await?;
+            continue;
+        }
         channel
             .queue_bind(
                 route.queue.into(),

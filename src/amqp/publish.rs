@@ -3,6 +3,13 @@
 //! Every publish goes through a channel in confirm mode. Callers publish all
 //! the messages a request causes first and wait for their confirms together,
 //! so one request costs one confirm round trip however many messages it sends.
+//!
+//! A confirm is waited for at most [`CONFIRM_TIMEOUT`]. A broker node that
+//! loses a quorum queue's leader while a publish is in flight can leave the
+//! confirm unanswered for good; a channel whose confirm did not come, or
+//! that failed, is marked [`broken`](Publisher::broken), and the consume loop
+//! then ends its session and reconnects instead of waiting forever with its
+//! deliveries unacked.
 
 use lapin::{
     options::BasicPublishOptions,
@@ -10,6 +17,7 @@ use lapin::{
     BasicProperties, Channel,
 };
 use serde::Serialize;
+use tokio_util::sync::CancellationToken;
 
 use super::{EVENTS, EXCHANGE};
 
@@ -137,12 +145,22 @@ pub enum PublishError {
     Nacked(String),
     #[error("no queue is bound for {0} (unroutable)")]
     Unroutable(String),
+    #[error("the broker did not confirm a message for {0} within {CONFIRM_TIMEOUT:?}")]
+    Unconfirmed(String),
 }
+
+/// How long the broker gets to confirm a publish. A healthy cluster confirms
+/// in milliseconds, and a quorum queue elects a new leader within seconds;
+/// a confirm that takes longer is taken for lost.
+pub(crate) const CONFIRM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A channel in confirm mode, shared by the tasks of one worker.
 #[derive(Clone, Debug)]
 pub struct Publisher {
     channel: Channel,
+    /// Cancelled once a publish failed on the channel or its confirm did not
+    /// come: the channel can no longer be trusted.
+    broken: CancellationToken,
 }
 
 impl Publisher {
@@ -151,7 +169,10 @@ impl Publisher {
         channel
             .confirm_select(lapin::options::ConfirmSelectOptions::default())
             .await?;
-        Ok(Self { channel })
+        Ok(Self {
+            channel,
+            broken: CancellationToken::new(),
+        })
     }
 
     /// The underlying channel.
@@ -159,11 +180,47 @@ impl Publisher {
         &self.channel
     }
 
-    /// Publishes every message, in order, then waits for all their confirms.
+    /// Resolves once the channel failed or lost a confirm; the session that
+    /// owns it should end and reconnect.
+    pub async fn broken(&self) {
+        self.broken.cancelled().await;
+    }
+
+    /// Whether the channel failed or lost a confirm.
+    pub fn is_broken(&self) -> bool {
+        self.broken.is_cancelled() || !self.channel.status().connected()
+    }
+
+    /// Publishes every message, in order, then waits for all their confirms,
+    /// for at most [`CONFIRM_TIMEOUT`].
     ///
     /// The publishes are handed to the connection together, so they leave in
     /// one write instead of one I/O round per message.
     pub async fn publish_all(&self, messages: Vec<Outgoing>) -> Result<(), PublishError> {
+        let first = messages
+            .first()
+            .map(|m| format!("{}/{}", m.exchange, m.routing_key))
+            .unwrap_or_default();
+        match tokio::time::timeout(CONFIRM_TIMEOUT, self.publish_and_confirm(messages)).await {
+            Ok(Err(PublishError::Amqp(error))) => {
+                // The channel or its connection failed: every later publish
+                // on it fails too.
+                self.broken.cancel();
+                Err(PublishError::Amqp(error))
+            }
+            Ok(result) => result,
+            Err(_) => {
+                tracing::warn!(
+                    to = first,
+                    "a publish was not confirmed in time; the channel is given up"
+                );
+                self.broken.cancel();
+                Err(PublishError::Unconfirmed(first))
+            }
+        }
+    }
+
+    async fn publish_and_confirm(&self, messages: Vec<Outgoing>) -> Result<(), PublishError> {
         // `try_join_all` polls the publishes in order, and a publish takes
         // its place on the channel (and its confirm tag) on its first poll.
         let channel = &self.channel;

@@ -124,7 +124,10 @@ impl Replier {
             }
         }
         let conn = super::connect(&self.url, &self.name).await?;
-        let publisher = Publisher::new(conn.create_channel().await?).await?;
+        let publisher = super::bounded("opening the reply channel", async {
+            Publisher::new(conn.create_channel().await?).await
+        })
+        .await?;
         let link = Arc::new(Link { conn, publisher });
         *shared = Some(link.clone());
         Ok(link)
@@ -136,7 +139,11 @@ impl Replier {
         let mut shared = self.shared.lock().await;
         if shared.as_ref().is_some_and(|l| Arc::ptr_eq(l, failed)) {
             *shared = None;
-            let _ = failed.conn.close(200, "replaced".into()).await;
+            let _ = super::bounded(
+                "closing a reply connection",
+                failed.conn.close(200, "replaced".into()),
+            )
+            .await;
         }
     }
 
@@ -149,7 +156,11 @@ impl Replier {
         })
         .await
         .unwrap_or_else(|_| Err(anyhow::anyhow!("no confirm within {CONFIRM_TIMEOUT:?}")));
-        let _ = conn.close(200, "reply sent".into()).await;
+        let _ = super::bounded(
+            "closing a reply connection",
+            conn.close(200, "reply sent".into()),
+        )
+        .await;
         result
     }
 }

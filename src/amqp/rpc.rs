@@ -43,12 +43,19 @@ pub(crate) async fn consume_replies(channel: &Channel) -> anyhow::Result<lapin::
 
 type Waiters = Arc<Mutex<HashMap<String, oneshot::Sender<Vec<u8>>>>>;
 
+/// How long the broker gets to confirm a request.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A connection that publishes requests and awaits their replies.
 #[derive(Debug)]
 pub struct RpcClient {
     conn: Connection,
     channel: Channel,
     waiters: Waiters,
+    /// Cancelled once the reply consumer ended (the broker cancelled it, or
+    /// the channel or connection closed): no reply can arrive any more, so
+    /// calls fail at once and the caller reconnects.
+    deaf: tokio_util::sync::CancellationToken,
 }
 
 impl RpcClient {
@@ -57,13 +64,15 @@ impl RpcClient {
     pub async fn connect(config: &crate::config::Config) -> anyhow::Result<Self> {
         let conn = super::connect(&config.amqp_url, "prizepool-client").await?;
         let channel = conn.create_channel().await?;
-        super::declare_topology(&channel, config.delivery_limit).await?;
+        super::declare_topology_for(&channel, config).await?;
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await?;
         let mut consumer = consume_replies(&channel).await?;
         let waiters: Waiters = Arc::default();
         let routes = waiters.clone();
+        let deaf = tokio_util::sync::CancellationToken::new();
+        let deafened = deaf.clone();
         tokio::spawn(async move {
             while let Some(Ok(delivery)) = consumer.next().await {
                 let Some(id) = delivery.properties.correlation_id() else {
@@ -74,12 +83,60 @@ impl RpcClient {
                     let _ = tx.send(delivery.data);
                 }
             }
+            // Every caller still waiting learns it now (its sender is
+            // dropped), not when its own timeout ends.
+            deafened.cancel();
+            if let Ok(mut w) = routes.lock() {
+                w.clear();
+            }
         });
         Ok(Self {
             conn,
             channel,
             waiters,
+            deaf,
         })
+    }
+
+    /// Whether the client can still publish and hear replies; a client that
+    /// cannot is to be dropped and connected again.
+    pub fn is_usable(&self) -> bool {
+        !self.deaf.is_cancelled()
+            && self.conn.status().connected()
+            && self.channel.status().connected()
+    }
+
+    /// Publishes with `mandatory` and waits, for at most
+    /// [`CONFIRM_TIMEOUT`], for the broker to confirm that a queue took it.
+    async fn publish_confirmed(
+        &self,
+        routing_key: &str,
+        body: &[u8],
+        props: BasicProperties,
+    ) -> anyhow::Result<()> {
+        let confirm = tokio::time::timeout(CONFIRM_TIMEOUT, async {
+            self.channel
+                .basic_publish(
+                    EXCHANGE.into(),
+                    routing_key.into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    body,
+                    props,
+                )
+                .await?
+                .await
+        })
+        .await
+        .map_err(|_| anyhow::anyhow!("the broker did not confirm within {CONFIRM_TIMEOUT:?}"))??;
+        if confirm.is_nack() || confirm.take_message().is_some() {
+            anyhow::bail!(
+                "the broker did not accept the message (is a worker's topology declared?)"
+            );
+        }
+        Ok(())
     }
 
     /// Publishes `body` to the `prizepool` exchange with `routing_key` and
@@ -124,28 +181,22 @@ impl RpcClient {
             .with_delivery_mode(2)
             .with_reply_to(REPLY_TO.into())
             .with_correlation_id(id.as_str().into());
-        let confirm = self
-            .channel
-            .basic_publish(
-                EXCHANGE.into(),
-                routing_key.into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                body,
-                props,
-            )
-            .await?
-            .await?;
-        if confirm.is_nack() || confirm.take_message().is_some() {
-            anyhow::bail!(
-                "the broker did not accept the request (is a worker's topology declared?)"
-            );
+        if !self.is_usable() {
+            if let Ok(mut w) = self.waiters.lock() {
+                w.remove(&id);
+            }
+            anyhow::bail!("the connection to the broker is gone");
+        }
+        if let Err(error) = self.publish_confirmed(routing_key, body, props).await {
+            if let Ok(mut w) = self.waiters.lock() {
+                w.remove(&id);
+            }
+            return Err(error);
         }
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(reply)) => Ok(reply),
-            _ => {
+            Ok(Err(_)) => anyhow::bail!("the reply consumer ended before the reply came"),
+            Err(_) => {
                 if let Ok(mut w) = self.waiters.lock() {
                     w.remove(&id);
                 }
@@ -156,31 +207,19 @@ impl RpcClient {
 
     /// Publishes without waiting for a reply (fire and forget, but confirmed).
     pub async fn send(&self, routing_key: &str, body: &Value) -> anyhow::Result<()> {
-        let confirm = self
-            .channel
-            .basic_publish(
-                EXCHANGE.into(),
-                routing_key.into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                &serde_json::to_vec(body)?,
-                BasicProperties::default()
-                    .with_content_type("application/json".into())
-                    .with_delivery_mode(2),
-            )
-            .await?
-            .await?;
-        if confirm.is_nack() || confirm.take_message().is_some() {
-            anyhow::bail!("the broker did not accept the message");
-        }
-        Ok(())
+        self.publish_confirmed(
+            routing_key,
+            &serde_json::to_vec(body)?,
+            BasicProperties::default()
+                .with_content_type("application/json".into())
+                .with_delivery_mode(2),
+        )
+        .await
     }
 
     /// Closes the connection.
     pub async fn close(self) {
-        let _ = self.channel.close(200, "bye".into()).await;
-        let _ = self.conn.close(200, "bye".into()).await;
+        let _ = super::bounded("closing the channel", self.channel.close(200, "bye".into())).await;
+        let _ = super::bounded("closing the connection", self.conn.close(200, "bye".into())).await;
     }
 }

@@ -26,6 +26,7 @@ use lapin::{
     options::{QueueBindOptions, QueueDeclareOptions},
     types::{AMQPValue, FieldTable, LongString},
 };
+use serde::Deserialize;
 use serde_json::Value;
 use sqlx::{types::Json, PgPool};
 use tokio_util::sync::CancellationToken;
@@ -36,6 +37,7 @@ use crate::{
     amqp::{self, HandleError, Handler, Outcome, Publisher, Route},
     config::Config,
     kinds::lucky_gift::{Commitment, Recorder},
+    ledger::{FleetSealer, Sealer},
     messages::{DrawResult, Invalid, PoolRefilled, Reveal, Status},
     ops::Health,
 };
@@ -49,6 +51,29 @@ pub const ROUTE: Route = Route {
 
 /// Routing keys of the events the audit trail records.
 pub const EVENTS: [&str; 2] = ["draw.completed", "pool.refilled"];
+
+/// The `draw.completed` event of a draw result serialised as `fields`
+/// (`serde_json::to_vec` of its `DrawResult`, the bytes its reply is made
+/// of): `{"type":"draw.completed",<fields>,"seal":"<hex>"}`, the seal being
+/// [`Sealer::seal_record`] of `fields`. The audit consumer records only
+/// sealed draws. Without a key (Redis could not give it; logged) the event
+/// goes unsealed: downstream consumers still hear of the draw, the audit
+/// refuses it and counts the refusal.
+pub fn draw_completed(sealer: &FleetSealer, config: &Config, fields: &[u8]) -> Vec<u8> {
+    let mut event = crate::messages::retype(amqp::grouped::DRAW_COMPLETED.routing_key, fields);
+    let Some(sealer) = sealer.ready(config) else {
+        return event;
+    };
+    let seal = sealer.seal_record(fields);
+    // `retype` always ends the object with its closing brace.
+    if event.last() == Some(&b'}') {
+        event.pop();
+        event.extend_from_slice(br#","seal":""#);
+        event.extend_from_slice(seal.as_bytes());
+        event.extend_from_slice(br#""}"#);
+    }
+    event
+}
 
 /// Records a batch's commitment; a row already there is kept.
 pub async fn record_batch(db: &PgPool, c: &Commitment) -> Result<(), sqlx::Error> {
@@ -89,49 +114,92 @@ pub async fn record_draw(db: &PgPool, result: &DrawResult) -> Result<(), sqlx::E
     record_draws(db, std::slice::from_ref(result)).await
 }
 
-/// Records several draws in one transaction (a `draw.completed.batch`).
+/// Records several draws (a `draw.completed.batch`) in one statement, so a
+/// group costs Postgres one round trip however many draws it holds; a
+/// group with nothing to record costs none.
 pub async fn record_draws(db: &PgPool, results: &[DrawResult]) -> Result<(), sqlx::Error> {
-    let mut tx = db.begin().await?;
+    let mut rows = Rows::default();
     for result in results {
-        let (Status::Ok, Some(pool), Some(user), Some(serial), Some(version)) = (
-            result.status,
-            result.pool.as_deref(),
-            result.user_id,
-            result.serial,
-            result.version,
-        ) else {
-            continue;
+        rows.push(result);
+    }
+    if rows.reveal_pools.is_empty() && rows.pools.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(include_str!("record_draws.sql"))
+        .bind(&rows.reveal_pools)
+        .bind(&rows.reveal_generations)
+        .bind(&rows.reveal_versions)
+        .bind(&rows.seeds)
+        .bind(&rows.pools)
+        .bind(&rows.serials)
+        .bind(&rows.request_ids)
+        .bind(&rows.users)
+        .bind(&rows.versions)
+        .bind(&rows.prizes)
+        .bind(&rows.positions)
+        .bind(&rows.held_back)
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
+/// The rows of a group of draws, as the columns `record_draws.sql` binds.
+#[derive(Default)]
+struct Rows<'a> {
+    reveal_pools: Vec<&'a str>,
+    reveal_generations: Vec<i64>,
+    reveal_versions: Vec<i64>,
+    seeds: Vec<&'a str>,
+    pools: Vec<&'a str>,
+    serials: Vec<i64>,
+    request_ids: Vec<&'a str>,
+    users: Vec<i64>,
+    versions: Vec<i64>,
+    prizes: Vec<Json<&'a [crate::messages::Prize]>>,
+    positions: Vec<Json<&'a [crate::messages::PrizeRun]>>,
+    held_back: Vec<Json<&'a [crate::messages::BatchPosition]>>,
+}
+
+impl<'a> Rows<'a> {
+    /// Adds what `result` records: nothing unless it is a lucky-gift award.
+    fn push(&mut self, result: &'a DrawResult) {
+        let Some((pool, user, serial, version)) = recordable(result) else {
+            return;
         };
         for reveal in &result.revealed {
-            sqlx::query(
-                "INSERT INTO fair_reveals (pool, generation, version, seed)
-                 VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-            )
-            .bind(pool)
-            .bind(reveal.generation as i64)
-            .bind(reveal.version)
-            .bind(&reveal.seed)
-            .execute(&mut *tx)
-            .await?;
+            self.reveal_pools.push(pool);
+            self.reveal_generations.push(reveal.generation as i64);
+            self.reveal_versions.push(reveal.version);
+            self.seeds.push(&reveal.seed);
         }
         if !result.positions.is_empty() {
-            sqlx::query(
-                "INSERT INTO fair_draws (pool, serial, request_id, user_id, version, prizes, positions, held_back)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
-            )
-            .bind(pool)
-            .bind(serial)
-            .bind(&result.request_id)
-            .bind(user)
-            .bind(version)
-            .bind(Json(&result.prizes))
-            .bind(Json(&result.positions))
-            .bind(Json(&result.held_back))
-            .execute(&mut *tx)
-            .await?;
+            self.pools.push(pool);
+            self.serials.push(serial);
+            self.request_ids.push(&result.request_id);
+            self.users.push(user);
+            self.versions.push(version);
+            self.prizes.push(Json(&result.prizes));
+            self.positions.push(Json(&result.positions));
+            self.held_back.push(Json(&result.held_back));
         }
     }
-    tx.commit().await
+}
+
+/// The pool, user, serial and config version of a draw the trail records
+/// (a lucky-gift award); `None` for results of other kinds and refusals.
+fn recordable(result: &DrawResult) -> Option<(&str, i64, i64, i64)> {
+    match (
+        result.status,
+        result.pool.as_deref(),
+        result.user_id,
+        result.serial,
+        result.version,
+    ) {
+        (Status::Ok, Some(pool), Some(user), Some(serial), Some(version)) => {
+            Some((pool, user, serial, version))
+        }
+        _ => None,
+    }
 }
 
 /// The refill worker's [`Recorder`]: writes each commitment to Postgres
@@ -225,88 +293,76 @@ impl Recorder for PgRecorder<'_> {
 }
 
 /// The audit consumer: records the events of [`EVENTS`], each checked
-/// against stored state first (anyone who may publish on the events
-/// exchange could otherwise write the trail): a draw against its stored
-/// answer in Redis, a commitment against the seed kept in Redis (or already
-/// revealed) and the composition against the pool's stored config version.
-/// An event that does not match is dead-lettered with the reason; one
-/// whose stored state is gone (an answer past `RESULT_TTL_S`) too, so
-/// nothing leaves the trail unseen.
+/// first (anyone who may publish on the events exchange could otherwise
+/// write the trail): a draw record by the fleet's seal over its canonical
+/// bytes ([`draw_completed`] seals it in the draw worker), a commitment
+/// against the seed kept in Redis (or already revealed) and the
+/// composition against the pool's stored config version. An event that
+/// does not pass is dead-lettered with the reason, so nothing leaves the
+/// trail unseen.
 #[derive(Debug)]
 pub struct AuditWorker {
     db: PgPool,
     redis: crate::redis_conn::RedisConn,
-    scripts: crate::scripts::Scripts,
     prefix: String,
-    /// `RESULT_TTL_S`: where the draw workers keep answers depends on it.
-    result_ttl_s: u64,
+    /// The fleet's key, which seals every `draw.completed` record.
+    sealer: Sealer,
 }
 
 impl AuditWorker {
-    /// A consumer writing to `db`, checking against the pools under
-    /// `prefix` whose answers are kept `result_ttl_s` seconds.
+    /// A consumer writing to `db`, checking commitments against the pools
+    /// under `prefix` and draw records against `sealer`.
     pub fn new(
         db: PgPool,
         redis: crate::redis_conn::RedisConn,
         prefix: &str,
-        result_ttl_s: u64,
+        sealer: Sealer,
     ) -> Self {
         Self {
             db,
             redis,
-            scripts: crate::scripts::Scripts::new(),
             prefix: prefix.to_owned(),
-            result_ttl_s,
+            sealer,
         }
     }
 
-    /// Refuses a draw record its stored answer does not vouch for.
-    async fn check_draw(&self, result: &DrawResult) -> Result<(), HandleError> {
+    /// Reads one `draw.completed` record and refuses it unless it carries
+    /// the fleet's seal over its canonical bytes: the `DrawResult` it
+    /// deserialises to, serialised again, which are the bytes the draw
+    /// worker sealed (the record's `type` and `seal` are not part of them,
+    /// and a field the result does not know cannot reach the trail). Pure
+    /// CPU: no Redis, however many records a group holds.
+    fn check_draw(&self, event: &Value) -> Result<DrawResult, HandleError> {
+        let result = DrawResult::deserialize(event)
+            .map_err(|e| Invalid::new(format!("a draw.completed that does not read: {e}")))?;
+        // Only what the trail records needs a seal; other results are skipped.
         let (Status::Ok, Some(pool), Some(_)) =
             (result.status, result.pool.as_deref(), result.serial)
         else {
-            return Ok(());
+            return Ok(result);
         };
         crate::messages::check_id("pool", pool)?;
         crate::messages::check_id("request_id", &result.request_id)?;
-        let keys = crate::scripts::PoolKeys::new(&self.prefix, pool);
-        let mut conn = self.redis.clone();
-        let (Some(user), Ok(count)) = (result.user_id, u32::try_from(result.prizes.len())) else {
+        if result.user_id.is_none() {
             return Err(Invalid::new("a draw record without its user").into());
-        };
-        let Some(stored) = crate::kinds::lucky_gift::stored_award(
-            &mut conn,
-            &self.scripts,
-            &self.prefix,
-            &keys,
-            pool,
-            &result.request_id,
-            user,
-            count,
-            self.result_ttl_s,
-        )
-        .await?
-        else {
+        }
+        let Some(seal) = event.get("seal").and_then(Value::as_str) else {
             return Err(Invalid::new(format!(
-                "draw {} of pool {pool} has no stored answer to check its record against",
+                "draw {} of pool {pool} carries no seal: only the draw workers write the trail",
                 result.request_id
             ))
             .into());
         };
-        let same = Some(stored.serial) == result.serial
-            && Some(stored.version) == result.version
-            && stored.codes.len() == result.prizes.len()
-            && stored.positions == result.positions
-            && stored.held_back == result.held_back
-            && stored.revealed == result.revealed;
-        if !same {
+        let canonical = serde_json::to_vec(&result)
+            .map_err(|e| HandleError::internal(format!("serialising a draw record: {e}")))?;
+        if !self.sealer.check_record(&canonical, seal) {
             return Err(Invalid::new(format!(
-                "draw {} of pool {pool} does not match its stored answer",
+                "draw {} of pool {pool} does not carry the fleet's seal over its content",
                 result.request_id
             ))
             .into());
         }
-        Ok(())
+        Ok(result)
     }
 
     /// Refuses a commitment the pool's state does not vouch for.
@@ -366,10 +422,7 @@ impl AuditWorker {
             .unwrap_or_default();
         match kind {
             "draw.completed" => {
-                let result: DrawResult = serde_json::from_value(event.clone()).map_err(|e| {
-                    Invalid::new(format!("a draw.completed that does not read: {e}"))
-                })?;
-                self.check_draw(&result).await?;
+                let result = self.check_draw(event)?;
                 record_draw(&self.db, &result).await?;
             }
             "draw.completed.batch" => {
@@ -379,17 +432,15 @@ impl AuditWorker {
                     .ok_or_else(|| Invalid::new("draw.completed.batch without events"))?;
                 let mut checked = Vec::with_capacity(events.len());
                 for e in events {
-                    let result: DrawResult = serde_json::from_value(e.clone()).map_err(|e| {
-                        Invalid::new(format!("a draw.completed that does not read: {e}"))
-                    })?;
                     // One bad record must not keep the others of its group
                     // out of the trail: it is logged and counted, the rest
                     // recorded (a lone bad event is dead-lettered).
-                    match self.check_draw(&result).await {
-                        Ok(()) => checked.push(result),
+                    match self.check_draw(e) {
+                        Ok(result) => checked.push(result),
                         Err(HandleError::Invalid(invalid)) => {
                             metrics::counter!("prizepool_audit_refused_total").increment(1);
-                            tracing::error!(request.id = %result.request_id, reason = %invalid, "draw record refused by the audit");
+                            let request_id = e.get("request_id").and_then(Value::as_str);
+                            tracing::error!(request.id = request_id.unwrap_or_default(), reason = %invalid, "draw record refused by the audit");
                         }
                         Err(e) => return Err(e),
                     }
@@ -506,7 +557,7 @@ pub async fn run(
         let declared = async {
             let conn = amqp::connect(&config.amqp_url, "prizepool.audit.declare").await?;
             let channel = conn.create_channel().await?;
-            amqp::declare_topology(&channel, config.delivery_limit).await?;
+            amqp::declare_topology_for(&channel, &config).await?;
             declare(&channel, config.delivery_limit).await?;
             conn.close(200, "declared".into()).await.ok();
             anyhow::Ok(())
@@ -527,7 +578,11 @@ pub async fn run(
             }
         }
     }
-    let redis = crate::redis_conn::connect(&config.redis_url).await?;
-    let worker = AuditWorker::new(db, redis, &config.redis_prefix, config.result_ttl.as_secs());
+    let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
+    let key = config.ledger_seal_key.as_ref().map(|k| k.0.as_str());
+    let sealer = Sealer::load(&mut redis, &config.redis_prefix, key)
+        .await
+        .context("loading the fleet's seal key")?;
+    let worker = AuditWorker::new(db, redis, &config.redis_prefix, sealer);
     amqp::run(&config, Arc::new(worker), health, shutdown).await
 }

@@ -266,7 +266,7 @@ impl DrawWorker {
                 typed_json("refill", refill),
             ));
         }
-        let event = || retype(DRAW_COMPLETED.routing_key, &fields);
+        let event = || crate::audit::draw_completed(&self.sealer, &self.config, &fields);
         let mut events = Vec::new();
         match self.config.draw_events {
             DrawEvents::Grouped => events.push(event()),

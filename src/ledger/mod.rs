@@ -18,8 +18,9 @@
 //!   never dead-lettered unpaid.
 //!
 //! A batch is written in one transaction: its new entries are inserted
-//! first (which serialises concurrent writers of one id), the balances they
-//! touch are locked in a fixed order, each entry is judged in batch order
+//! first (which serialises concurrent writers of one id) and the balances
+//! they touch are locked in a fixed order, both in one statement
+//! (`insert.sql`); each entry is judged in batch order
 //! against its running balance, and the refused ones are taken out again
 //! before the commit.
 
@@ -33,6 +34,7 @@ use std::collections::HashMap;
 use serde_json::Value;
 use sqlx::{
     error::{DatabaseError, ErrorKind},
+    types::Json,
     PgConnection, PgPool,
 };
 
@@ -250,11 +252,19 @@ pub async fn apply_each_in(
 async fn judge(
     conn: &mut PgConnection,
     entries: &[&SettleRequest],
-    columns: &Columns,
+    columns: &Columns<'_>,
     at: &[usize],
     verdicts: &mut [Option<Verdict>],
 ) -> Result<(), sqlx::Error> {
-    let written: Vec<(i64,)> = sqlx::query_as(include_str!("insert.sql"))
+    // The entries written and the balances they touch, locked.
+    type Row = (
+        Option<i64>,
+        Option<i64>,
+        Option<String>,
+        Option<i64>,
+        Option<bool>,
+    );
+    let rows: Vec<Row> = sqlx::query_as(include_str!("insert.sql"))
         .bind(&columns.ids)
         .bind(&columns.accounts)
         .bind(&columns.assets)
@@ -264,8 +274,19 @@ async fn judge(
         .fetch_all(&mut *conn)
         .await?;
     let mut is_written = vec![false; at.len()];
-    for (n,) in written {
-        *position(&mut is_written, n)? = true;
+    let mut locked = Vec::new();
+    for row in rows {
+        match row {
+            (Some(n), None, None, None, None) => *position(&mut is_written, n)? = true,
+            (None, Some(account), Some(asset), Some(balance), Some(created)) => {
+                locked.push((account, asset, balance, created))
+            }
+            other => {
+                return Err(sqlx::Error::Protocol(format!(
+                    "insert.sql returned an unexpected row {other:?}"
+                )))
+            }
+        }
     }
 
     // Entries not written: the same entry again, or the id with other content.
@@ -290,21 +311,7 @@ async fn judge(
         }
     }
 
-    // Balances of the written entries, locked, then each entry in batch order.
-    let mut pairs = (Vec::new(), Vec::new());
-    for (k, _) in is_written.iter().enumerate().filter(|(_, w)| **w) {
-        pairs.0.push(columns.accounts[k]);
-        pairs.1.push(columns.assets[k].clone());
-    }
-    let locked: Vec<(i64, String, i64, bool)> = if pairs.0.is_empty() {
-        Vec::new()
-    } else {
-        sqlx::query_as(include_str!("lock.sql"))
-            .bind(&pairs.0)
-            .bind(&pairs.1)
-            .fetch_all(&mut *conn)
-            .await?
-    };
+    // Each written entry in batch order, against its locked balance.
     let mut balances: HashMap<(i64, &str), Running> = locked
         .iter()
         .map(|(account, asset, balance, created)| {
@@ -446,25 +453,30 @@ async fn write_balances(
     Ok(())
 }
 
-/// Entries as the columns the `unnest` statements bind.
+/// Entries as the columns the `unnest` statements bind, borrowed from the
+/// entries (nothing is copied per entry but the two numbers).
 #[derive(Default)]
-struct Columns {
-    ids: Vec<String>,
+struct Columns<'a> {
+    ids: Vec<&'a str>,
     accounts: Vec<i64>,
-    assets: Vec<String>,
+    assets: Vec<&'a str>,
     amounts: Vec<i64>,
-    reasons: Vec<String>,
-    refs: Vec<Value>,
+    reasons: Vec<&'a str>,
+    refs: Vec<Json<&'a Value>>,
 }
 
-impl Columns {
-    fn push(&mut self, e: &SettleRequest) {
-        self.ids.push(e.entry_id.clone());
+/// The `ref` of an entry without one: JSON `null`.
+static NO_REF: Value = Value::Null;
+
+impl<'a> Columns<'a> {
+    fn push(&mut self, e: &'a SettleRequest) {
+        self.ids.push(&e.entry_id);
         self.accounts.push(e.account);
-        self.assets.push(e.asset.clone());
+        self.assets.push(&e.asset);
         self.amounts.push(e.amount);
-        self.reasons.push(e.reason.clone());
-        self.refs.push(e.reference.clone().unwrap_or(Value::Null));
+        self.reasons.push(&e.reason);
+        self.refs
+            .push(Json(e.reference.as_ref().unwrap_or(&NO_REF)));
     }
 }
 

@@ -12,6 +12,12 @@
 //! a whole is dead-lettered, answered and acked on its own at once, so a
 //! batch that goes back to the queue unbooked never answers it twice.
 //!
+//! It is a [`crate::amqp::BatchHandler`] on the consume loop the draw and
+//! refill workers share ([`crate::amqp::run_batches`]): session,
+//! reconnection, qos, coalesced acks, the watchdog and graceful stop are
+//! theirs; the batching is the loop's, the transaction and the answers are
+//! this module's.
+//!
 //! Metrics: `prizepool_settle_batch_entries` (histogram, entries per
 //! batch), `prizepool_settle_commit_seconds` (histogram, one ledger
 //! transaction), `prizepool_settle_entries_total{outcome, reason}`

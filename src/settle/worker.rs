@@ -1,23 +1,23 @@
-//! The settle worker's consume loop. Unlike the other workers it handles
-//! deliveries in batches: one transaction per batch, one `multiple` ack after
-//! the commit.
+//! The settle worker: a [`BatchHandler`] on the shared consume loop
+//! ([`amqp::run_batches`]). Unlike the other workers it handles deliveries
+//! in batches: one transaction per batch, the batch's acks (one `multiple`
+//! ack, coalesced by the loop's acker) after the commit.
 
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
-use futures_util::{FutureExt, StreamExt};
-use lapin::{
-    message::Delivery,
-    options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions},
-    types::{AMQPValue, FieldTable},
-};
+use lapin::{message::Delivery, types::AMQPValue};
 use serde_json::Value;
 use sqlx::PgPool;
+use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::{
-    amqp::{self, publish_dead_letter, publish_dead_letter_part, Outgoing, Publisher},
+    amqp::{
+        self, publish_dead_letter, publish_dead_letter_part, Batch, BatchHandler, BatchLimits,
+        Outgoing, Publisher, Settle,
+    },
     config::Config,
     ledger::{self, Verdict},
     messages::{
@@ -39,166 +39,76 @@ pub(super) async fn run(
         .max_connections(4)
         .acquire_timeout(Duration::from_secs(3))
         .connect_lazy(&config.database_url)?;
-    let mut backoff = ExponentialBuilder::default()
-        .with_jitter()
-        .with_min_delay(Duration::from_millis(100))
-        .with_max_delay(Duration::from_secs(5))
-        .without_max_times()
-        .build();
-    let replier = amqp::Replier::new(&config.amqp_url, "settle-worker");
-    // The lag is counted from no earlier than the worker's start (see
-    // `record_lag`), across its broker sessions.
-    let mut lag_floor = unix_now();
-    // The seal key is read once and kept for the life of the process, as
-    // the draw and refill workers keep theirs: a later session that found
-    // the key gone from Redis and made a new one would refuse every entry
-    // the others still seal with the old one.
-    let mut sealer = None;
-    loop {
-        if shutdown.is_cancelled() {
-            return Ok(());
-        }
-        match session(
-            &config,
-            &db,
-            &replier,
-            &mut sealer,
-            &health,
-            &shutdown,
-            &mut lag_floor,
-        )
-        .await
-        {
-            Ok(()) => return Ok(()),
-            Err(error) if error.downcast_ref::<amqp::Misconfigured>().is_some() => {
-                return Err(error);
-            }
-            Err(error) => {
-                health.set_ready(false);
-                let delay = backoff.next().unwrap_or(Duration::from_secs(5));
-                tracing::warn!(
-                    error = format!("{error:#}"),
-                    ?delay,
-                    "broker session ended; reconnecting"
-                );
-                tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(delay) => {}
-                }
-            }
-        }
-    }
-}
-
-async fn session(
-    config: &Config,
-    db: &PgPool,
-    replier: &amqp::Replier,
-    sealer: &mut Option<crate::ledger::Sealer>,
-    health: &Health,
-    shutdown: &CancellationToken,
-    lag_floor: &mut u64,
-) -> anyhow::Result<()> {
-    // The seal key of the fleet, to tell its own entries from forgeries.
-    let sealer = match sealer {
-        Some(sealer) => sealer.clone(),
-        None => {
-            let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
-            let key = config.ledger_seal_key.as_ref().map(|k| k.0.as_str());
-            let loaded = crate::ledger::Sealer::load(&mut redis, &config.redis_prefix, key).await?;
-            sealer.insert(loaded).clone()
-        }
-    };
-    let conn = amqp::connect(&config.amqp_url, "settle-worker").await?;
-    let channel = conn.create_channel().await?;
-    amqp::declare_topology(&channel, config.delivery_limit).await?;
-    let prefetch = config
-        .prefetch
-        .max(u16::try_from(config.settle_batch_size * 2).unwrap_or(u16::MAX));
-    channel
-        .basic_qos(prefetch, BasicQosOptions::default())
-        .await?;
-    let publisher = Publisher::new(conn.create_channel().await?).await?;
-    let tag = format!("settle-{}", ulid::Ulid::new());
-    let mut consumer = channel
-        .basic_consume(
-            amqp::SETTLE.queue.into(),
-            tag.as_str().into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
-    health.set_ready(true);
     // Exported from the start, so an idle worker shows no lag rather than
     // no series; the first stamped batch sets the real figure.
     metrics::gauge!("prizepool_settle_lag_seconds").set(0.0);
-    tracing::info!(queue = amqp::SETTLE.queue, "consuming");
+    let worker = SettleWorker {
+        db,
+        sealer: OnceCell::new(),
+        config: config.clone(),
+    };
+    amqp::run_batches(&config, std::sync::Arc::new(worker), health, shutdown).await
+}
 
-    let result: anyhow::Result<()> = loop {
-        let first = match consumer.next().now_or_never() {
-            Some(next) => next,
-            None => {
-                // Nothing in hand: wait. A wait that lasts means the queue
-                // was empty when it began, so nothing that arrives later
-                // can have waited longer than since then.
-                let waiting_since = unix_now();
-                let started = tokio::time::Instant::now();
-                let next = tokio::select! {
-                    _ = shutdown.cancelled() => break Ok(()),
-                    next = consumer.next() => next,
-                };
-                if started.elapsed() >= IDLE {
-                    *lag_floor = (*lag_floor).max(waiting_since);
-                }
-                next
-            }
-        };
-        let mut batch = match first {
-            Some(Ok(d)) => vec![d],
-            Some(Err(e)) => break Err(e.into()),
-            None => break Err(anyhow::anyhow!("the broker cancelled the consumer")),
-        };
-        let deadline = tokio::time::Instant::now() + config.settle_batch_wait;
-        let mut failed = None;
-        while batch.len() < config.settle_batch_size {
-            tokio::select! {
-                _ = tokio::time::sleep_until(deadline) => break,
-                next = consumer.next() => match next {
-                    Some(Ok(d)) => batch.push(d),
-                    Some(Err(e)) => { failed = Some(anyhow::Error::from(e)); break }
-                    None => { failed = Some(anyhow::anyhow!("the broker cancelled the consumer")); break }
-                },
-            }
+/// The settle worker's state across broker sessions.
+#[derive(Debug)]
+struct SettleWorker {
+    db: PgPool,
+    /// The seal key of the fleet, to tell its own entries from forgeries.
+    /// Read once and kept for the life of the process, as the draw and
+    /// refill workers keep theirs: a later session that found the key gone
+    /// from Redis and made a new one would refuse every entry the others
+    /// still seal with the old one.
+    sealer: OnceCell<ledger::Sealer>,
+    config: Config,
+}
+
+impl SettleWorker {
+    async fn sealer(&self) -> anyhow::Result<&ledger::Sealer> {
+        self.sealer
+            .get_or_try_init(|| async {
+                let mut redis = crate::redis_conn::connect(&self.config.redis_url).await?;
+                let key = self.config.ledger_seal_key.as_ref().map(|k| k.0.as_str());
+                let sealer =
+                    ledger::Sealer::load(&mut redis, &self.config.redis_prefix, key).await?;
+                anyhow::Ok(sealer)
+            })
+            .await
+    }
+}
+
+impl BatchHandler for SettleWorker {
+    fn route(&self) -> amqp::Route {
+        amqp::SETTLE
+    }
+
+    fn limits(&self) -> BatchLimits {
+        BatchLimits {
+            size: self.config.settle_batch_size,
+            wait: self.config.settle_batch_wait,
+            prefetch: self
+                .config
+                .prefetch
+                .max(u16::try_from(self.config.settle_batch_size * 2).unwrap_or(u16::MAX)),
         }
-        record_lag(&batch, *lag_floor);
+    }
+
+    async fn handle_batch(&self, batch: Batch) -> anyhow::Result<()> {
+        let sealer = self.sealer().await?;
+        record_lag(&batch.deliveries, batch.empty_since);
         // One span per batch, in the trace of its first entry (linked to the others').
-        let span = tracing::info_span!("settle.batch", entries = batch.len());
+        let span = tracing::info_span!("settle.batch", entries = batch.deliveries.len());
         crate::telemetry::follow_traces(
             &span,
-            batch.iter().map(|d| d.properties.headers().as_ref()),
+            batch
+                .deliveries
+                .iter()
+                .map(|d| d.properties.headers().as_ref()),
         );
-        if let Err(e) = settle_batch(db, &sealer, &publisher, replier, batch, shutdown)
+        settle_batch(&self.db, sealer, &batch)
             .instrument(span)
             .await
-        {
-            break Err(e);
-        }
-        if let Some(e) = failed {
-            break Err(e);
-        }
-    };
-    health.set_ready(false);
-    let _ = channel
-        .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
-        .await;
-    // Make sure the broker processed our acks before the channel closes.
-    let _ = channel
-        .basic_qos(prefetch, BasicQosOptions::default())
-        .await;
-    let _ = channel.close(200, "shutting down".into()).await;
-    let _ = publisher.channel().close(200, "shutting down".into()).await;
-    let _ = conn.close(200, "shutting down".into()).await;
-    result
+    }
 }
 
 /// A ledger entry and the delivery (index in the batch) it came in.
@@ -263,14 +173,13 @@ impl Fate {
 /// confirmed, not with the batch: a batch that never books (a stop while
 /// Postgres is away) goes back to the queue without it, so it is
 /// dead-lettered and answered once.
-async fn settle_batch(
-    db: &PgPool,
-    sealer: &crate::ledger::Sealer,
-    publisher: &Publisher,
-    replier: &amqp::Replier,
-    batch: Vec<Delivery>,
-    shutdown: &CancellationToken,
-) -> anyhow::Result<()> {
+async fn settle_batch(db: &PgPool, sealer: &ledger::Sealer, whole: &Batch) -> anyhow::Result<()> {
+    let (batch, publisher, replier, shutdown) = (
+        &whole.deliveries,
+        &whole.publisher,
+        &whole.replier,
+        &whole.shutdown,
+    );
     let mut owned = Vec::with_capacity(batch.len());
     let mut kinds = Vec::with_capacity(batch.len());
     // A `settle.batch` entry that does not decode: dead-lettered, and named
@@ -336,10 +245,7 @@ async fn settle_batch(
                 publish_dead_letter(publisher, replier, delivery, amqp::SETTLE, &invalid).await?;
                 // Dead-lettered and answered, both confirmed: done with it,
                 // whatever becomes of the rest of the batch.
-                delivery
-                    .acker
-                    .ack(BasicAckOptions { multiple: false })
-                    .await?;
+                whole.settle(delivery, Settle::Ack);
                 acked[at] = true;
             }
         }
@@ -472,17 +378,13 @@ async fn settle_batch(
         // and is answered from the ledger.
         tracing::warn!("settle replies could not be delivered; their requesters are gone");
     }
-    // One `multiple` ack for the highest tag not acked yet: every delivery
-    // of the batch is settled now, and those acked on their own are no
-    // longer outstanding (an acker acks once: the highest one may be taken).
-    if let Some(last) = batch
-        .iter()
-        .zip(&acked)
-        .filter(|(_, acked)| !**acked)
-        .map(|(d, _)| d)
-        .max_by_key(|d| d.delivery_tag)
-    {
-        last.acker.ack(BasicAckOptions { multiple: true }).await?;
+    // Every delivery of the batch is settled now; the loop's acker sends
+    // one `multiple` ack for the run (those acked on their own are no
+    // longer outstanding and are skipped).
+    for (d, acked) in batch.iter().zip(&acked) {
+        if !acked {
+            whole.settle(d, Settle::Ack);
+        }
     }
     Ok(())
 }
@@ -571,17 +473,6 @@ async fn book_alone(
     Ok(())
 }
 
-/// How long the worker must wait for a delivery before it takes the queue
-/// for empty (a delivery already on its way arrives well within this).
-const IDLE: Duration = Duration::from_millis(250);
-
-/// Now, in unix seconds.
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 /// Records how long the oldest message of the batch waited since it was
 /// published, when its publisher stamped it (`timestamp`, in seconds).
 ///
@@ -591,7 +482,9 @@ fn unix_now() -> u64 {
 /// it found the queue empty. A forged old stamp can show no more lag than
 /// the queue really has.
 fn record_lag(batch: &[Delivery], floor: u64) {
-    let now = unix_now();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     if let Some(lag) = lag_of(
         batch.iter().filter_map(|d| *d.properties.timestamp()),
         now,

@@ -95,6 +95,25 @@ impl TestEnv {
         }
     }
 
+    /// Another handle on this test's vhost, Redis prefix and database, with
+    /// `change` applied to a copy of the configuration (workers of another
+    /// setting on the same servers). Whichever handle drops first removes
+    /// the vhost and the database.
+    pub fn sharing(&self, change: impl FnOnce(&mut Config)) -> Self {
+        let mut config = self.config.clone();
+        change(&mut config);
+        Self {
+            config,
+            vhost: self.vhost.clone(),
+            db_name: self.db_name.clone(),
+            db: self.db.clone(),
+            redis: self.redis.clone(),
+            scripts: Scripts::new(),
+            shutdown: CancellationToken::new(),
+            workers: Vec::new(),
+        }
+    }
+
     /// Environment variables that point a worker process at this test's
     /// vhost, prefix and database.
     pub fn env(&self) -> Vec<(String, String)> {
@@ -647,6 +666,16 @@ impl PrivateRabbit {
         files: &[std::path::PathBuf],
         listeners: impl Fn(u16, &std::path::Path) -> String,
     ) -> Self {
+        Self::start_with_plugins(tag, files, &[], listeners)
+    }
+
+    /// [`PrivateRabbit::start`] with `plugins` enabled from the start.
+    pub fn start_with_plugins(
+        tag: &str,
+        files: &[std::path::PathBuf],
+        plugins: &[&str],
+        listeners: impl Fn(u16, &std::path::Path) -> String,
+    ) -> Self {
         let dir = tempdir(tag);
         for file in files {
             std::fs::copy(file, dir.join(file.file_name().unwrap())).unwrap();
@@ -657,7 +686,7 @@ impl PrivateRabbit {
             format!("{}loopback_users = none\n", listeners(port, &dir)),
         )
         .unwrap();
-        std::fs::write(dir.join("plugins"), "[].\n").unwrap();
+        std::fs::write(dir.join("plugins"), format!("[{}].\n", plugins.join(","))).unwrap();
         let chown = Command::new("chown")
             .args(["-R", "rabbitmq:rabbitmq"])
             .arg(&dir)
