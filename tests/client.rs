@@ -63,7 +63,7 @@ async fn responder(
         .await
         .unwrap();
     let channel = conn.create_channel().await.unwrap();
-    prizepool::amqp::declare_topology(&channel, env.config.delivery_limit)
+    prizepool::amqp::declare_topology_for(&channel, &env.config)
         .await
         .unwrap();
     let mut deliveries = channel
@@ -146,7 +146,7 @@ fn answer_from_the_second(_: &Seen, before: usize) -> Act {
 
 fn config(env: &TestEnv) -> ClientConfig {
     ClientConfig::new(&env.config.amqp_url)
-        .declare_topology(env.config.delivery_limit)
+        .declare_topology(&env.config)
         .retry_delay(Duration::from_millis(10))
 }
 

@@ -72,8 +72,8 @@ impl Session {
     pub(super) async fn open(config: &ClientConfig) -> anyhow::Result<Self> {
         let conn = crate::amqp::connect(&config.amqp_url, &config.connection_name).await?;
         let channel = conn.create_channel().await.context("opening a channel")?;
-        if let Some(limit) = config.declare_topology {
-            crate::amqp::declare_topology(&channel, limit).await?;
+        if let Some(fleet) = &config.declare_topology {
+            crate::amqp::declare_topology_for(&channel, fleet).await?;
         }
         channel
             .confirm_select(ConfirmSelectOptions::default())
