@@ -21,7 +21,7 @@ const WORKERS: [&str; 3] = [
 ];
 
 /// Every variable a worker reads, as `--help` must list it.
-const VARIABLES: [&str; 25] = [
+const VARIABLES: [&str; 26] = [
     "AMQP_URL",
     "REDIS_URL",
     "DATABASE_URL",
@@ -34,6 +34,7 @@ const VARIABLES: [&str; 25] = [
     "REFILL_CHUNK",
     "SHORT_POOL_WAIT_MS",
     "MAX_BATCH",
+    "DRAW_SHARDS",
     "RESULT_TTL_S",
     "TRANSIENT_RETRY_MS",
     "SHUTDOWN_GRACE_MS",

@@ -56,6 +56,20 @@ pub(super) enum Caller {
     /// A script that only reads one field of the pool's meta hash: the price
     /// of a round trip without the draw's work.
     Trivial,
+    /// The worker's coalesced path for a lucky gift: this many draws of the
+    /// pool in one call (`lucky_gift::draw_many`), replies parsed. Other
+    /// kinds draw one per call, as the worker does.
+    Coalesced(usize),
+}
+
+impl Caller {
+    /// Draws one call of `step` makes.
+    fn draws_per_call(self, step: &Step) -> u64 {
+        match (self, step) {
+            (Self::Coalesced(k), Step::LuckyGift { .. }) => k as u64,
+            _ => 1,
+        }
+    }
 }
 
 /// The draw step a pass calls: that of the run's prize kind.
@@ -193,6 +207,33 @@ impl Step {
         let id = ulid::Ulid::new().to_string();
         let (keys, user) = self.target(n);
         let reply: redis::Value = match caller {
+            Caller::Coalesced(k) => {
+                let Self::LuckyGift { storage, count, .. } = self else {
+                    return self.wrapped(conn, scripts, keys, &id, user).await;
+                };
+                let draws: Vec<lucky_gift::Pending> = (0..k)
+                    .map(|i| {
+                        let id = format!("{id}-{i}");
+                        lucky_gift::Pending {
+                            token: token(&id),
+                            request_id: id,
+                            count: *count,
+                            result_ttl_s: TTL_S,
+                        }
+                    })
+                    .collect();
+                let steps = lucky_gift::draw_many(
+                    conn,
+                    lucky_gift::draw_script(scripts, *storage),
+                    keys,
+                    *storage,
+                    &draws,
+                )
+                .await?;
+                return Ok(steps
+                    .iter()
+                    .all(|s| matches!(s, Ok(lucky_gift::DrawStep::Drawn(_)))));
+            }
             Caller::Wrapper => return self.wrapped(conn, scripts, keys, &id, user).await,
             Caller::Trivial => {
                 let _: redis::Value = bare.key(keys.meta()).invoke_async(conn).await?;
@@ -282,7 +323,7 @@ async fn draw_loop(redis: &RedisConn, pass: Pass) -> anyhow::Result<Rate> {
                     break;
                 }
                 lat.record(t.elapsed());
-                done.fetch_add(1, Ordering::Relaxed);
+                done.fetch_add(caller.draws_per_call(&step), Ordering::Relaxed);
             }
             Ok::<_, anyhow::Error>(lat)
         }));

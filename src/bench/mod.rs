@@ -394,6 +394,36 @@ async fn measure(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
             *best = rate;
         }
     }
+    if let BenchKind::LuckyGift = args.kind {
+        // The same step as the workers coalesce it, two passes on fresh
+        // pools, the best kept like the others.
+        let mut best = ceilings::Rate::default();
+        for _ in 0..2 {
+            let pool = pool_config(
+                &unique("bench-ceiling"),
+                storage,
+                &borrow(&spec_combos(20)),
+                1.0,
+            );
+            svc.load(&pool).await?;
+            let step = Step::LuckyGift {
+                keys: PoolKeys::new(&config.redis_prefix, &pool.id),
+                storage,
+                count: args.count,
+            };
+            let caller = Caller::Coalesced(report::COALESCED);
+            let rate = ceilings::redis_draws(&config.redis_url, pass(step, caller)).await?;
+            if rate.per_s > best.per_s {
+                best = rate;
+            }
+        }
+        println!(
+            "  redis: the draw step coalesced, {} draws a call: {:.0} draws/s",
+            report::COALESCED,
+            best.per_s
+        );
+        rep.ceilings.redis_coalesced = Some(best);
+    }
     println!(
         "  redis: raw draw script {:.0}/s, as workers call it {:.0}/s, trivial script {:.0}/s",
         rep.ceilings.redis_raw.per_s,
