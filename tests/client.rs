@@ -63,7 +63,7 @@ async fn responder(
         .await
         .unwrap();
     let channel = conn.create_channel().await.unwrap();
-    prizepool::amqp::declare_topology(&channel, env.config.delivery_limit)
+    prizepool::amqp::declare_topology_for(&channel, &env.config)
         .await
         .unwrap();
     let mut deliveries = channel
@@ -134,9 +134,19 @@ async fn responder(
     seen
 }
 
+/// Leaves every request's first message unanswered (a lost reply) and
+/// answers it when it comes again.
+fn answer_from_the_second(_: &Seen, before: usize) -> Act {
+    if before == 0 {
+        Act::Ignore
+    } else {
+        Act::Answer
+    }
+}
+
 fn config(env: &TestEnv) -> ClientConfig {
     ClientConfig::new(&env.config.amqp_url)
-        .declare_topology(env.config.delivery_limit)
+        .declare_topology(&env.config)
         .retry_delay(Duration::from_millis(10))
 }
 
@@ -213,15 +223,7 @@ async fn a_batch_goes_out_when_its_linger_has_passed_and_one_draw_alone_as_a_pla
 #[tokio::test]
 async fn a_lost_reply_is_retried_with_the_same_request_id() {
     let env = TestEnv::new(&[]).await;
-    // Every request's first message goes unanswered.
-    let seen = responder(&env, |_, before| {
-        if before == 0 {
-            Act::Ignore
-        } else {
-            Act::Answer
-        }
-    })
-    .await;
+    let seen = responder(&env, answer_from_the_second).await;
     let client = Client::connect(
         config(&env)
             .batch_size(5)
@@ -325,14 +327,7 @@ async fn a_lost_connection_sends_its_draws_again_on_a_new_one() {
     let env = TestEnv::new(&[]).await;
     // First messages go unanswered, so the draws are in flight when the
     // connection is closed under them.
-    let seen = responder(&env, |_, before| {
-        if before == 0 {
-            Act::Ignore
-        } else {
-            Act::Answer
-        }
-    })
-    .await;
+    let seen = responder(&env, answer_from_the_second).await;
     let name = format!("client-{}", env.vhost);
     // A timeout longer than the test: only the lost connection can make
     // the client send the draws again.

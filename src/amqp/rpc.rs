@@ -20,7 +20,26 @@ use tokio::sync::oneshot;
 
 use super::EXCHANGE;
 
-const REPLY_TO: &str = "amq.rabbitmq.reply-to";
+/// RabbitMQ's direct reply-to pseudo-queue.
+pub(crate) const REPLY_TO: &str = "amq.rabbitmq.reply-to";
+
+/// Starts consuming direct replies on `channel`. RabbitMQ wants the
+/// consume on the channel that publishes the requests, before the first of
+/// them; no queue is declared or left behind.
+pub(crate) async fn consume_replies(channel: &Channel) -> anyhow::Result<lapin::Consumer> {
+    channel
+        .basic_consume(
+            REPLY_TO.into(),
+            "prizepool-client".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..BasicConsumeOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .context("consuming direct replies")
+}
 
 type Waiters = Arc<Mutex<HashMap<String, oneshot::Sender<Vec<u8>>>>>;
 
@@ -49,18 +68,7 @@ impl RpcClient {
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await?;
-        let mut consumer = channel
-            .basic_consume(
-                REPLY_TO.into(),
-                "prizepool-client".into(),
-                BasicConsumeOptions {
-                    no_ack: true,
-                    ..BasicConsumeOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .context("consuming direct replies")?;
+        let mut consumer = consume_replies(&channel).await?;
         let waiters: Waiters = Arc::default();
         let routes = waiters.clone();
         let deaf = tokio_util::sync::CancellationToken::new();

@@ -200,7 +200,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let client = Client::connect(
                 ClientConfig::new(&config.amqp_url)
                     .connection_name("prizepool-cli")
-                    .declare_topology(config.delivery_limit)
+                    .declare_topology(&config)
                     .linger(Duration::ZERO)
                     .timeout(Duration::from_secs(timeout))
                     .retries(retries),

@@ -102,9 +102,10 @@ pub struct ClientConfig {
     /// [`Client::draw`] (backpressure).
     pub queue_capacity: usize,
     /// Declare the fleet's topology on connecting, with the workers'
-    /// `DELIVERY_LIMIT` (so draws are routable before any worker started).
+    /// settings (`DELIVERY_LIMIT`, `DRAW_SHARDS`: a declaration must agree
+    /// with the fleet's), so draws are routable before any worker started.
     /// `None`: leave the topology to the workers.
-    pub declare_topology: Option<u32>,
+    pub declare_topology: Option<Arc<crate::config::Config>>,
 }
 
 impl ClientConfig {
@@ -165,10 +166,10 @@ impl ClientConfig {
         self
     }
 
-    /// Declares the topology on connecting, with the workers'
-    /// `DELIVERY_LIMIT` ([`declare_topology`](Self::declare_topology)).
-    pub fn declare_topology(mut self, delivery_limit: u32) -> Self {
-        self.declare_topology = Some(delivery_limit);
+    /// Declares the topology on connecting, as the fleet configured by
+    /// `fleet` does ([`declare_topology`](Self::declare_topology)).
+    pub fn declare_topology(mut self, fleet: &crate::config::Config) -> Self {
+        self.declare_topology = Some(Arc::new(fleet.clone()));
         self
     }
 

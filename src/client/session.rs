@@ -13,8 +13,7 @@ use anyhow::Context;
 use backon::{ExponentialBuilder, Retryable};
 use futures_util::{stream::FuturesUnordered, StreamExt};
 use lapin::{
-    options::{BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions},
-    types::FieldTable,
+    options::{BasicPublishOptions, ConfirmSelectOptions},
     BasicProperties, Channel, Confirmation, Connection, Consumer,
 };
 use tokio::{
@@ -25,12 +24,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::{batch, ClientConfig, ClientError, Stats};
 use crate::{
-    amqp::{DRAW, EXCHANGE},
+    amqp::{rpc::REPLY_TO, DRAW, EXCHANGE},
     messages::DrawResult,
 };
 
-/// RabbitMQ's direct reply-to pseudo-queue.
-const REPLY_TO: &str = "amq.rabbitmq.reply-to";
 /// How often batches whose callers all gave up are forgotten.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// Connection attempts per round before queued calls are failed.
@@ -75,27 +72,15 @@ impl Session {
     pub(super) async fn open(config: &ClientConfig) -> anyhow::Result<Self> {
         let conn = crate::amqp::connect(&config.amqp_url, &config.connection_name).await?;
         let channel = conn.create_channel().await.context("opening a channel")?;
-        if let Some(limit) = config.declare_topology {
-            crate::amqp::declare_topology(&channel, limit).await?;
+        if let Some(fleet) = &config.declare_topology {
+            crate::amqp::declare_topology_for(&channel, fleet).await?;
         }
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await
             .context("enabling publisher confirms")?;
-        // Direct reply-to: no queue to declare or clean up; the consume must
-        // be on the channel that publishes, and before the first publish.
-        let replies = channel
-            .basic_consume(
-                REPLY_TO.into(),
-                "prizepool-client".into(),
-                BasicConsumeOptions {
-                    no_ack: true,
-                    ..BasicConsumeOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .context("consuming direct replies")?;
+        // Direct reply-to: on this channel, before the first publish.
+        let replies = crate::amqp::rpc::consume_replies(&channel).await?;
         Ok(Self {
             conn,
             channel,
