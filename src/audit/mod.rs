@@ -542,6 +542,41 @@ pub async fn declare(channel: &lapin::Channel, delivery_limit: u32) -> anyhow::R
     Ok(())
 }
 
+/// Declares the audit queue and its bindings (with the rest of the
+/// topology), retrying while the broker is away; `false` if `shutdown`
+/// came first. The draw workers call it at start as well as the audit
+/// consumer, so that no `draw.completed` event is published before the
+/// queue that records it exists (the queue is durable: this matters on a
+/// fleet's first start, whichever worker comes up first).
+pub async fn declare_queue(config: &Config, shutdown: &CancellationToken) -> bool {
+    let mut delay = Duration::from_millis(100);
+    loop {
+        let declared = async {
+            let conn = amqp::connect(&config.amqp_url, "prizepool.audit.declare").await?;
+            let channel = conn.create_channel().await?;
+            amqp::declare_topology_for(&channel, config).await?;
+            declare(&channel, config.delivery_limit).await?;
+            conn.close(200, "declared".into()).await.ok();
+            anyhow::Ok(())
+        };
+        match declared.await {
+            Ok(()) => return true,
+            Err(e) => {
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    ?delay,
+                    "declaring the audit queue; retrying"
+                );
+                tokio::select! {
+                    _ = shutdown.cancelled() => return false,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
 /// Runs the audit consumer until `shutdown`: declares its queue (retrying
 /// while the broker is away), then consumes it with the shared loop.
 pub async fn run(
@@ -553,31 +588,8 @@ pub async fn run(
         .max_connections(2)
         .acquire_timeout(Duration::from_secs(3))
         .connect_lazy(&config.database_url)?;
-    let mut delay = Duration::from_millis(100);
-    loop {
-        let declared = async {
-            let conn = amqp::connect(&config.amqp_url, "prizepool.audit.declare").await?;
-            let channel = conn.create_channel().await?;
-            amqp::declare_topology_for(&channel, &config).await?;
-            declare(&channel, config.delivery_limit).await?;
-            conn.close(200, "declared".into()).await.ok();
-            anyhow::Ok(())
-        };
-        match declared.await {
-            Ok(()) => break,
-            Err(e) => {
-                tracing::warn!(
-                    error = format!("{e:#}"),
-                    ?delay,
-                    "declaring the audit queue; retrying"
-                );
-                tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(delay) => {}
-                }
-                delay = (delay * 2).min(Duration::from_secs(5));
-            }
-        }
+    if !declare_queue(&config, &shutdown).await {
+        return Ok(());
     }
     let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
     let key = config.ledger_seal_key.as_ref().map(|k| k.0.as_str());

@@ -337,20 +337,7 @@ async fn measure(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
     let mut lottery = None;
     for caller in [Caller::Raw, Caller::Wrapper, Caller::Raw, Caller::Wrapper] {
         let step = match args.kind {
-            BenchKind::LuckyGift => {
-                let pool = pool_config(
-                    &unique("bench-ceiling"),
-                    storage,
-                    &borrow(&spec_combos(20)),
-                    1.0,
-                );
-                svc.load(&pool).await?;
-                Step::LuckyGift {
-                    keys: PoolKeys::new(&config.redis_prefix, &pool.id),
-                    storage,
-                    count: args.count,
-                }
-            }
+            BenchKind::LuckyGift => ceiling_pool_step(&svc, storage, args.count).await?,
             BenchKind::RedPacket => {
                 let shares = packet_shares(args.users);
                 let grabs = 40_000 * CEILING_PASS_S;
@@ -399,18 +386,7 @@ async fn measure(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
         // pools, the best kept like the others.
         let mut best = ceilings::Rate::default();
         for _ in 0..2 {
-            let pool = pool_config(
-                &unique("bench-ceiling"),
-                storage,
-                &borrow(&spec_combos(20)),
-                1.0,
-            );
-            svc.load(&pool).await?;
-            let step = Step::LuckyGift {
-                keys: PoolKeys::new(&config.redis_prefix, &pool.id),
-                storage,
-                count: args.count,
-            };
+            let step = ceiling_pool_step(&svc, storage, args.count).await?;
             let caller = Caller::Coalesced(report::COALESCED);
             let rate = ceilings::redis_draws(&config.redis_url, pass(step, caller)).await?;
             if rate.per_s > best.per_s {
@@ -601,6 +577,27 @@ async fn used_memory(conn: &mut crate::redis_conn::RedisConn) -> anyhow::Result<
 
 /// The stored answer (fingerprint bytes left out) of one real count-1 draw
 /// from the lucky-gift pool behind `keys`, as the draw worker makes it.
+/// A draw step of `count` prizes on a fresh lucky-gift pool in `storage`,
+/// big enough to last a ceiling pass.
+async fn ceiling_pool_step(
+    svc: &Services<'_>,
+    storage: Storage,
+    count: u32,
+) -> anyhow::Result<ceilings::Step> {
+    let pool = pool_config(
+        &unique("bench-ceiling"),
+        storage,
+        &borrow(&spec_combos(20)),
+        1.0,
+    );
+    svc.load(&pool).await?;
+    Ok(ceilings::Step::LuckyGift {
+        keys: PoolKeys::new(&svc.config.redis_prefix, &pool.id),
+        storage,
+        count,
+    })
+}
+
 async fn stored_award(svc: &Services<'_>, keys: &PoolKeys) -> anyhow::Result<Vec<u8>> {
     let mut conn = svc.redis.clone();
     let id = unique("award");

@@ -564,6 +564,12 @@ pub async fn run(
             tracing::warn!(%why, "Redis persistence is not zero-loss")
         }
     }
+    // The audit trail's queue exists before the first event goes out.
+    if config.draw_events != DrawEvents::Off
+        && !crate::audit::declare_queue(&config, &shutdown).await
+    {
+        return Ok(());
+    }
     let worker = Arc::new(DrawWorker::new(config.clone(), redis));
     amqp::run(&config, worker, health, shutdown).await
 }

@@ -138,9 +138,9 @@ fn numbers<const N: usize>(text: &str) -> Option<[u64; N]> {
 
 /// The award stored for request `request_id` of `user` for `count` prizes
 /// on pool `pool` (behind `keys`), if its answer is still kept and is an
-/// award: what the audit trail checks a `draw.completed` event against,
-/// since events travel on an exchange it cannot vouch for. `None` also when
-/// the stored answer was asked by other content (another user or count).
+/// award, as an operator or a test reads it back (the audit trail trusts a
+/// `draw.completed` record by its seal instead). `None` also when the
+/// stored answer was asked by other content (another user or count).
 #[allow(clippy::too_many_arguments)]
 pub async fn stored_award<C: ConnectionLike + Send>(
     conn: &mut C,
