@@ -544,11 +544,12 @@ pub async fn declare(channel: &lapin::Channel, delivery_limit: u32) -> anyhow::R
 
 /// Declares the audit queue and its bindings (with the rest of the
 /// topology), retrying while the broker is away; `false` if `shutdown`
-/// came first. The draw workers call it at start as well as the audit
+/// came first, an error if the broker's queues contradict this worker's
+/// settings ([`amqp::Misconfigured`]: retrying cannot help). The draw workers call it at start as well as the audit
 /// consumer, so that no `draw.completed` event is published before the
 /// queue that records it exists (the queue is durable: this matters on a
 /// fleet's first start, whichever worker comes up first).
-pub async fn declare_queue(config: &Config, shutdown: &CancellationToken) -> bool {
+pub async fn declare_queue(config: &Config, shutdown: &CancellationToken) -> anyhow::Result<bool> {
     let mut delay = Duration::from_millis(100);
     loop {
         let declared = async {
@@ -560,7 +561,8 @@ pub async fn declare_queue(config: &Config, shutdown: &CancellationToken) -> boo
             anyhow::Ok(())
         };
         match declared.await {
-            Ok(()) => return true,
+            Ok(()) => return Ok(true),
+            Err(e) if e.downcast_ref::<amqp::Misconfigured>().is_some() => return Err(e),
             Err(e) => {
                 tracing::warn!(
                     error = format!("{e:#}"),
@@ -568,7 +570,7 @@ pub async fn declare_queue(config: &Config, shutdown: &CancellationToken) -> boo
                     "declaring the audit queue; retrying"
                 );
                 tokio::select! {
-                    _ = shutdown.cancelled() => return false,
+                    _ = shutdown.cancelled() => return Ok(false),
                     _ = tokio::time::sleep(delay) => {}
                 }
                 delay = (delay * 2).min(Duration::from_secs(5));
@@ -588,7 +590,7 @@ pub async fn run(
         .max_connections(2)
         .acquire_timeout(Duration::from_secs(3))
         .connect_lazy(&config.database_url)?;
-    if !declare_queue(&config, &shutdown).await {
+    if !declare_queue(&config, &shutdown).await? {
         return Ok(());
     }
     let mut redis = crate::redis_conn::connect(&config.redis_url).await?;

@@ -566,7 +566,7 @@ pub async fn run(
     }
     // The audit trail's queue exists before the first event goes out.
     if config.draw_events != DrawEvents::Off
-        && !crate::audit::declare_queue(&config, &shutdown).await
+        && !crate::audit::declare_queue(&config, &shutdown).await?
     {
         return Ok(());
     }
