@@ -436,6 +436,10 @@ pub struct DrawResult {
     pub status: Status,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
+    /// The sub-pool that served the draw, for a pool stocked as several
+    /// (`shards`); its batch positions are that sub-pool's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_id: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -15,7 +15,10 @@ use crate::{
 pub struct Loaded {
     pub pool: String,
     pub version: i32,
-    /// The first batch, stocked when the pool had none.
+    /// Sub-pools the pool is stocked as (1: not sharded).
+    pub shards: u32,
+    /// The first batch (of the first sub-pool that had none), stocked when
+    /// the pool had none.
     pub first_batch: Option<StockOutcome>,
 }
 
@@ -33,44 +36,43 @@ pub async fn load<C: ConnectionLike + Send>(
     let mut tx = db.begin().await?;
     let mut staged = Vec::with_capacity(configs.len());
     for config in configs {
-        sqlx::query("INSERT INTO pools (id, kind) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING")
+        register(&mut tx, &config.id).await?;
+        let previous: Option<(i32, sqlx::types::Json<CodeTable>, sqlx::types::Json<serde_json::Value>)> =
+            sqlx::query_as(
+                "SELECT version, codes, config FROM pool_versions WHERE pool_id = $1 ORDER BY version DESC LIMIT 1",
+            )
             .bind(&config.id)
-            .bind(lucky_gift::KIND)
-            .execute(&mut *tx)
+            .fetch_optional(&mut *tx)
             .await?;
-        // Lock the pool row so concurrent loads number versions in turn.
-        let (kind,): (String,) = sqlx::query_as("SELECT kind FROM pools WHERE id = $1 FOR UPDATE")
-            .bind(&config.id)
-            .fetch_one(&mut *tx)
-            .await?;
-        if kind != lucky_gift::KIND {
-            anyhow::bail!(
-                "id {:?} already names a {kind}, not a lucky-gift pool",
-                config.id
-            );
-        }
-        let previous: Option<(i32, sqlx::types::Json<CodeTable>)> = sqlx::query_as(
-            "SELECT version, codes FROM pool_versions WHERE pool_id = $1 ORDER BY version DESC LIMIT 1",
-        )
-        .bind(&config.id)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let version = previous.as_ref().map_or(1, |(v, _)| v + 1);
-        if previous.is_some() {
-            let (storage,): (Option<String>,) =
-                sqlx::query_as("SELECT config->>'storage' FROM pool_versions WHERE pool_id = $1 ORDER BY version DESC LIMIT 1")
-                    .bind(&config.id)
-                    .fetch_one(&mut *tx)
-                    .await?;
+        let version = previous.as_ref().map_or(1, |(v, _, _)| v + 1);
+        if let Some((_, _, before)) = &previous {
+            // A pool's prizes live where its storage and shards put them:
+            // neither can change once it holds any.
+            let storage = before
+                .0
+                .get("storage")
+                .and_then(|s| s.as_str())
+                .unwrap_or("");
             let wanted = serde_json::to_value(config.storage)?;
             anyhow::ensure!(
-                storage.as_deref() == wanted.as_str(),
-                "pool {:?}: field `storage`: cannot change from {:?} to {wanted} on a loaded pool",
+                Some(storage) == wanted.as_str(),
+                "pool {:?}: field `storage`: cannot change from {storage:?} to {wanted} on a loaded pool",
                 config.id,
-                storage.unwrap_or_default()
+            );
+            let shards = before.0.get("shards").and_then(|s| s.as_u64()).unwrap_or(1);
+            anyhow::ensure!(
+                shards == u64::from(config.shards),
+                "pool {:?}: field `shards`: cannot change from {shards} to {} on a loaded pool",
+                config.id,
+                config.shards
             );
         }
-        let table = CodeTable::extend(previous.as_ref().map(|(_, t)| &t.0), config);
+        if config.shards > 1 {
+            for sub in config.sub_pools() {
+                register(&mut tx, &sub.id).await?;
+            }
+        }
+        let table = CodeTable::extend(previous.as_ref().map(|(_, t, _)| &t.0), config);
         sqlx::query(
             "INSERT INTO pool_versions (pool_id, version, config, codes) VALUES ($1, $2, $3, $4)",
         )
@@ -86,40 +88,154 @@ pub async fn load<C: ConnectionLike + Send>(
 
     let mut loaded = Vec::with_capacity(staged.len());
     for (config, version, table) in staged {
-        let keys = PoolKeys::new(prefix, &config.id);
-        lucky_gift::configure(redis, scripts, &keys, config, i64::from(version), &table)
+        let mut first_batch = None;
+        for sub in config.sub_pools() {
+            let keys = PoolKeys::new(prefix, &sub.id);
+            lucky_gift::configure(redis, scripts, &keys, &sub, i64::from(version), &table)
+                .await
+                .with_context(|| format!("writing pool {} to Redis", sub.id))?;
+            // The first batch is committed like any other: its commitment is
+            // in Postgres before it is visible.
+            let recorder = crate::audit::PgRecorder::new(db);
+            let token = ulid::Ulid::new().to_string();
+            let outcome = lucky_gift::stock_committed(
+                redis,
+                scripts,
+                &keys,
+                &sub,
+                i64::from(version),
+                &table,
+                0,
+                chunk,
+                lucky_gift::DEFAULT_LEASE_MS,
+                &token,
+                &recorder,
+            )
             .await
-            .with_context(|| format!("writing pool {} to Redis", config.id))?;
-        // The first batch is committed like any other: its commitment is
-        // in Postgres before it is visible.
-        let recorder = crate::audit::PgRecorder::new(db);
-        let token = ulid::Ulid::new().to_string();
-        let first_batch = match lucky_gift::stock_committed(
-            redis,
-            scripts,
-            &keys,
-            config,
-            i64::from(version),
-            &table,
-            0,
-            chunk,
-            lucky_gift::DEFAULT_LEASE_MS,
-            &token,
-            &recorder,
-        )
-        .await
-        .with_context(|| format!("stocking the first batch of {}", config.id))?
-        {
-            StockOutcome::AlreadyDone { .. } => None,
-            other => Some(other),
-        };
+            .with_context(|| format!("stocking the first batch of {}", sub.id))?;
+            if first_batch.is_none() && !matches!(outcome, StockOutcome::AlreadyDone { .. }) {
+                first_batch = Some(outcome);
+            }
+        }
+        if config.shards > 1 {
+            // Last, once every sub-pool is configured and stocked: from now
+            // on draws of the pool find it and go to its sub-pools.
+            redis::cmd("HSET")
+                .arg(PoolKeys::new(prefix, &config.id).meta())
+                .arg("kind")
+                .arg(lucky_gift::KIND)
+                .arg("storage")
+                .arg(
+                    serde_json::to_value(config.storage)?
+                        .as_str()
+                        .unwrap_or("list"),
+                )
+                .arg("shards")
+                .arg(config.shards)
+                .arg("version")
+                .arg(version)
+                .query_async::<()>(redis)
+                .await
+                .with_context(|| format!("writing pool {} to Redis", config.id))?;
+        }
         loaded.push(Loaded {
             pool: config.id.clone(),
             version,
+            shards: config.shards,
             first_batch,
         });
     }
     Ok(loaded)
+}
+
+/// Registers `id` as a lucky-gift pool in the one namespace of ids, under
+/// a row lock so concurrent loads number versions in turn; an id that
+/// names another kind is refused.
+async fn register(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>, id: &str) -> anyhow::Result<()> {
+    sqlx::query("INSERT INTO pools (id, kind) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING")
+        .bind(id)
+        .bind(lucky_gift::KIND)
+        .execute(&mut **tx)
+        .await?;
+    let (kind,): (String,) = sqlx::query_as("SELECT kind FROM pools WHERE id = $1 FOR UPDATE")
+        .bind(id)
+        .fetch_one(&mut **tx)
+        .await?;
+    anyhow::ensure!(
+        kind == lucky_gift::KIND,
+        "id {id:?} already names a {kind}, not a lucky-gift pool"
+    );
+    Ok(())
+}
+
+/// The counters of lucky-gift pool `pool`, summed over its sub-pools if it
+/// is sharded (then `shards` lists each sub-pool's own); `None` if no such
+/// pool exists.
+pub async fn status<C: ConnectionLike + Send>(
+    conn: &mut C,
+    scripts: &Scripts,
+    prefix: &str,
+    pool: &str,
+) -> Result<Option<Status>, redis::RedisError> {
+    let shards = shards_of(conn, prefix, pool).await?;
+    if shards <= 1 {
+        let keys = PoolKeys::new(prefix, pool);
+        return Ok(lucky_gift::status(conn, scripts, &keys, pool)
+            .await?
+            .map(|total| Status {
+                total,
+                shards: Vec::new(),
+            }));
+    }
+    let mut subs = Vec::with_capacity(shards as usize);
+    for shard in 0..shards {
+        let id = lucky_gift::config::sub_pool_id(pool, shard);
+        let keys = PoolKeys::new(prefix, &id);
+        match lucky_gift::status(conn, scripts, &keys, &id).await? {
+            Some(status) => subs.push(status),
+            None => return Ok(None),
+        }
+    }
+    let mut total = subs[0].clone();
+    total.pool = pool.to_owned();
+    for s in &subs[1..] {
+        total.version = total.version.max(s.version);
+        total.generation += s.generation;
+        total.stocked += s.stocked;
+        total.drawn += s.drawn;
+        total.in_pool += s.in_pool;
+        total.held_jackpots += s.held_jackpots;
+        total.spent_today += s.spent_today;
+    }
+    Ok(Some(Status {
+        total,
+        shards: subs,
+    }))
+}
+
+/// The sub-pools lucky-gift pool `pool` is split into (1 if it is not
+/// sharded or does not exist).
+pub async fn shards_of<C: ConnectionLike + Send>(
+    conn: &mut C,
+    prefix: &str,
+    pool: &str,
+) -> Result<u32, redis::RedisError> {
+    let shards: Option<u32> = redis::cmd("HGET")
+        .arg(PoolKeys::new(prefix, pool).meta())
+        .arg("shards")
+        .query_async(conn)
+        .await?;
+    Ok(shards.unwrap_or(1))
+}
+
+/// A pool's counters: the whole pool's, and each sub-pool's if it is sharded.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Status {
+    #[serde(flatten)]
+    pub total: lucky_gift::PoolStatus,
+    /// Each sub-pool's counters (empty for a pool that is not sharded).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<lucky_gift::PoolStatus>,
 }
 
 /// The latest configuration of a lucky-gift pool and its code table.

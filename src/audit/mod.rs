@@ -32,7 +32,7 @@ use serde_json::Value;
 use sqlx::{types::Json, PgPool};
 use tokio_util::sync::CancellationToken;
 
-pub use verify::{verify, BatchVerdict, Mismatch, Verdict};
+pub use verify::{verify, verify_pool, BatchVerdict, Mismatch, Verdict};
 
 use crate::{
     amqp::{self, HandleError, Handler, Outcome, Publisher, Route},
@@ -147,11 +147,11 @@ pub async fn record_draws(db: &PgPool, results: &[DrawResult]) -> Result<(), sql
 /// The rows of a group of draws, as the columns `record_draws.sql` binds.
 #[derive(Default)]
 struct Rows<'a> {
-    reveal_pools: Vec<&'a str>,
+    reveal_pools: Vec<String>,
     reveal_generations: Vec<i64>,
     reveal_versions: Vec<i64>,
     seeds: Vec<&'a str>,
-    pools: Vec<&'a str>,
+    pools: Vec<String>,
     serials: Vec<i64>,
     request_ids: Vec<&'a str>,
     users: Vec<i64>,
@@ -167,8 +167,13 @@ impl<'a> Rows<'a> {
         let Some((pool, user, serial, version)) = recordable(result) else {
             return;
         };
+        // A sharded pool's batches are its sub-pools'.
+        let pool = match result.shard {
+            Some(shard) => crate::kinds::lucky_gift::config::sub_pool_id(pool, shard),
+            None => pool.to_owned(),
+        };
         for reveal in &result.revealed {
-            self.reveal_pools.push(pool);
+            self.reveal_pools.push(pool.clone());
             self.reveal_generations.push(reveal.generation as i64);
             self.reveal_versions.push(reveal.version);
             self.seeds.push(&reveal.seed);

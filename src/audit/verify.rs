@@ -123,6 +123,32 @@ pub async fn verify(
     })
 }
 
+/// Verifies every batch of `pool`: one verdict, or for a pool stocked as
+/// several sub-pools (`shards`), one per sub-pool, whose batches they are.
+pub async fn verify_pool(
+    db: &PgPool,
+    pool: &str,
+    generation: Option<u64>,
+) -> Result<Vec<Verdict>, sqlx::Error> {
+    let shards: Option<i64> = sqlx::query_scalar(
+        "SELECT COALESCE((config->>'shards')::bigint, 1) FROM pool_versions
+         WHERE pool_id = $1 ORDER BY version DESC LIMIT 1",
+    )
+    .bind(pool)
+    .fetch_optional(db)
+    .await?;
+    let shards = u32::try_from(shards.unwrap_or(1)).unwrap_or(1);
+    if shards <= 1 {
+        return Ok(vec![verify(db, pool, generation).await?]);
+    }
+    let mut verdicts = Vec::with_capacity(shards as usize);
+    for shard in 0..shards {
+        let sub = crate::kinds::lucky_gift::config::sub_pool_id(pool, shard);
+        verdicts.push(verify(db, &sub, generation).await?);
+    }
+    Ok(verdicts)
+}
+
 async fn verify_batch(db: &PgPool, pool: &str, g: u64) -> Result<BatchVerdict, sqlx::Error> {
     let rows: Vec<(i64, String, i64, Json<Vec<ComboStock>>)> = sqlx::query_as(
         "SELECT version, commitment, size, composition FROM fair_batches

@@ -135,6 +135,7 @@ fn pool_config(
                 stock: stock.to_vec(),
             })
             .collect(),
+        shards: 1,
     }
 }
 

@@ -272,46 +272,65 @@ async fn audit(config: &Config, command: AuditCommand) -> anyhow::Result<()> {
             return Ok(());
         }
     };
-    let verdict = crate::audit::verify(&db, &pool, generation)
+    let verdicts = crate::audit::verify_pool(&db, &pool, generation)
         .await
         .context("reading the audit trail")?;
+    let ok = verdicts.iter().all(|v| v.ok);
     if json {
-        println!("{}", serde_json::to_string_pretty(&verdict)?);
+        // One verdict, or one per sub-pool of a sharded pool.
+        match verdicts.as_slice() {
+            [verdict] => println!("{}", serde_json::to_string_pretty(verdict)?),
+            all => println!("{}", serde_json::to_string_pretty(all)?),
+        }
     } else {
-        if verdict.batches.is_empty() {
-            println!("pool {pool}: no committed batch recorded");
-        }
-        for b in &verdict.batches {
-            let commitment = b.commitment.as_deref().unwrap_or("(none recorded)");
-            match b.status {
-                "unrevealed" => println!(
-                    "batch {}: unrevealed (commitment {commitment}); it can be checked once its seed is revealed",
-                    b.generation
-                ),
-                "ok" => println!(
-                    "batch {}: ok: seed {} matches commitment {commitment}; {} draws, {} prizes checked{}",
-                    b.generation,
-                    b.seed.as_deref().unwrap_or_default(),
-                    b.draws_checked,
-                    b.prizes_checked,
-                    if b.complete { ", every position accounted for" } else { " (not every position has a recorded draw)" }
-                ),
-                _ => println!(
-                    "batch {}: MISMATCH: {}",
-                    b.generation,
-                    b.first_mismatch
-                        .as_ref()
-                        .map(ToString::to_string)
-                        .unwrap_or_default()
-                ),
+        for verdict in &verdicts {
+            if verdicts.len() > 1 {
+                println!("sub-pool {}:", verdict.pool);
             }
+            print_verdict(verdict);
         }
-        println!("verdict: {}", if verdict.ok { "ok" } else { "MISMATCH" });
+        if verdicts.len() > 1 {
+            println!("verdict: {}", if ok { "ok" } else { "MISMATCH" });
+        }
     }
-    if !verdict.ok {
+    if !ok {
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// Prints one pool's (or sub-pool's) verdict.
+fn print_verdict(verdict: &crate::audit::Verdict) {
+    let pool = &verdict.pool;
+    if verdict.batches.is_empty() {
+        println!("pool {pool}: no committed batch recorded");
+    }
+    for b in &verdict.batches {
+        let commitment = b.commitment.as_deref().unwrap_or("(none recorded)");
+        match b.status {
+            "unrevealed" => println!(
+                "batch {}: unrevealed (commitment {commitment}); it can be checked once its seed is revealed",
+                b.generation
+            ),
+            "ok" => println!(
+                "batch {}: ok: seed {} matches commitment {commitment}; {} draws, {} prizes checked{}",
+                b.generation,
+                b.seed.as_deref().unwrap_or_default(),
+                b.draws_checked,
+                b.prizes_checked,
+                if b.complete { ", every position accounted for" } else { " (not every position has a recorded draw)" }
+            ),
+            _ => println!(
+                "batch {}: MISMATCH: {}",
+                b.generation,
+                b.first_mismatch
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .unwrap_or_default()
+            ),
+        }
+    }
+    println!("verdict: {}", if verdict.ok { "ok" } else { "MISMATCH" });
 }
 
 async fn pool(config: &Config, command: PoolCommand) -> anyhow::Result<()> {
@@ -346,9 +365,13 @@ async fn pool(config: &Config, command: PoolCommand) -> anyhow::Result<()> {
         PoolCommand::Status { id, json } => {
             let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
             let keys = PoolKeys::new(&config.redis_prefix, &id);
-            let status = lucky_gift::status(&mut redis, &scripts, &keys, &id)
+            let whole = crate::pools::status(&mut redis, &scripts, &config.redis_prefix, &id)
                 .await?
                 .with_context(|| format!("no pool named {id}"))?;
+            if !whole.shards.is_empty() {
+                return print_shards(&whole, json);
+            }
+            let status = whole.total;
             let fair = lucky_gift::fair_state(&mut redis, &keys).await?;
             if json {
                 let mut value = serde_json::to_value(&status)?;
@@ -394,34 +417,71 @@ async fn pool(config: &Config, command: PoolCommand) -> anyhow::Result<()> {
         }
         PoolCommand::Refill { id } => {
             let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
-            let keys = PoolKeys::new(&config.redis_prefix, &id);
-            let status = lucky_gift::status(&mut redis, &scripts, &keys, &id)
+            let status = crate::pools::status(&mut redis, &scripts, &config.redis_prefix, &id)
                 .await?
                 .with_context(|| format!("no pool named {id}"))?;
-            // An operator's refill makes the current batch due, which the
-            // refill worker checks (a forged request cannot).
-            redis::cmd("HSET")
-                .arg(keys.meta())
-                .arg("due")
-                .arg(status.generation)
-                .query_async::<()>(&mut redis)
-                .await?;
-            let client = RpcClient::connect(config).await?;
-            let request = RefillRequest {
-                pool: id.clone(),
-                trigger: status.generation,
-                urgent: true,
+            // A sharded pool is refilled as a whole: each sub-pool gets its
+            // next batch.
+            let targets = if status.shards.is_empty() {
+                vec![status.total]
+            } else {
+                status.shards
             };
-            let reply = client
-                .call(
-                    amqp::REFILL.routing_key,
-                    &with_type("refill", &request),
-                    Duration::from_secs(60),
-                )
-                .await?;
-            println!("{}", serde_json::to_string_pretty(&reply)?);
+            let client = RpcClient::connect(config).await?;
+            for target in targets {
+                // An operator's refill makes the current batch due, which
+                // the refill worker checks (a forged request cannot).
+                redis::cmd("HSET")
+                    .arg(PoolKeys::new(&config.redis_prefix, &target.pool).meta())
+                    .arg("due")
+                    .arg(target.generation)
+                    .query_async::<()>(&mut redis)
+                    .await?;
+                let request = RefillRequest {
+                    pool: target.pool,
+                    trigger: target.generation,
+                    urgent: true,
+                };
+                let reply = client
+                    .call(
+                        amqp::REFILL.routing_key,
+                        &with_type("refill", &request),
+                        Duration::from_secs(60),
+                    )
+                    .await?;
+                println!("{}", serde_json::to_string_pretty(&reply)?);
+            }
             client.close().await;
         }
+    }
+    Ok(())
+}
+
+/// Prints the status of a pool stocked as several sub-pools: the whole
+/// pool's counters, then each sub-pool's.
+fn print_shards(status: &crate::pools::Status, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(status)?);
+        return Ok(());
+    }
+    let total = &status.total;
+    println!("pool           {}", total.pool);
+    println!("kind           {}", total.kind);
+    println!("config version {}", total.version);
+    println!("sub-pools      {}", status.shards.len());
+    println!("batches        {}", total.generation);
+    println!("stocked        {}", total.stocked);
+    println!("drawn          {}", total.drawn);
+    println!(
+        "in pool        {} ({} jackpots waiting)",
+        total.in_pool, total.held_jackpots
+    );
+    println!("spent today    {}", total.spent_today);
+    for s in &status.shards {
+        println!(
+            "{:<14} batches {}, stocked {}, drawn {}, in pool {}, spent today {}",
+            s.pool, s.generation, s.stocked, s.drawn, s.in_pool, s.spent_today
+        );
     }
     Ok(())
 }

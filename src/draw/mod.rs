@@ -95,11 +95,12 @@ impl DrawWorker {
         if kinds::claim(&mut conn, scripts, &tokens).await? == Claim::Reused {
             return Err(answer::reused("request_id", &req.request_id));
         }
-        match self.kinds.resolve(&req.pool).await? {
-            Some(kind) => Ok(Ready::Draw(Prepared {
+        match self.kinds.route(&req.pool, req.user_id).await? {
+            Some((kind, home)) => Ok(Ready::Draw(Prepared {
                 req,
                 tokens,
                 kind,
+                home,
                 ttl,
             })),
             None => {
@@ -112,7 +113,7 @@ impl DrawWorker {
                     result_ttl_s: ttl,
                 };
                 let refused = self
-                    .refuse(&ask, Refusal::new(ErrorCode::UnknownPool))
+                    .refuse(&ask, &req.pool, Refusal::new(ErrorCode::UnknownPool))
                     .await?;
                 Ok(Ready::Answered(refused))
             }
@@ -157,7 +158,7 @@ impl DrawWorker {
                 Ok(Step::Refused(refusal)) => {
                     metrics::counter!("prizepool_draws_total", "kind" => draw.kind.label(), "outcome" => refusal.code.as_str())
                         .increment(1);
-                    return Ok(refused(&ask, refusal));
+                    return Ok(refused(&ask, &draw.req.pool, refusal));
                 }
                 Ok(Step::Short {
                     in_pool,
@@ -174,7 +175,7 @@ impl DrawWorker {
                     tracing::debug!(in_pool, count = ask.count, "no refill arrived in time");
                     metrics::counter!("prizepool_pool_exhausted_total").increment(1);
                     return self
-                        .refuse(&ask, Refusal::new(ErrorCode::PoolExhausted))
+                        .refuse(&ask, &draw.req.pool, Refusal::new(ErrorCode::PoolExhausted))
                         .await;
                 }
             }
@@ -219,9 +220,16 @@ impl DrawWorker {
         Ok(())
     }
 
-    /// Stores `refusal` as the request's answer and replies with it; if the
-    /// request was answered meanwhile (a concurrent copy), that answer wins.
-    async fn refuse(&self, ask: &Ask<'_>, refusal: Refusal) -> Result<Outcome, HandleError> {
+    /// Stores `refusal` as the request's answer (where its pool step runs:
+    /// `ask.pool`) and replies with it, naming `pool` as the request did;
+    /// if the request was answered meanwhile (a concurrent copy), that
+    /// answer wins.
+    async fn refuse(
+        &self,
+        ask: &Ask<'_>,
+        pool: &str,
+        refusal: Refusal,
+    ) -> Result<Outcome, HandleError> {
         let mut conn = self.kinds.redis();
         let results = self.kinds.keys(ask.pool).results();
         match kinds::remember(
@@ -233,13 +241,13 @@ impl DrawWorker {
         )
         .await?
         {
-            None => Ok(refused(ask, refusal)),
-            Some(kinds::ScriptReply::Refused(stored)) => Ok(refused(ask, stored)),
+            None => Ok(refused(ask, pool, refusal)),
+            Some(kinds::ScriptReply::Refused(stored)) => Ok(refused(ask, pool, stored)),
             // An award stored meanwhile: the kind's step replays it.
             Some(_) => match self.kinds.resolve(ask.pool).await? {
                 Some(kind) => match self.kinds.draw(kind, ask).await? {
                     Step::Awarded(award) => Ok(self.awarded(*award)),
-                    Step::Refused(stored) => Ok(refused(ask, stored)),
+                    Step::Refused(stored) => Ok(refused(ask, pool, stored)),
                     Step::Short { .. } => Err(HandleError::internal(format!(
                         "request {} has a stored award its pool cannot replay",
                         ask.request_id
@@ -470,6 +478,9 @@ struct Prepared {
     req: DrawRequest,
     tokens: Tokens,
     kind: Kind,
+    /// The pool whose keys hold the draw: the pool the request named, or
+    /// the sub-pool its user's draws go to ([`Kinds::route`]).
+    home: String,
     ttl: u64,
 }
 
@@ -477,7 +488,7 @@ impl Prepared {
     fn ask(&self) -> Ask<'_> {
         Ask {
             request_id: &self.req.request_id,
-            pool: &self.req.pool,
+            pool: &self.home,
             user: self.req.user_id,
             count: self.req.count,
             token: &self.tokens.answer,
@@ -486,16 +497,17 @@ impl Prepared {
     }
 }
 
-/// A `rejected` draw result: a business refusal, not bad input.
-fn refused(ask: &Ask<'_>, refusal: Refusal) -> Outcome {
+/// A `rejected` draw result: a business refusal, not bad input, of a draw
+/// from `pool` (as the request named it).
+fn refused(ask: &Ask<'_>, pool: &str, refusal: Refusal) -> Outcome {
     let result = DrawResult {
         request_id: ask.request_id.to_owned(),
         status: Status::Rejected,
-        pool: Some(ask.pool.to_owned()),
+        pool: Some(pool.to_owned()),
         user_id: Some(ask.user),
         error: Some(ErrorBody {
             code: refusal.code,
-            message: refusal_message(ask, refusal.code),
+            message: refusal_message(ask, pool, refusal.code),
         }),
         previous: refusal.previous,
         ..DrawResult::default()
@@ -507,8 +519,8 @@ fn refused(ask: &Ask<'_>, refusal: Refusal) -> Outcome {
 }
 
 /// The message of a refusal; the same for the first answer and its replays.
-fn refusal_message(ask: &Ask<'_>, code: ErrorCode) -> String {
-    let (pool, user, count) = (ask.pool, ask.user, ask.count);
+fn refusal_message(ask: &Ask<'_>, pool: &str, code: ErrorCode) -> String {
+    let (user, count) = (ask.user, ask.count);
     match code {
         ErrorCode::UnknownPool => format!("no pool named {pool}"),
         ErrorCode::PoolClosed => format!("{pool} is closed"),

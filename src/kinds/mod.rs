@@ -110,9 +110,11 @@ pub struct Kinds {
     redis: RedisConn,
     scripts: Scripts,
     prefix: String,
-    /// Kind of each pool id seen. An id never changes kind (the registry in
-    /// Postgres enforces one namespace), so entries never go stale.
-    kinds: RwLock<HashMap<String, Kind>>,
+    /// Kind and sub-pool count of each pool id seen. An id never changes
+    /// kind (the registry in Postgres enforces one namespace) and a pool
+    /// never changes its shards (`pool load` refuses it), so entries never
+    /// go stale.
+    kinds: RwLock<HashMap<String, (Kind, u32)>>,
     lucky: lucky_gift::Decoder,
     lucky_calls: lucky_gift::Coalescer,
 }
@@ -147,19 +149,55 @@ impl Kinds {
     }
 
     /// The kind of pool `id`, from the cache or Redis; `None` if unknown.
+    /// A sub-pool of a sharded pool resolves as the kind it holds.
     pub async fn resolve(&self, id: &str) -> Result<Option<Kind>, HandleError> {
+        Ok(self.resolve_sharded(id).await?.map(|(kind, _)| kind))
+    }
+
+    /// Where a draw of `user` from pool `pool` runs: the pool's kind and the
+    /// pool whose keys hold the draw — the pool itself, or for a pool
+    /// stocked as K sub-pools (`shards = K`), sub-pool `user mod K`, so one
+    /// user's draws (and the retries of each) always reach the same
+    /// sub-pool. A sub-pool named directly is no pool of its own: `None`,
+    /// like an unknown pool.
+    pub async fn route(
+        &self,
+        pool: &str,
+        user: i64,
+    ) -> Result<Option<(Kind, String)>, HandleError> {
+        let Some((kind, shards)) = self.resolve_sharded(pool).await? else {
+            return Ok(None);
+        };
+        if matches!(kind, Kind::LuckyGift(_))
+            && lucky_gift::config::split_sub_pool(pool).1.is_some()
+        {
+            return Ok(None);
+        }
+        if shards <= 1 {
+            return Ok(Some((kind, pool.to_owned())));
+        }
+        let shard = u32::try_from(user.rem_euclid(i64::from(shards))).unwrap_or(0);
+        Ok(Some((kind, lucky_gift::config::sub_pool_id(pool, shard))))
+    }
+
+    async fn resolve_sharded(&self, id: &str) -> Result<Option<(Kind, u32)>, HandleError> {
         if let Some(kind) = self.kinds.read().await.get(id) {
             return Ok(Some(*kind));
         }
         let mut conn = self.redis.clone();
-        let (label, storage, strategy): (Option<String>, Option<String>, Option<String>) =
-            redis::cmd("HMGET")
-                .arg(self.keys(id).meta())
-                .arg("kind")
-                .arg("storage")
-                .arg("strategy")
-                .query_async(&mut conn)
-                .await?;
+        let (label, storage, strategy, shards): (
+            Option<String>,
+            Option<String>,
+            Option<String>,
+            Option<u32>,
+        ) = redis::cmd("HMGET")
+            .arg(self.keys(id).meta())
+            .arg("kind")
+            .arg("storage")
+            .arg("strategy")
+            .arg("shards")
+            .query_async(&mut conn)
+            .await?;
         let kind = match label.as_deref() {
             Some(lucky_gift::KIND) => {
                 Kind::LuckyGift(lucky_gift::Storage::from_label(storage.as_deref()))
@@ -180,12 +218,21 @@ impl Kinds {
                 )))
             }
         };
+        let shards = match shards {
+            None => 1,
+            Some(k @ 1..=lucky_gift::config::MAX_SHARDS) => k,
+            Some(k) => {
+                return Err(HandleError::internal(format!(
+                    "pool {id} has {k} shards, past the most a pool may have"
+                )))
+            }
+        };
         let mut kinds = self.kinds.write().await;
         if kinds.len() >= MAX_CACHED_KINDS {
             kinds.clear();
         }
-        kinds.insert(id.to_owned(), kind);
-        Ok(Some(kind))
+        kinds.insert(id.to_owned(), (kind, shards));
+        Ok(Some((kind, shards)))
     }
 
     /// One draw step of `kind` for `ask`.
@@ -196,11 +243,43 @@ impl Kinds {
             .unwrap_or_else(|| Err(HandleError::internal("a draw step answered nothing")))
     }
 
+    /// Draw steps of `kind` for `asks`, applied in order per pool; their
+    /// steps in the same order as `asks`. The asks of one pool (a sub-pool
+    /// for a sharded pool) run one after another; pools side by side.
+    pub async fn draw_all(&self, kind: Kind, asks: &[Ask<'_>]) -> Vec<Result<Step, HandleError>> {
+        let mut pools: Vec<(&str, Vec<usize>)> = Vec::new();
+        for (i, ask) in asks.iter().enumerate() {
+            match pools.iter_mut().find(|(pool, _)| *pool == ask.pool) {
+                Some((_, places)) => places.push(i),
+                None => pools.push((ask.pool, vec![i])),
+            }
+        }
+        if pools.len() <= 1 {
+            return self.draw_pool(kind, asks).await;
+        }
+        let runs = pools.iter().map(|(_, places)| async move {
+            let of_pool: Vec<Ask<'_>> = places.iter().map(|&i| asks[i]).collect();
+            self.draw_pool(kind, &of_pool).await
+        });
+        let mut steps: Vec<Option<Result<Step, HandleError>>> = asks.iter().map(|_| None).collect();
+        for ((_, places), run) in pools.iter().zip(futures_util::future::join_all(runs).await) {
+            for (&i, step) in places.iter().zip(run) {
+                steps[i] = Some(step);
+            }
+        }
+        steps
+            .into_iter()
+            .map(|step| {
+                step.unwrap_or_else(|| Err(HandleError::internal("a draw step answered nothing")))
+            })
+            .collect()
+    }
+
     /// Draw steps of `kind` for `asks`, all of one pool, applied in order;
     /// their steps in the same order. A lucky-gift pool applies them in one
     /// call, shared with the draws of other deliveries in flight
     /// ([`lucky_gift::Coalescer`]); the other kinds one call each.
-    pub async fn draw_all(&self, kind: Kind, asks: &[Ask<'_>]) -> Vec<Result<Step, HandleError>> {
+    async fn draw_pool(&self, kind: Kind, asks: &[Ask<'_>]) -> Vec<Result<Step, HandleError>> {
         let Some(first) = asks.first() else {
             return Vec::new();
         };

@@ -215,9 +215,15 @@ impl TestEnv {
         .unwrap();
     }
 
+    /// A pool's counters (a sharded pool's summed over its sub-pools).
     pub async fn status(&self, pool: &str) -> lucky_gift::PoolStatus {
+        self.pool_status(pool).await.total
+    }
+
+    /// A pool's counters, with each sub-pool's if it is sharded.
+    pub async fn pool_status(&self, pool: &str) -> prizepool::pools::Status {
         let mut redis = self.redis.clone();
-        lucky_gift::status(&mut redis, &self.scripts, &self.keys(pool), pool)
+        prizepool::pools::status(&mut redis, &self.scripts, &self.config.redis_prefix, pool)
             .await
             .unwrap()
             .expect("pool exists")

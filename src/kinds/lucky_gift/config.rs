@@ -20,6 +20,12 @@ pub const MAX_DAILY_THRESHOLD: i64 = 1 << 52;
 /// Room a draw reply and its event need besides the prizes: type, ids (at
 /// most 128 bytes each), status, user, totals and asset, generously.
 const REPLY_OVERHEAD_BYTES: usize = 1024;
+/// Most sub-pools a hot pool may be split into (`shards`).
+pub const MAX_SHARDS: u32 = 64;
+/// Separates a sharded pool's name from its sub-pool's number (`gift~3`).
+/// Pool names never hold it ([`crate::messages::check_name`]), so a
+/// sub-pool id can never be loaded, created or drawn as a pool of its own.
+pub const SHARD_SEPARATOR: char = '~';
 
 /// A configuration file: any number of `[[pools]]` tables.
 #[derive(Debug, Deserialize)]
@@ -43,6 +49,8 @@ struct RawPool {
     max_count: i64,
     #[serde(default = "default_asset")]
     asset: String,
+    #[serde(default = "default_shards")]
+    shards: i64,
     jackpot: Option<RawJackpot>,
     #[serde(default)]
     combos: Vec<RawCombo>,
@@ -73,6 +81,12 @@ fn default_max_count() -> i64 {
 }
 fn default_asset() -> String {
     "coin".into()
+}
+fn default_shards() -> i64 {
+    1
+}
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 
 /// How a pool keeps its prizes in Redis.
@@ -129,9 +143,43 @@ pub struct PoolConfig {
     pub asset: String,
     pub jackpot: Option<Jackpot>,
     pub combos: Vec<Combo>,
+    /// Sub-pools the pool is stocked as (1: the pool is its own). Absent
+    /// from stored configs of unsharded pools, so those read as before.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub shards: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 impl PoolConfig {
+    /// The pools that hold this pool's prizes: itself, or for `shards = K`
+    /// the K sub-pools `<id>~0` … `<id>~K-1`, each with the same combos,
+    /// price and storage, so every sub-pool is stocked with whole batches of
+    /// the same config and the odds of a draw are those of the pool,
+    /// whichever sub-pool it reaches. The jackpot rule counts each
+    /// sub-pool's own consumption, so each sub-pool's threshold is the
+    /// pool's divided by K (rounded up): with draws spread evenly, the
+    /// gates open when the pool as a whole has taken its threshold.
+    pub fn sub_pools(&self) -> Vec<PoolConfig> {
+        if self.shards <= 1 {
+            return vec![self.clone()];
+        }
+        let k = i64::from(self.shards);
+        (0..self.shards)
+            .map(|i| PoolConfig {
+                id: sub_pool_id(&self.id, i),
+                shards: 1,
+                jackpot: self.jackpot.as_ref().map(|j| Jackpot {
+                    min_multiplier: j.min_multiplier,
+                    daily_consumption_threshold: (j.daily_consumption_threshold + k - 1) / k,
+                }),
+                ..self.clone()
+            })
+            .collect()
+    }
+
     /// Prizes in one batch (every combo once).
     pub fn batch_size(&self) -> u64 {
         self.combos.iter().map(Combo::size).sum()
@@ -142,6 +190,23 @@ impl PoolConfig {
         self.jackpot
             .as_ref()
             .is_some_and(|j| multiplier >= j.min_multiplier)
+    }
+}
+
+/// The id of sub-pool `shard` of pool `pool`.
+pub fn sub_pool_id(pool: &str, shard: u32) -> String {
+    format!("{pool}{SHARD_SEPARATOR}{shard}")
+}
+
+/// The pool and shard a sub-pool id names (`gift~3` → `("gift", Some(3))`);
+/// any other id is its own pool.
+pub fn split_sub_pool(id: &str) -> (&str, Option<u32>) {
+    match id.rsplit_once(SHARD_SEPARATOR) {
+        Some((pool, shard)) => match shard.parse() {
+            Ok(shard) => (pool, Some(shard)),
+            Err(_) => (id, None),
+        },
+        None => (id, None),
     }
 }
 
@@ -336,7 +401,25 @@ fn validate(raw: RawPool) -> Result<PoolConfig, ConfigError> {
             stock,
         });
     }
+    if !(1..=i64::from(MAX_SHARDS)).contains(&raw.shards) {
+        return Err(at.err(
+            "shards",
+            format!("must be between 1 and {MAX_SHARDS}, got {}", raw.shards),
+        ));
+    }
+    // Sub-pool ids travel in refill requests, which take ids up to the
+    // usual length.
+    if raw.shards > 1 && raw.id.len() + 3 > crate::messages::MAX_ID_LEN {
+        return Err(at.err(
+            "id",
+            format!(
+                "a sharded pool's id must leave room for its sub-pools' suffix: at most {} bytes",
+                crate::messages::MAX_ID_LEN - 3
+            ),
+        ));
+    }
     let config = PoolConfig {
+        shards: u32::try_from(raw.shards).unwrap_or(1),
         id: raw.id,
         unit_price: raw.unit_price,
         storage,

@@ -522,6 +522,9 @@ fn award(
         .and_then(|t| t.checked_mul(drawn.unit_price))
         .filter(|r| *r < crate::messages::MAX_EXACT)
         .ok_or_else(|| HandleError::internal("reward overflows"))?;
+    // A sharded pool's draw runs on a sub-pool; the reply and the ledger
+    // name the pool, the entry id the sub-pool (serials count per sub-pool).
+    let (pool, shard) = super::config::split_sub_pool(ask.pool);
     let entry = (reward != 0).then(|| {
         SettleRequest::new(
             crate::kinds::answer::entry_id("draw", ask.pool, ask.request_id, drawn.serial),
@@ -529,7 +532,7 @@ fn award(
             drawn.asset.as_str(),
             reward,
             "lucky_gift",
-            json!({ "pool": ask.pool, "request_id": ask.request_id, "version": drawn.version }),
+            json!({ "pool": pool, "request_id": ask.request_id, "version": drawn.version }),
         )
     });
     let refill = drawn.trigger.map(|trigger| RefillRequest {
@@ -542,7 +545,8 @@ fn award(
         result: DrawResult {
             request_id: ask.request_id.to_owned(),
             status: Status::Ok,
-            pool: Some(ask.pool.to_owned()),
+            pool: Some(pool.to_owned()),
+            shard,
             user_id: Some(ask.user),
             prizes,
             total_multiplier: Some(total),
