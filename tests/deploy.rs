@@ -328,6 +328,10 @@ fn workers_are_probed_budgeted_and_take_credentials_only_from_secrets() {
                 );
             }
         }
+        // The draw workers scale on every draw shard they consume: the
+        // shards past the first are declared by the workers, not the
+        // definitions.
+        let shards = draw_shards(&objects);
         for s in scaled {
             let target = s["spec"]["scaleTargetRef"]["name"].as_str().unwrap();
             assert!(deployments.contains(target), "{set}: {target}");
@@ -335,12 +339,45 @@ fn workers_are_probed_budgeted_and_take_credentials_only_from_secrets() {
                 deployment_replicas_left_to_keda(&objects, target),
                 "{set}: {target} sets replicas while KEDA scales it"
             );
-            for trigger in s["spec"]["triggers"].as_array().unwrap() {
-                let queue = trigger["metadata"]["queueName"].as_str().unwrap();
+            let triggered: Vec<&str> = s["spec"]["triggers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["metadata"]["queueName"].as_str().unwrap())
+                .collect();
+            let expected: Vec<String> = if target == "prizepool-draw-worker" {
+                (0..shards)
+                    .map(|k| match k {
+                        0 => "prizepool.draw".to_owned(),
+                        k => format!("prizepool.draw.{k}"),
+                    })
+                    .collect()
+            } else {
+                triggered.iter().map(|q| (*q).to_owned()).collect()
+            };
+            assert_eq!(triggered, expected, "{set}: {target}");
+            for queue in triggered
+                .iter()
+                .filter(|q| !q.starts_with("prizepool.draw."))
+            {
                 assert!(queues.contains(queue), "{set}: {queue}");
             }
         }
     }
+}
+
+/// The `DRAW_SHARDS` the draw workers of a rendering run with.
+fn draw_shards(objects: &[Value]) -> u64 {
+    let draw = of_kind(objects, "Deployment")
+        .into_iter()
+        .find(|d| name(d) == "prizepool-draw-worker")
+        .unwrap();
+    pod(draw)["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "DRAW_SHARDS")
+        .map_or(1, |e| e["value"].as_str().unwrap().parse().unwrap())
 }
 
 fn deployment_replicas_left_to_keda(objects: &[Value], target: &str) -> bool {

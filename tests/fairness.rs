@@ -714,6 +714,53 @@ async fn the_verifier_names_the_first_draw_of_a_tampered_batch() {
     .await
     .unwrap();
     assert_eq!(users, vec![replies[0]["user_id"].as_i64().unwrap()]);
+
+    // The audit's dead letters are listed with their reasons, and a replay
+    // takes them back to the audit queue alone: a consumer of the events
+    // exchange sees none of them again.
+    let spy = "spy.draw.completed";
+    channel
+        .queue_declare(spy.into(), Default::default(), Default::default())
+        .await
+        .unwrap();
+    channel
+        .queue_bind(
+            spy.into(),
+            prizepool::amqp::EVENTS.into(),
+            "draw.completed".into(),
+            Default::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    let letters = prizepool::amqp::dlq::list(&conn, audit::ROUTE, 10)
+        .await
+        .unwrap();
+    assert_eq!(letters.len(), 4, "{letters:?}");
+    assert!(letters.iter().all(|l| !l.reason.is_empty()), "{letters:?}");
+    let report = tokio::time::timeout(
+        Duration::from_secs(30),
+        prizepool::amqp::dlq::replay(&conn, audit::ROUTE, usize::MAX, false),
+    )
+    .await
+    .expect("the replay ends")
+    .unwrap();
+    assert_eq!(report.moved, 4, "{report:?}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while env.queue_depth(audit::ROUTE.dlq).await < 4 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "replayed forgeries dead-lettered again"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(env.queue_depth(spy).await, 0, "a replay is not an event");
+    let (forged_rows,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM fair_draws WHERE request_id = 'forged-1'")
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
+    assert_eq!(forged_rows, 0);
     let _ = conn.close(200, "bye".into()).await;
     env.stop_workers().await;
 }

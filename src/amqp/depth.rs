@@ -1,7 +1,9 @@
-//! Queue depths as metrics: `prizepool_queue_messages{queue}` for every work
-//! queue and dead-letter queue, read every few seconds by the refill worker
-//! (one replica is enough; every replica may), so the dashboard and the
-//! alerts need nothing but the workers' own `/metrics`.
+//! Queue depths as metrics: `prizepool_queue_messages{queue}` for every
+//! queue its caller names (the refill worker names every work queue, draw
+//! shard, consumer queue and dead-letter queue), read every few seconds by
+//! the refill worker (one replica is enough; every replica may), so the
+//! dashboard, the alerts and queue-depth autoscaling need nothing but the
+//! workers' own `/metrics`.
 
 use std::time::Duration;
 
@@ -11,9 +13,10 @@ use tokio_util::sync::CancellationToken;
 /// How often the depths are read.
 const EVERY: Duration = Duration::from_secs(5);
 
-/// Reads the depths every [`EVERY`] until `shutdown`, on a connection of
-/// its own (reconnecting when it is lost). A failure costs one reading.
-pub async fn watch(amqp_url: String, shutdown: CancellationToken) {
+/// Reads the depths of `queues` every [`EVERY`] until `shutdown`, on a
+/// connection of its own (reconnecting when it is lost). A failure costs
+/// one reading; a queue that does not exist (yet) costs only its own.
+pub async fn watch(amqp_url: String, queues: Vec<String>, shutdown: CancellationToken) {
     let mut every = tokio::time::interval(EVERY);
     let mut conn: Option<Connection> = None;
     loop {
@@ -25,7 +28,7 @@ pub async fn watch(amqp_url: String, shutdown: CancellationToken) {
             conn = super::connect(&amqp_url, "prizepool-depths").await.ok();
         }
         let Some(c) = &conn else { continue };
-        if let Err(error) = read(c).await {
+        if let Err(error) = read(c, &queues).await {
             tracing::debug!(%error, "queue depths not read");
         }
     }
@@ -34,23 +37,29 @@ pub async fn watch(amqp_url: String, shutdown: CancellationToken) {
     }
 }
 
-async fn read(conn: &Connection) -> anyhow::Result<()> {
-    let channel = conn.create_channel().await?;
-    for route in super::ROUTES {
-        for queue in [route.queue, route.dlq] {
-            // Passive: reads the queue's state, never creates it.
-            let q = channel
-                .queue_declare(
-                    queue.into(),
-                    QueueDeclareOptions {
-                        passive: true,
-                        ..QueueDeclareOptions::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await?;
-            metrics::gauge!("prizepool_queue_messages", "queue" => queue)
-                .set(f64::from(q.message_count()));
+async fn read(conn: &Connection, queues: &[String]) -> anyhow::Result<()> {
+    let mut channel = conn.create_channel().await?;
+    for queue in queues {
+        // Passive: reads the queue's state, never creates it. The broker
+        // closes the channel of a passive declaration of a missing queue,
+        // so the next queue gets a new one.
+        match channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+        {
+            Ok(q) => metrics::gauge!("prizepool_queue_messages", "queue" => queue.clone())
+                .set(f64::from(q.message_count())),
+            Err(error) => {
+                tracing::debug!(%error, queue, "queue depth not read");
+                channel = conn.create_channel().await?;
+            }
         }
     }
     let _ = channel.close(200, "bye".into()).await;

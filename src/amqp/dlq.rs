@@ -11,7 +11,7 @@ use lapin::{
 };
 use serde::Serialize;
 
-use super::{publish::header_text, Route, ERROR_CODE_HEADER, ERROR_HEADER, EXCHANGE};
+use super::{publish::header_text, Route, ERROR_CODE_HEADER, ERROR_HEADER};
 
 /// One dead letter, as `prizepool dlq list` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -164,10 +164,14 @@ pub async fn replay(
             break;
         };
         let delivery = msg.delivery;
+        // Straight to the work queue through the default exchange: a dead
+        // letter goes back to the one queue that refused it, never through
+        // an exchange that would also copy it to other consumers (the
+        // events exchange feeds the audit queue and any downstream one).
         let confirm = channel
             .basic_publish(
-                EXCHANGE.into(),
-                route.routing_key.into(),
+                "".into(),
+                route.queue.into(),
                 BasicPublishOptions {
                     mandatory: true,
                     ..BasicPublishOptions::default()

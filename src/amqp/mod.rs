@@ -108,15 +108,6 @@ pub struct Route {
     pub dlq: &'static str,
 }
 
-impl Route {
-    /// The route of a work queue or of its dead-letter queue, by name.
-    pub fn by_queue(name: &str) -> Option<Route> {
-        ROUTES
-            .into_iter()
-            .find(|r| r.queue == name || r.dlq == name)
-    }
-}
-
 /// Delay queues, one fixed TTL each (a queue-wide TTL keeps expiry FIFO, so a
 /// long delay never holds up a short one). Expired messages dead-letter to
 /// [`EXCHANGE`] with routing key `refill`. A message that must wait longer

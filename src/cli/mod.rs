@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use crate::{
-    amqp::{self, dlq, rpc::RpcClient, Route},
+    amqp::{self, dlq, rpc::RpcClient},
     client::{Client, ClientConfig},
     config::Config,
     kinds::lucky_gift,
@@ -136,7 +136,8 @@ enum AuditCommand {
 enum DlqCommand {
     /// Show dead letters and why they are there.
     List {
-        /// The work queue (`prizepool.draw`) or its DLQ.
+        /// A queue that dead-letters (`prizepool.draw`, `prizepool.refill`,
+        /// `prizepool.settle`, `prizepool.audit`) or its DLQ.
         queue: String,
         #[arg(long, default_value_t = 50)]
         limit: usize,
@@ -532,10 +533,18 @@ async fn activity(config: &Config, command: ActivityCommand) -> anyhow::Result<(
 }
 
 async fn dlq_command(config: &Config, command: DlqCommand) -> anyhow::Result<()> {
+    // Every queue that dead-letters: the work queues and the audit trail's.
     let route = |name: &str| {
-        Route::by_queue(name).with_context(|| {
-            format!("unknown queue {name}; expected prizepool.draw, prizepool.refill or prizepool.settle")
-        })
+        amqp::ROUTES
+            .into_iter()
+            .chain([crate::audit::ROUTE])
+            .find(|r| r.queue == name || r.dlq == name)
+            .with_context(|| {
+                format!(
+                    "unknown queue {name}; expected prizepool.draw, prizepool.refill, \
+                     prizepool.settle or prizepool.audit"
+                )
+            })
     };
     let conn = amqp::connect(&config.amqp_url, "prizepool-dlq").await?;
     match command {

@@ -513,6 +513,17 @@ impl Handler for RefillWorker {
     }
 }
 
+/// The queues whose depths the refill worker reports: every work queue and
+/// its dead letters, every draw shard, and the audit trail's queue.
+pub fn watched_queues(draw_shards: u16) -> Vec<String> {
+    let routes = amqp::ROUTES.into_iter().chain([crate::audit::ROUTE]);
+    let mut queues: Vec<String> = routes
+        .flat_map(|r| [r.queue.to_owned(), r.dlq.to_owned()])
+        .collect();
+    queues.extend((1..draw_shards).map(amqp::draw_shard));
+    queues
+}
+
 /// Runs a refill worker until `shutdown`.
 pub async fn run(
     config: Config,
@@ -524,7 +535,34 @@ pub async fn run(
     let worker = Arc::new(RefillWorker::new(config.clone(), redis, db));
     tokio::spawn(amqp::depth::watch(
         config.amqp_url.clone(),
+        watched_queues(config.draw_shards),
         shutdown.clone(),
     ));
     amqp::run(&config, worker, health, shutdown).await
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn depths_are_watched_on_every_queue_a_draw_can_wait_in() {
+        let one = super::watched_queues(1);
+        for queue in [
+            "prizepool.draw",
+            "prizepool.draw.dlq",
+            "prizepool.refill",
+            "prizepool.refill.dlq",
+            "prizepool.settle",
+            "prizepool.settle.dlq",
+            "prizepool.audit",
+            "prizepool.audit.dlq",
+        ] {
+            assert!(one.iter().any(|q| q == queue), "{queue} in {one:?}");
+        }
+        assert!(!one.iter().any(|q| q == "prizepool.draw.1"));
+        let three = super::watched_queues(3);
+        assert_eq!(three.len(), one.len() + 2);
+        for shard in ["prizepool.draw.1", "prizepool.draw.2"] {
+            assert!(three.iter().any(|q| q == shard), "{shard} in {three:?}");
+        }
+    }
 }
