@@ -186,6 +186,36 @@ async fn a_sub_pool_is_no_pool_of_its_own() {
     }
     assert_eq!(env.status("hot").await.drawn, 0);
 
+    // Nor can a refill stock the parent pool, whose keys hold no prizes:
+    // whoever sends it, with any trigger, urgent or not.
+    for trigger in [0u64, 1, 2] {
+        for urgent in [false, true] {
+            let reply = client
+                .call(
+                    "refill",
+                    &json!({"type": "refill", "pool": "hot", "trigger": trigger, "urgent": urgent}),
+                    Duration::from_secs(30),
+                )
+                .await
+                .unwrap();
+            assert_eq!(reply["status"], "rejected", "{reply}");
+        }
+    }
+    let mut redis = env.redis.clone();
+    let parent_prizes: i64 = redis::cmd("LLEN")
+        .arg(env.keys("hot").queue())
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(parent_prizes, 0);
+    let (parent_batches,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM fair_batches WHERE pool = 'hot'")
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
+    assert_eq!(parent_batches, 0);
+    assert_eq!(env.status("hot").await.stocked, 30);
+
     // Its id is taken in the one namespace of ids: no red packet can be
     // created over a sub-pool's keys.
     env.fund(5, 1000).await;
@@ -205,7 +235,6 @@ async fn a_sub_pool_is_no_pool_of_its_own() {
     // The shards of a loaded pool cannot change, and a pool name cannot
     // hold the separator; the same shards load a new version.
     let configs = lucky_gift::parse_file(&hot_toml("hot", 2)).unwrap();
-    let mut redis = env.redis.clone();
     let changed = prizepool::pools::load(
         &env.db,
         &mut redis,

@@ -91,6 +91,15 @@ impl RefillWorker {
                 }
             },
         };
+        // A sharded pool holds no prizes of its own: its sub-pools do, and
+        // each asks for its own batches.
+        if pool.shards > 1 {
+            return Err(Invalid::new(format!(
+                "{} is stocked as {} sub-pools; a refill names one of them",
+                req.pool, pool.shards
+            ))
+            .into());
+        }
         // Another attempt may hold the lease; wait for it to finish (then the
         // batch exists) or to die (then its lease expires and we take over).
         let deadline = tokio::time::Instant::now()
