@@ -159,6 +159,36 @@ async fn duplicates_inside_a_batch_and_across_batches_replay_the_first_answer() 
     let s = env.status("d").await;
     assert_eq!(s.drawn, 5, "two draws of 3 and 2 prizes, each once");
     assert_eq!(s.stocked, s.drawn + s.in_pool);
+
+    // The same new batch sent three times at the same moment (an upstream
+    // retrying before its first copy was answered): every copy gets the
+    // same answers, and each entry is drawn and paid once.
+    let twin: Vec<Value> = (0..6)
+        .map(|i| entry(&format!("twin-{i}"), "d", 20 + i, 1 + (i % 3) as u32))
+        .collect();
+    let body = batch(twin.clone());
+    let (a, b, c) = tokio::join!(
+        client.call("draw", &body, T),
+        client.call("draw", &body, T),
+        client.call("draw", &body, T)
+    );
+    let (a, b, c) = (
+        results(&a.unwrap()),
+        results(&b.unwrap()),
+        results(&c.unwrap()),
+    );
+    assert_eq!(a, b);
+    assert_eq!(a, c);
+    assert!(a.iter().all(|r| r["status"] == "ok"), "{a:?}");
+    let twins: i64 = a.iter().map(|r| r["reward"].as_i64().unwrap()).sum();
+    assert_eq!(env.wait_ledger("d", want + twins).await, want + twins);
+    let s = env.status("d").await;
+    assert_eq!(
+        s.drawn,
+        5 + 1 + 2 + 3 + 1 + 2 + 3,
+        "each twin entry drawn once"
+    );
+    assert_eq!(s.stocked, s.drawn + s.in_pool);
     env.stop_workers().await;
 }
 
@@ -183,6 +213,10 @@ async fn a_bad_entry_is_answered_and_dead_lettered_alone() {
         entry("unknown", "nowhere", 1, 1),
         entry("ok-3", "g", 3, 5),
         entry("{bad}:id", "g", 4, 1),
+        entry("has space", "g", 5, 1),
+        entry(&"x".repeat(10_000), "g", 6, 1),
+        json!({"request_id": 17, "pool": "g", "user_id": 7, "count": 1}),
+        json!({"request_id": "float-user", "pool": "g", "user_id": 1.5, "count": 1}),
     ];
     let rs = results(
         &client
@@ -191,7 +225,7 @@ async fn a_bad_entry_is_answered_and_dead_lettered_alone() {
             .unwrap(),
     );
     assert_eq!(rs.len(), entries.len());
-    let bad = [1, 2, 3, 4, 5, 6, 7, 8, 12];
+    let bad = [1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 14, 15, 16];
     for (i, r) in rs.iter().enumerate() {
         if bad.contains(&i) {
             assert_eq!(r["status"], "rejected", "{i}: {r}");
