@@ -777,3 +777,84 @@ async fn closing_refunds_once_and_lets_the_keys_expire() {
     let closed = w.expire_red_packet(expire).await.unwrap();
     assert_eq!(reply_of(&closed)["refunded"], 10_000 - amount);
 }
+
+/// A packet whose expiry comes while Postgres is away: grabs go on (they
+/// are Redis steps), the close waits for Postgres without dead-lettering,
+/// and once it is back the packet closes once, the refund is paid once and
+/// escrow = grabbed + refunded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expiry_while_postgres_is_away_closes_and_refunds_once_it_is_back() {
+    let pg = common::PrivatePostgres::init();
+    pg.start();
+    let url = pg.url();
+    let mut env = TestEnv::new(&[("DATABASE_URL", &url), ("TRANSIENT_RETRY_MS", "1000")]).await;
+    env.start_fleet().await;
+    let client = env.client().await;
+    env.fund(3, 50_000).await;
+    let reply = client
+        .call("refill", &create("rp-pg", 3, 30_000, 10, 100, 3), T)
+        .await
+        .unwrap();
+    assert_eq!(reply["status"], "ok", "{reply}");
+    let mut grabbed = 0;
+    for user in 100..103 {
+        let r = client
+            .call("draw", &draw("rp-pg", user, 1), T)
+            .await
+            .unwrap();
+        assert_eq!(r["status"], "ok", "{r}");
+        grabbed += r["reward"].as_i64().unwrap();
+    }
+
+    pg.stop();
+    // Grabs while Postgres is away are answered from Redis.
+    let r = client
+        .call("draw", &draw("rp-pg", 103, 1), T)
+        .await
+        .unwrap();
+    assert_eq!(r["status"], "ok", "{r}");
+    grabbed += r["reward"].as_i64().unwrap();
+    // The expiry (3 s) arrives during the outage; give it time to be tried
+    // and retried.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(
+        env.queue_depth(amqp::REFILL.dlq).await,
+        0,
+        "nothing dead-lettered"
+    );
+    pg.start();
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while balance(&env, 3).await != 50_000 - grabbed {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "refund not settled: {}",
+            balance(&env, 3).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let s = assert_escrow_holds(&env, "rp-pg").await;
+    assert!(s.closed, "{s:?}");
+    assert_eq!(
+        (s.grabbed, s.refunded, s.in_packet),
+        (grabbed, 30_000 - grabbed, 0)
+    );
+    let late = client
+        .call("draw", &draw("rp-pg", 200, 1), T)
+        .await
+        .unwrap();
+    assert_eq!(late["error"]["code"], "pool_closed", "{late}");
+    let (refunds, closes): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM ledger_entries WHERE reason = 'red_packet_refund'),
+                (SELECT count(*) FROM red_packets WHERE id = 'rp-pg' AND closed_at IS NOT NULL)",
+    )
+    .fetch_one(&env.db)
+    .await
+    .unwrap();
+    assert_eq!((refunds, closes), (1, 1));
+    for route in amqp::ROUTES {
+        assert_eq!(env.queue_depth(route.dlq).await, 0, "{}", route.dlq);
+    }
+    client.close().await;
+    env.stop_workers().await;
+}
