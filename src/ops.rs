@@ -254,7 +254,7 @@ pub fn exit(service: &str, result: anyhow::Result<()>) -> ExitCode {
 /// The backoff between attempts to reach a server at start: jittered,
 /// growing from 100 ms to 5 s, without end (a worker waits for as long as
 /// its servers are away; the orchestrator decides when that is too long).
-fn startup_backoff() -> ExponentialBuilder {
+pub(crate) fn startup_backoff() -> ExponentialBuilder {
     ExponentialBuilder::default()
         .with_jitter()
         .with_min_delay(Duration::from_millis(100))

@@ -23,6 +23,7 @@ mod verify;
 use std::{sync::Arc, time::Duration};
 
 use anyhow::Context;
+use backon::Retryable;
 use lapin::{
     options::{QueueBindOptions, QueueDeclareOptions},
     types::{AMQPValue, FieldTable, LongString},
@@ -555,32 +556,28 @@ pub async fn declare(channel: &lapin::Channel, delivery_limit: u32) -> anyhow::R
 /// queue that records it exists (the queue is durable: this matters on a
 /// fleet's first start, whichever worker comes up first).
 pub async fn declare_queue(config: &Config, shutdown: &CancellationToken) -> anyhow::Result<bool> {
-    let mut delay = Duration::from_millis(100);
-    loop {
-        let declared = async {
-            let conn = amqp::connect(&config.amqp_url, "prizepool.audit.declare").await?;
-            let channel = conn.create_channel().await?;
-            amqp::declare_topology_for(&channel, config).await?;
-            declare(&channel, config.delivery_limit).await?;
-            conn.close(200, "declared".into()).await.ok();
-            anyhow::Ok(())
-        };
-        match declared.await {
-            Ok(()) => return Ok(true),
-            Err(e) if e.downcast_ref::<amqp::Misconfigured>().is_some() => return Err(e),
-            Err(e) => {
-                tracing::warn!(
-                    error = format!("{e:#}"),
-                    ?delay,
-                    "declaring the audit queue; retrying"
-                );
-                tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(false),
-                    _ = tokio::time::sleep(delay) => {}
-                }
-                delay = (delay * 2).min(Duration::from_secs(5));
-            }
-        }
+    let declare_once = || async {
+        let conn = amqp::connect(&config.amqp_url, "prizepool.audit.declare").await?;
+        let channel = conn.create_channel().await?;
+        amqp::declare_topology_for(&channel, config).await?;
+        declare(&channel, config.delivery_limit).await?;
+        conn.close(200, "declared".into()).await.ok();
+        anyhow::Ok(())
+    };
+    let declared = declare_once
+        .retry(crate::ops::startup_backoff())
+        // Settings the broker contradicts never get better by waiting.
+        .when(|e: &anyhow::Error| e.downcast_ref::<amqp::Misconfigured>().is_none())
+        .notify(|e: &anyhow::Error, delay: Duration| {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                ?delay,
+                "declaring the audit queue; retrying"
+            );
+        });
+    tokio::select! {
+        _ = shutdown.cancelled() => Ok(false),
+        declared = declared => declared.map(|()| true),
     }
 }
 
