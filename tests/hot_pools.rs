@@ -235,16 +235,7 @@ async fn a_sub_pool_is_no_pool_of_its_own() {
     // The shards of a loaded pool cannot change, and a pool name cannot
     // hold the separator; the same shards load a new version.
     let configs = lucky_gift::parse_file(&hot_toml("hot", 2)).unwrap();
-    let changed = prizepool::pools::load(
-        &env.db,
-        &mut redis,
-        &env.scripts,
-        &env.config.redis_prefix,
-        &configs,
-        env.config.refill_chunk,
-    )
-    .await
-    .unwrap_err();
+    let changed = env.try_load(&configs).await.unwrap_err();
     assert!(format!("{changed:#}").contains("shards"), "{changed:#}");
     assert!(lucky_gift::parse_file(&hot_toml("a~1", 1)).is_err());
     env.load(&hot_toml("hot", 3)).await;
@@ -264,16 +255,7 @@ async fn a_sub_pool_is_no_pool_of_its_own() {
         .unwrap();
     assert_eq!(red["status"], "ok", "{red}");
     let configs = lucky_gift::parse_file(&hot_toml("rp", 2)).unwrap();
-    let taken = prizepool::pools::load(
-        &env.db,
-        &mut redis,
-        &env.scripts,
-        &env.config.redis_prefix,
-        &configs,
-        env.config.refill_chunk,
-    )
-    .await
-    .unwrap_err();
+    let taken = env.try_load(&configs).await.unwrap_err();
     assert!(format!("{taken:#}").contains("red_packet"), "{taken:#}");
     let keys = PoolKeys::new(&env.config.redis_prefix, "rp");
     let kind: Option<String> = redis::cmd("HGET")

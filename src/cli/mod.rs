@@ -379,17 +379,7 @@ async fn pool(config: &Config, command: PoolCommand) -> anyhow::Result<()> {
                 value["fairness"] = serde_json::to_value(&fair)?;
                 println!("{}", serde_json::to_string_pretty(&value)?);
             } else {
-                println!("pool           {}", status.pool);
-                println!("kind           {}", status.kind);
-                println!("config version {}", status.version);
-                println!("batches        {}", status.generation);
-                println!("stocked        {}", status.stocked);
-                println!("drawn          {}", status.drawn);
-                println!(
-                    "in pool        {} ({} jackpots waiting)",
-                    status.in_pool, status.held_jackpots
-                );
-                println!("spent today    {}", status.spent_today);
+                print_counters(&status, None);
                 println!("drawing batch  {}", fair.drawing);
                 for (g, version, commitment) in &fair.committed {
                     println!(
@@ -458,6 +448,24 @@ async fn pool(config: &Config, command: PoolCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Prints a pool's counters (and its number of sub-pools, if sharded).
+fn print_counters(status: &lucky_gift::PoolStatus, sub_pools: Option<usize>) {
+    println!("pool           {}", status.pool);
+    println!("kind           {}", status.kind);
+    println!("config version {}", status.version);
+    if let Some(n) = sub_pools {
+        println!("sub-pools      {n}");
+    }
+    println!("batches        {}", status.generation);
+    println!("stocked        {}", status.stocked);
+    println!("drawn          {}", status.drawn);
+    println!(
+        "in pool        {} ({} jackpots waiting)",
+        status.in_pool, status.held_jackpots
+    );
+    println!("spent today    {}", status.spent_today);
+}
+
 /// Prints the status of a pool stocked as several sub-pools: the whole
 /// pool's counters, then each sub-pool's.
 fn print_shards(status: &crate::pools::Status, json: bool) -> anyhow::Result<()> {
@@ -465,19 +473,7 @@ fn print_shards(status: &crate::pools::Status, json: bool) -> anyhow::Result<()>
         println!("{}", serde_json::to_string_pretty(status)?);
         return Ok(());
     }
-    let total = &status.total;
-    println!("pool           {}", total.pool);
-    println!("kind           {}", total.kind);
-    println!("config version {}", total.version);
-    println!("sub-pools      {}", status.shards.len());
-    println!("batches        {}", total.generation);
-    println!("stocked        {}", total.stocked);
-    println!("drawn          {}", total.drawn);
-    println!(
-        "in pool        {} ({} jackpots waiting)",
-        total.in_pool, total.held_jackpots
-    );
-    println!("spent today    {}", total.spent_today);
+    print_counters(&status.total, Some(status.shards.len()));
     for s in &status.shards {
         println!(
             "{:<14} batches {}, stocked {}, drawn {}, in pool {}, spent today {}",

@@ -186,18 +186,23 @@ impl TestEnv {
     /// Loads pools from TOML text.
     pub async fn load(&self, toml: &str) -> Vec<PoolConfig> {
         let configs = lucky_gift::parse_file(toml).unwrap();
+        self.try_load(&configs).await.unwrap();
+        configs
+    }
+
+    /// Loads parsed pools as `prizepool pool load` does; its error, if any.
+    pub async fn try_load(&self, configs: &[PoolConfig]) -> anyhow::Result<()> {
         let mut redis = self.redis.clone();
         prizepool::pools::load(
             &self.db,
             &mut redis,
             &self.scripts,
             &self.config.redis_prefix,
-            &configs,
+            configs,
             self.config.refill_chunk,
         )
         .await
-        .unwrap();
-        configs
+        .map(drop)
     }
 
     /// Loads lottery activities from TOML text.
