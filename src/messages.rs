@@ -413,6 +413,58 @@ impl SettleRequest {
     }
 }
 
+/// The `ref` of an entry the fleet books itself: the pool (or red packet, or
+/// lottery activity) it belongs to and, for a prize, the request that won it
+/// and where it came from. Written as `{"pool":…,"request_id":…,"share":…,
+/// "version":…}` without the fields a kind does not use; the ledger and the
+/// red-packet audit read `ref->>'pool'` and `ref->>'share'`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryRef {
+    pub pool: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    /// The red-packet share a grab took.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<u32>,
+    /// The lucky-gift pool config version a prize was drawn under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<i64>,
+}
+
+impl EntryRef {
+    /// A `ref` naming `pool` alone.
+    pub fn pool(pool: impl Into<String>) -> Self {
+        Self {
+            pool: pool.into(),
+            ..Self::default()
+        }
+    }
+
+    /// A `ref` naming `pool` and the request `request_id` that won a prize.
+    pub fn prize(pool: impl Into<String>, request_id: impl Into<String>) -> Self {
+        Self {
+            request_id: Some(request_id.into()),
+            ..Self::pool(pool)
+        }
+    }
+}
+
+impl SettleRequest {
+    /// An entry the fleet books itself, its `ref` an [`EntryRef`].
+    pub fn fleet(
+        entry_id: impl Into<String>,
+        account: i64,
+        asset: impl Into<String>,
+        amount: i64,
+        reason: impl Into<String>,
+        reference: EntryRef,
+    ) -> Self {
+        // A struct of strings and numbers always serialises.
+        let reference = serde_json::to_value(reference).unwrap_or_default();
+        Self::new(entry_id, account, asset, amount, reason, reference)
+    }
+}
+
 /// One prize of a draw result; which fields appear depends on the prize kind.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -1113,6 +1165,33 @@ mod tests {
         assert_eq!(
             v.to_string(),
             r#"{"type":"draw_result","request_id":"01JD","status":"ok","pool":"gift-1001","user_id":42,"prizes":[{"multiplier":10,"combo":"c3"}],"total_multiplier":10,"reward":1000,"asset":"coin"}"#
+        );
+    }
+
+    #[test]
+    fn entry_refs_are_written_as_the_ledger_reads_them() {
+        let text = |r: EntryRef| {
+            let entry = SettleRequest::fleet("e", 1, "coin", 5, "lottery", r);
+            serde_json::to_string(&entry.reference).unwrap()
+        };
+        assert_eq!(text(EntryRef::pool("rp-1")), r#"{"pool":"rp-1"}"#);
+        assert_eq!(
+            text(EntryRef::prize("act", "r1")),
+            r#"{"pool":"act","request_id":"r1"}"#
+        );
+        assert_eq!(
+            text(EntryRef {
+                share: Some(3),
+                ..EntryRef::prize("rp-1", "r1")
+            }),
+            r#"{"pool":"rp-1","request_id":"r1","share":3}"#
+        );
+        assert_eq!(
+            text(EntryRef {
+                version: Some(2),
+                ..EntryRef::prize("gift-1", "r1")
+            }),
+            r#"{"pool":"gift-1","request_id":"r1","version":2}"#
         );
     }
 

@@ -24,8 +24,10 @@
 //! against its running balance, and the refused ones are taken out again
 //! before the commit.
 
+mod entries;
 mod seal;
 
+pub use entries::{Unsealed, ENTRIES};
 pub use seal::{FleetSealer, Sealer, INTERNAL_ID_PREFIXES, INTERNAL_REASONS};
 
 use std::borrow::Cow;

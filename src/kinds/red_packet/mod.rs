@@ -50,7 +50,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::{
-    messages::{ErrorBody, ErrorCode, RedPacketCreate, SettleRequest},
+    messages::{EntryRef, ErrorBody, ErrorCode, RedPacketCreate, SettleRequest},
     scripts::{PoolKeys, Scripts},
 };
 
@@ -249,7 +249,7 @@ pub async fn create<C: ConnectionLike + Send>(
         .bind(&shares)
         .execute(&mut *tx)
         .await?;
-    let escrow = SettleRequest::new(
+    let escrow = SettleRequest::fleet(
         format!("redpacket:{}:escrow", req.packet_id),
         req.sender,
         &req.asset,
@@ -257,7 +257,7 @@ pub async fn create<C: ConnectionLike + Send>(
         "red_packet_escrow",
         ledger_ref(&req.packet_id),
     );
-    crate::settle::apply_in(&mut tx, std::slice::from_ref(&escrow)).await?;
+    crate::ledger::apply_in(&mut tx, std::slice::from_ref(&escrow)).await?;
     tx.commit().await?;
     stock(
         redis,
@@ -364,16 +364,14 @@ impl Refused {
 }
 
 /// The `ref` of a packet's ledger entries.
-pub fn ledger_ref(packet_id: &str) -> serde_json::Value {
-    let mut map = serde_json::Map::new();
-    map.insert("pool".into(), packet_id.into());
-    serde_json::Value::Object(map)
+pub fn ledger_ref(packet_id: &str) -> EntryRef {
+    EntryRef::pool(packet_id)
 }
 
 /// The refund of what was left in a closed packet, as a ledger entry whose
 /// id makes it apply once however often it is sent.
 pub fn refund_entry(packet_id: &str, sender: i64, asset: &str, amount: i64) -> SettleRequest {
-    SettleRequest::new(
+    SettleRequest::fleet(
         format!("redpacket:{packet_id}:refund"),
         sender,
         asset,
