@@ -1,6 +1,8 @@
 //! The Postgres ledger: every movement of value is one entry with a unique
 //! `entry_id`, and balances per account and asset follow from the entries.
-//! Prize kinds and the settle worker both write through this module.
+//! Prize kinds and the settle worker both write through this module; the
+//! draw and refill workers publish the entries they owe through it
+//! ([`Unsealed`], grouped as [`ENTRIES`]).
 //!
 //! Rules the ledger keeps, whoever writes:
 //!

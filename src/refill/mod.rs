@@ -358,7 +358,7 @@ impl RefillWorker {
             }
             if now {
                 tracing::info!(packet = %id, refunded, "red packet closed");
-                let event = red_packet::ClosedEvent::new(id, refunded, reveal);
+                let event = red_packet::closed_event(id, refunded, reveal);
                 effects.push(Outgoing::event_raw(red_packet::CLOSED_EVENT, body(&event)?));
             }
             Ok(Unsealed {
