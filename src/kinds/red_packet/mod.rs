@@ -50,7 +50,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::{
-    messages::{EntryRef, ErrorCode, RedPacketCreate, SettleRequest, Status},
+    messages::{EntryRef, RedPacketCreate, SettleRequest, Status},
     scripts::{PoolKeys, Scripts},
 };
 
@@ -823,6 +823,7 @@ pub async fn status<C: ConnectionLike + Send>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::messages::ErrorCode;
 
     fn request() -> RedPacketCreate {
         RedPacketCreate {
