@@ -73,6 +73,14 @@ impl Outcome {
     }
 }
 
+/// Which envelope fields name a delivery's pool and user in its span
+/// ([`Handler::span_fields`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SpanFields {
+    pub pool: &'static [&'static str],
+    pub user: &'static [&'static str],
+}
+
 /// Why a request could not be handled.
 #[derive(Debug, thiserror::Error)]
 pub enum HandleError {
@@ -212,6 +220,12 @@ pub trait Handler: Send + Sync + 'static {
     /// per group, shared by all its deliveries.
     fn groups(&self) -> &'static [Group] {
         &[]
+    }
+
+    /// The envelope fields a delivery's span and log lines name as its
+    /// `pool` and `user` (the first of each list the envelope has).
+    fn span_fields(&self) -> SpanFields {
+        SpanFields::default()
     }
 
     /// Handles one decoded envelope. `publisher` is there for messages that
@@ -817,8 +831,8 @@ async fn process<H: Handler>(
     .unwrap_or_default();
     let (pool, user) = match &envelope {
         Ok(value) => (
-            envelope_field(value, &["pool", "activity", "packet_id"]),
-            envelope_field(value, &["user_id", "sender"]),
+            envelope_field(value, handler.span_fields().pool),
+            envelope_field(value, handler.span_fields().user),
         ),
         Err(_) => (String::new(), String::new()),
     };

@@ -50,7 +50,7 @@ use lapin::{
 pub use acks::Settle;
 pub use consumer::{
     publish_dead_letter, publish_dead_letter_as, publish_dead_letter_part, run, run_batches, Batch,
-    BatchHandler, BatchLimits, HandleError, Handler, Outcome,
+    BatchHandler, BatchLimits, HandleError, Handler, Outcome, SpanFields,
 };
 pub use grouped::Group;
 pub use publish::{Outgoing, Publisher};

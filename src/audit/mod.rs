@@ -483,6 +483,13 @@ impl Handler for AuditWorker {
         ROUTE
     }
 
+    fn span_fields(&self) -> amqp::SpanFields {
+        amqp::SpanFields {
+            pool: &["pool"],
+            user: &["user_id"],
+        }
+    }
+
     async fn handle(
         &self,
         envelope: &Value,

@@ -548,6 +548,13 @@ impl Handler for DrawWorker {
         amqp::DRAW
     }
 
+    fn span_fields(&self) -> amqp::SpanFields {
+        amqp::SpanFields {
+            pool: &["pool", "activity"],
+            user: &["user_id"],
+        }
+    }
+
     fn groups(&self) -> &'static [Group] {
         match self.config.draw_events {
             DrawEvents::Grouped => &[ledger::ENTRIES, DRAW_COMPLETED],

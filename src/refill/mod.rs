@@ -495,6 +495,13 @@ impl Handler for RefillWorker {
         amqp::REFILL
     }
 
+    fn span_fields(&self) -> amqp::SpanFields {
+        amqp::SpanFields {
+            pool: &["pool", "packet_id"],
+            user: &["sender"],
+        }
+    }
+
     fn groups(&self) -> &'static [Group] {
         &[ledger::ENTRIES]
     }
