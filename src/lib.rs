@@ -7,11 +7,11 @@
 //! | module | what lives there |
 //! |--------|------------------|
 //! | [`config`], [`telemetry`], [`shutdown`], [`ops`] | start-up plumbing: environment, logs and traces (OTLP, trace context in AMQP headers), signals, `/metrics` + health |
-//! | [`amqp`] | topology, publishing with confirms, the shared consume loop, coalesced acks, grouped ledger entries, dead letters |
-//! | [`messages`] | the wire contract: payloads, validation, error codes |
+//! | [`amqp`] | topology, publishing with confirms, the shared consume loop, coalesced acks, grouped messages (the groups are declared by the workers), dead letters |
+//! | [`messages`] | the wire contract: every request, reply and event as a serde type, validation, error codes |
 //! | [`scripts`] | the Lua scripts of `lua/` and the Redis key names |
 //! | [`kinds`] | the seam: one dispatch and one vocabulary (award, refuse, short) for every prize kind, each kind in its own folder; request fingerprints and stored answers |
-//! | [`ledger`] | the Postgres ledger: apply entries, balances, totals, and the seals on the fleet's own entries |
+//! | [`ledger`] | the Postgres ledger: apply entries, balances, totals, the seals on the fleet's own entries, and the group they are published in |
 //! | [`draw`], [`refill`], [`settle`] | the three workers |
 //! | [`fairness`] | the committed, reproducible shuffle of provably fair batches |
 //! | [`audit`] | the audit trail of committed batches and draws in Postgres, its consumer, and the verifier |

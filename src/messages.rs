@@ -413,6 +413,58 @@ impl SettleRequest {
     }
 }
 
+/// The `ref` of an entry the fleet books itself: the pool (or red packet, or
+/// lottery activity) it belongs to and, for a prize, the request that won it
+/// and where it came from. Written as `{"pool":…,"request_id":…,"share":…,
+/// "version":…}` without the fields a kind does not use; the ledger and the
+/// red-packet audit read `ref->>'pool'` and `ref->>'share'`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryRef {
+    pub pool: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    /// The red-packet share a grab took.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<u32>,
+    /// The lucky-gift pool config version a prize was drawn under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<i64>,
+}
+
+impl EntryRef {
+    /// A `ref` naming `pool` alone.
+    pub fn pool(pool: impl Into<String>) -> Self {
+        Self {
+            pool: pool.into(),
+            ..Self::default()
+        }
+    }
+
+    /// A `ref` naming `pool` and the request `request_id` that won a prize.
+    pub fn prize(pool: impl Into<String>, request_id: impl Into<String>) -> Self {
+        Self {
+            request_id: Some(request_id.into()),
+            ..Self::pool(pool)
+        }
+    }
+}
+
+impl SettleRequest {
+    /// An entry the fleet books itself, its `ref` an [`EntryRef`].
+    pub fn fleet(
+        entry_id: impl Into<String>,
+        account: i64,
+        asset: impl Into<String>,
+        amount: i64,
+        reason: impl Into<String>,
+        reference: EntryRef,
+    ) -> Self {
+        // A struct of strings and numbers always serialises.
+        let reference = serde_json::to_value(reference).unwrap_or_default();
+        Self::new(entry_id, account, asset, amount, reason, reference)
+    }
+}
+
 /// One prize of a draw result; which fields appear depends on the prize kind.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -534,6 +586,128 @@ pub struct Reveal {
     pub generation: u64,
     pub version: i64,
     pub seed: String,
+}
+
+/// `type` of every red-packet reply.
+pub const REDPACKET_RESULT: &str = "redpacket_result";
+/// `type` (and routing key) of the event of a created red packet.
+pub const REDPACKET_CREATED: &str = "redpacket.created";
+/// `type` (and routing key) of the event of a closed red packet.
+pub const REDPACKET_CLOSED: &str = "redpacket.closed";
+
+/// A time as the wire carries it: RFC 3339, whole seconds, `Z`.
+pub fn wire_time(at: chrono::DateTime<chrono::Utc>) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// `{"type":"redpacket_result", ...}`: the answer to a `redpacket.create`,
+/// and with `type` `redpacket.created` its event.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CreatedReply {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub packet_id: String,
+    pub status: Status,
+    pub count: i64,
+    pub total: i64,
+    pub expires_at: String,
+    /// SHA-256 of the packet's split and salt, fixed before the first grab
+    /// (`docs/fairness.md`); absent for a packet created before packets
+    /// committed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub commitment: Option<String>,
+}
+
+/// A refused red-packet request's `redpacket_result`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RejectedReply {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub packet_id: String,
+    pub status: Status,
+    pub error: ErrorBody,
+}
+
+impl RejectedReply {
+    /// A refusal of packet `packet_id` with `code`.
+    pub fn new(packet_id: &str, code: ErrorCode, message: String) -> Self {
+        Self {
+            kind: REDPACKET_RESULT,
+            packet_id: packet_id.to_owned(),
+            status: Status::Rejected,
+            error: ErrorBody { code, message },
+        }
+    }
+}
+
+/// The `redpacket_result` answer to a `redpacket.expire`: closed with its
+/// refund, or still open until its stored `expires_at`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ExpireReply {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub packet_id: String,
+    pub status: Status,
+    pub closed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refunded: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+}
+
+impl ExpireReply {
+    /// The packet is closed and `refunded` went back to the sender.
+    pub fn closed(packet_id: &str, refunded: i64) -> Self {
+        Self {
+            kind: REDPACKET_RESULT,
+            packet_id: packet_id.to_owned(),
+            status: Status::Ok,
+            closed: true,
+            refunded: Some(refunded),
+            expires_at: None,
+        }
+    }
+
+    /// The packet stays open until `expires_at`.
+    pub fn open_until(packet_id: &str, expires_at: chrono::DateTime<chrono::Utc>) -> Self {
+        Self {
+            kind: REDPACKET_RESULT,
+            packet_id: packet_id.to_owned(),
+            status: Status::Ok,
+            closed: false,
+            refunded: None,
+            expires_at: Some(wire_time(expires_at)),
+        }
+    }
+}
+
+/// `{"type":"redpacket.closed", ...}` (event): a packet closed, its rest
+/// refunded, its split revealed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ClosedEvent {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub packet_id: String,
+    pub refunded: i64,
+    /// The revealed salt of the packet's commitment.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub salt: Option<String>,
+    /// The revealed split, in share order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shares: Option<Vec<i64>>,
+}
+
+impl ClosedEvent {
+    /// Packet `packet_id` closed, refunding `refunded`, revealing nothing.
+    pub fn new(packet_id: &str, refunded: i64) -> Self {
+        Self {
+            kind: REDPACKET_CLOSED,
+            packet_id: packet_id.to_owned(),
+            refunded,
+            salt: None,
+            shares: None,
+        }
+    }
 }
 
 /// `ok` or `rejected`.
@@ -1113,6 +1287,33 @@ mod tests {
         assert_eq!(
             v.to_string(),
             r#"{"type":"draw_result","request_id":"01JD","status":"ok","pool":"gift-1001","user_id":42,"prizes":[{"multiplier":10,"combo":"c3"}],"total_multiplier":10,"reward":1000,"asset":"coin"}"#
+        );
+    }
+
+    #[test]
+    fn entry_refs_are_written_as_the_ledger_reads_them() {
+        let text = |r: EntryRef| {
+            let entry = SettleRequest::fleet("e", 1, "coin", 5, "lottery", r);
+            serde_json::to_string(&entry.reference).unwrap()
+        };
+        assert_eq!(text(EntryRef::pool("rp-1")), r#"{"pool":"rp-1"}"#);
+        assert_eq!(
+            text(EntryRef::prize("act", "r1")),
+            r#"{"pool":"act","request_id":"r1"}"#
+        );
+        assert_eq!(
+            text(EntryRef {
+                share: Some(3),
+                ..EntryRef::prize("rp-1", "r1")
+            }),
+            r#"{"pool":"rp-1","request_id":"r1","share":3}"#
+        );
+        assert_eq!(
+            text(EntryRef {
+                version: Some(2),
+                ..EntryRef::prize("gift-1", "r1")
+            }),
+            r#"{"pool":"gift-1","request_id":"r1","version":2}"#
         );
     }
 

@@ -622,7 +622,7 @@ async fn concurrent_ledger_entries_travel_in_few_messages_and_none_is_lost() {
     let publisher = amqp::Publisher::new(conn.create_channel().await.unwrap())
         .await
         .unwrap();
-    let (ledger, task) = amqp::grouped::Grouper::start(publisher, amqp::grouped::LEDGER);
+    let (ledger, task) = amqp::grouped::Grouper::start(publisher, prizepool::ledger::ENTRIES);
     let entries: Vec<SettleRequest> = (0..500)
         .map(|i| topup(format!("group:{i}"), 5, 1 + i, "grouped"))
         .collect();
@@ -630,7 +630,7 @@ async fn concurrent_ledger_entries_travel_in_few_messages_and_none_is_lost() {
     let all = futures_util::future::join_all(
         entries
             .iter()
-            .map(|e| ledger.settle(std::slice::from_ref(e))),
+            .map(|e| ledger.publish(vec![serde_json::to_vec(e).unwrap()])),
     )
     .await;
     assert!(all.iter().all(Result::is_ok), "{all:?}");

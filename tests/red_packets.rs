@@ -315,7 +315,7 @@ fn decode_expire(body: &Value) -> prizepool::messages::RedPacketExpire {
     }
 }
 
-fn reply_of(outcome: &amqp::Outcome) -> Value {
+fn reply_of(outcome: &prizepool::ledger::Unsealed) -> Value {
     serde_json::from_slice(outcome.reply.as_ref().unwrap()).unwrap()
 }
 

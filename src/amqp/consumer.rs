@@ -31,7 +31,7 @@ use tracing::{info_span, Instrument};
 
 use super::{
     acks::{Acks, Settle},
-    grouped::{self, Grouper},
+    grouped::{Group, Grouper},
     publish::{with_header, without_expiration, Outgoing, Publisher},
     reply::{Replier, Sent},
     Route, DLX, ERROR_CODE_HEADER, ERROR_HEADER,
@@ -46,16 +46,39 @@ use crate::{
 /// it asked, via `reply_to`) and messages to publish before the ack.
 #[derive(Debug, Default)]
 pub struct Outcome {
-    /// The reply's JSON body, serialised (a draw's result is serialised once
-    /// for its reply and its event).
+    /// The reply's JSON body, serialised (a body is serialised once, however
+    /// many messages carry it).
     pub reply: Option<Vec<u8>>,
+    /// Messages published, each on its own, before the reply.
     pub effects: Vec<Outgoing>,
-    /// Ledger entries, published grouped with other deliveries' entries
-    /// (see [`super::grouped`]) and confirmed before the ack like the effects.
-    pub ledger: Vec<crate::messages::SettleRequest>,
-    /// Serialised `draw.completed` events, published grouped with other
-    /// deliveries' events and confirmed before the ack.
-    pub events: Vec<Vec<u8>>,
+    /// Serialised bodies published grouped with other deliveries' bodies of
+    /// the same group (see [`super::grouped`]) and confirmed before the
+    /// reply like the effects. Each group must be one the handler declares
+    /// ([`Handler::groups`]).
+    pub grouped: Vec<(&'static Group, Vec<u8>)>,
+}
+
+impl Outcome {
+    /// Adds `body` (a serialised JSON object) to the messages of `group`.
+    pub fn group(&mut self, group: &'static Group, body: Vec<u8>) {
+        self.grouped.push((group, body));
+    }
+
+    /// The first group of the outcome that is not among `declared`.
+    fn undeclared(&self, declared: &[Group]) -> Option<&'static str> {
+        self.grouped
+            .iter()
+            .map(|(group, _)| group.batch_type)
+            .find(|name| !declared.iter().any(|d| d.batch_type == *name))
+    }
+}
+
+/// Which envelope fields name a delivery's pool and user in its span
+/// ([`Handler::span_fields`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SpanFields {
+    pub pool: &'static [&'static str],
+    pub user: &'static [&'static str],
 }
 
 /// Why a request could not be handled.
@@ -191,6 +214,19 @@ impl From<super::publish::PublishError> for HandleError {
 pub trait Handler: Send + Sync + 'static {
     /// The queue this worker consumes.
     fn route(&self) -> Route;
+
+    /// The groups this worker's outcomes publish through
+    /// ([`Outcome::grouped`]): the session starts one grouping publisher
+    /// per group, shared by all its deliveries.
+    fn groups(&self) -> &'static [Group] {
+        &[]
+    }
+
+    /// The envelope fields a delivery's span and log lines name as its
+    /// `pool` and `user` (the first of each list the envelope has).
+    fn span_fields(&self) -> SpanFields {
+        SpanFields::default()
+    }
 
     /// Handles one decoded envelope. `publisher` is there for messages that
     /// must leave before the handler can finish (an urgent refill); all other
@@ -612,11 +648,16 @@ async fn session<H: Handler>(
     tracing::info!(queue = route.queue, "consuming");
 
     let tracker = TaskTracker::new();
-    let (ledger, ledger_task) = Grouper::start(link.publisher.clone(), grouped::LEDGER);
-    let (events, events_task) = Grouper::start(link.publisher.clone(), grouped::DRAW_COMPLETED);
+    let (grouped, grouping): (Vec<_>, Vec<_>) = handler
+        .groups()
+        .iter()
+        .map(|&group| {
+            let (grouper, task) = Grouper::start(link.publisher.clone(), group);
+            ((group, grouper), task)
+        })
+        .unzip();
     let groupers = Groupers {
-        ledger,
-        events,
+        grouped: grouped.into(),
         replier: replier.clone(),
         closed: Arc::new(RwLock::new(false)),
     };
@@ -670,7 +711,7 @@ async fn session<H: Handler>(
     drop(groupers);
     let _ = tokio::time::timeout(
         std::time::Duration::from_secs(2),
-        futures_util::future::join(ledger_task, events_task),
+        futures_util::future::join_all(grouping),
     )
     .await;
     link.close().await;
@@ -756,8 +797,8 @@ async fn batch_session<B: BatchHandler>(
 /// share.
 #[derive(Clone, Debug)]
 struct Groupers {
-    ledger: Grouper,
-    events: Grouper,
+    /// One grouping publisher per group the handler declares.
+    grouped: Arc<[(Group, Grouper)]>,
     replier: Replier,
     /// Set once the session stops answering. A delivery holds a read guard
     /// from its reply until its ack is handed on: a reply whose ack could
@@ -790,8 +831,8 @@ async fn process<H: Handler>(
     .unwrap_or_default();
     let (pool, user) = match &envelope {
         Ok(value) => (
-            envelope_field(value, &["pool", "activity", "packet_id"]),
-            envelope_field(value, &["user_id", "sender"]),
+            envelope_field(value, handler.span_fields().pool),
+            envelope_field(value, handler.span_fields().user),
         ),
         Err(_) => (String::new(), String::new()),
     };
@@ -805,9 +846,26 @@ async fn process<H: Handler>(
         let mut replied = None;
         let (label, how) = match outcome {
             Ok(outcome) => {
-                let (label, how, guard) = finish(publisher, groupers, &delivery, outcome).await;
-                replied = guard;
-                (label, how)
+                if let Some(group) = outcome.undeclared(handler.groups()) {
+                    // A bug of the handler, the same on every redelivery.
+                    let reason = Invalid::new(format!(
+                        "the handler produced a {group} body but declares no such group"
+                    ));
+                    tracing::error!(%reason, "permanent failure; dead-lettering");
+                    dead_letter(
+                        publisher,
+                        &groupers.replier,
+                        &delivery,
+                        route,
+                        ErrorCode::Internal,
+                        &reason,
+                    )
+                    .await
+                } else {
+                    let (label, how, guard) = finish(publisher, groupers, &delivery, outcome).await;
+                    replied = guard;
+                    (label, how)
+                }
             }
             Err(HandleError::Invalid(invalid)) => {
                 dead_letter(
@@ -949,8 +1007,8 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
         .unwrap_or("a non-text panic payload")
 }
 
-/// Publishes the outcome: first its effects, ledger entries and events, and
-/// only once the broker has confirmed them all, the reply. The delivery may
+/// Publishes the outcome: first its effects and grouped bodies, and only
+/// once the broker has confirmed them all, the reply. The delivery may
 /// be acked once the reply is confirmed too.
 ///
 /// The order makes the reply the last thing a request causes: if anything
@@ -964,15 +1022,30 @@ async fn finish(
     delivery: &Delivery,
     outcome: Outcome,
 ) -> (&'static str, Settle, Replied) {
-    let (published, settled, told) = tokio::join!(
-        publisher.publish_all(outcome.effects),
-        groupers.ledger.settle(&outcome.ledger),
-        groupers.events.publish(outcome.events),
+    // Each body to its group's publisher (every group is declared: see
+    // `process`), moved, not copied.
+    let mut bodies: Vec<Vec<Vec<u8>>> = groupers.grouped.iter().map(|_| Vec::new()).collect();
+    for (group, body) in outcome.grouped {
+        if let Some(i) = groupers
+            .grouped
+            .iter()
+            .position(|(declared, _)| declared.batch_type == group.batch_type)
+        {
+            bodies[i].push(body);
+        }
+    }
+    let grouped = futures_util::future::join_all(
+        groupers
+            .grouped
+            .iter()
+            .zip(bodies)
+            .filter(|(_, bodies)| !bodies.is_empty())
+            .map(|((_, grouper), bodies)| grouper.publish(bodies)),
     );
+    let (published, grouped) = tokio::join!(publisher.publish_all(outcome.effects), grouped);
     let result = published
         .map_err(anyhow::Error::from)
-        .and(settled)
-        .and(told);
+        .and_then(|()| grouped.into_iter().collect::<anyhow::Result<()>>());
     if let Err(error) = result {
         // Nothing is acked: the request is redelivered and, being
         // idempotent, replays its first result and republishes.

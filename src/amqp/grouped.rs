@@ -1,16 +1,20 @@
 //! Messages from concurrent deliveries, grouped into few broker messages.
 //!
-//! Every draw that wins something owes the ledger one entry, and every draw
-//! tells downstream consumers about itself (`draw.completed`); both must be
-//! confirmed by the broker before the draw is acked. Publishing each as its
-//! own message costs the broker a publish, a routing step and a confirm per
-//! draw, and a quorum-queue enqueue, delivery and ack for a ledger entry.
-//! Instead, a worker's deliveries hand such bodies to a [`Grouper`], which
-//! publishes whatever has gathered as one message (`settle.batch`,
-//! `draw.completed.batch`) while earlier groups wait for their confirms, and
+//! Some messages a delivery causes are small, many and alike (a ledger
+//! entry per won draw, an event per draw), and each must be confirmed by the
+//! broker before its delivery is acked. Publishing each as its own message
+//! costs the broker a publish, a routing step and a confirm per delivery
+//! (and, on a quorum queue, an enqueue, a delivery and an ack). Instead, a
+//! worker's deliveries hand such bodies to the [`Grouper`] of their
+//! [`Group`], which publishes whatever has gathered as one message (the
+//! group's batch type) while earlier groups wait for their confirms, and
 //! tells each delivery when its bodies are confirmed. Nothing waits on a
 //! timer: under light load a group holds one body and goes out as a plain
 //! message at once; under heavy load groups grow by themselves.
+//!
+//! This module knows bytes and routes only: which groups exist, and what
+//! their bodies mean, is up to the workers that declare them
+//! ([`super::Handler::groups`]).
 
 use std::collections::VecDeque;
 
@@ -21,8 +25,7 @@ use tokio::{
 };
 use tracing::Instrument;
 
-use super::{publish::Outgoing, Publisher, SETTLE};
-use crate::messages::SettleRequest;
+use super::{publish::Outgoing, Publisher};
 
 /// Groups published at once, at most, while earlier ones wait for their
 /// confirms.
@@ -32,7 +35,8 @@ const GROUPS_IN_FLIGHT: usize = 2;
 const MAX_GROUP_BYTES: usize = 48 * 1024;
 
 /// Where a grouper's messages go, and how a group of several is wrapped:
-/// `{"type":<batch_type>,<field>:[body,body,…]}`.
+/// `{"type":<batch_type>,<field>:[body,body,…]}`. A group is known by its
+/// `batch_type`, which no other group of a worker shares.
 #[derive(Clone, Copy, Debug)]
 pub struct Group {
     pub routing_key: &'static str,
@@ -43,23 +47,50 @@ pub struct Group {
     message: fn(&str, Vec<u8>) -> Outgoing,
 }
 
-/// Ledger entries: `settle` messages, grouped as `settle.batch` on the
-/// settle queue.
-pub const LEDGER: Group = Group {
-    routing_key: SETTLE.routing_key,
-    batch_type: "settle.batch",
-    field: "entries",
-    message: Outgoing::work_raw,
-};
+impl Group {
+    /// Work messages for a queue bound under `routing_key` on
+    /// [`super::EXCHANGE`]: a message nobody routes is an error.
+    pub const fn work(
+        routing_key: &'static str,
+        batch_type: &'static str,
+        field: &'static str,
+    ) -> Self {
+        Self {
+            routing_key,
+            batch_type,
+            field,
+            message: Outgoing::work_raw,
+        }
+    }
 
-/// `draw.completed` events, grouped as `draw.completed.batch` under the same
-/// routing key on the events exchange.
-pub const DRAW_COMPLETED: Group = Group {
-    routing_key: "draw.completed",
-    batch_type: "draw.completed.batch",
-    field: "events",
-    message: Outgoing::event_raw,
-};
+    /// Events under `routing_key` on [`super::EVENTS`], which may have no
+    /// listener.
+    pub const fn event(
+        routing_key: &'static str,
+        batch_type: &'static str,
+        field: &'static str,
+    ) -> Self {
+        Self {
+            routing_key,
+            batch_type,
+            field,
+            message: Outgoing::event_raw,
+        }
+    }
+
+    /// `body` as a message of its own, outside any group.
+    pub fn single(&self, body: Vec<u8>) -> Outgoing {
+        (self.message)(self.routing_key, body)
+    }
+
+    /// The message body of several serialised `bodies` taken together:
+    /// `{"type":<batch_type>,<field>:[b1,b2,…]}`.
+    pub fn batch<'a>(&self, bodies: impl IntoIterator<Item = &'a Vec<u8>>) -> Vec<u8> {
+        let bodies: Vec<&Vec<u8>> = bodies.into_iter().collect();
+        let bytes = bodies.iter().map(|b| b.len() + 1).sum();
+        batch_body(self, bodies.into_iter(), bytes)
+    }
+}
 
 type Confirmed = oneshot::Sender<Result<(), String>>;
 
@@ -117,15 +148,6 @@ impl Grouper {
             Err(_) => Err(anyhow::anyhow!("the grouping publisher has stopped")),
         }
     }
-
-    /// Publishes ledger `entries` through a [`LEDGER`] grouper.
-    pub async fn settle(&self, entries: &[SettleRequest]) -> anyhow::Result<()> {
-        let bodies = entries
-            .iter()
-            .map(serde_json::to_vec)
-            .collect::<Result<Vec<_>, _>>()?;
-        self.publish(bodies).await
-    }
 }
 
 async fn group_and_publish(
@@ -152,7 +174,7 @@ async fn group_and_publish(
                         .sum::<usize>() as f64,
                 );
                 let result = publisher
-                    .publish((group.message)(group.routing_key, body))
+                    .publish(group.single(body))
                     .instrument(span)
                     .await
                     .map_err(|e| e.to_string());
@@ -221,77 +243,67 @@ fn batch_body<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::messages::SettleMessage;
     use serde_json::json;
 
-    fn pending(ids: &[&str]) -> (Pending, oneshot::Receiver<Result<(), String>>) {
-        let (done, rx) = oneshot::channel();
-        let entries = ids
-            .iter()
-            .map(|id| {
-                serde_json::to_vec(&SettleRequest::new(
-                    *id,
-                    42,
-                    "coin",
-                    100,
-                    "lucky_gift",
-                    json!({"pool": "p"}),
-                ))
-                .unwrap()
-            })
-            .collect();
-        (
-            Pending {
-                bodies: entries,
-                done,
-                span: tracing::Span::none(),
-            },
-            rx,
-        )
+    /// Work messages `{"type":"thing","id":…}`, grouped as `thing.batch`.
+    const THINGS: Group = Group::work("things", "thing.batch", "things");
+
+    fn thing(id: &str) -> Vec<u8> {
+        serde_json::to_vec(&json!({"type": "thing", "id": id, "size": 100})).unwrap()
     }
 
+    fn pending(ids: &[&str]) -> Pending {
+        Pending {
+            bodies: ids.iter().map(|id| thing(id)).collect(),
+            done: oneshot::channel().0,
+            span: tracing::Span::none(),
+        }
+    }
+
+    /// The ids in a group's body, whether a lone thing or a batch.
     fn decoded(body: &[u8]) -> Vec<String> {
-        let value = crate::messages::decode_envelope(body).unwrap();
-        match SettleMessage::decode(&value).unwrap() {
-            SettleMessage::One(e) => vec![e.entry_id],
-            SettleMessage::Batch(es) => es.into_iter().map(|e| e.unwrap().entry_id).collect(),
+        let value: serde_json::Value = serde_json::from_slice(body).unwrap();
+        let id = |v: &serde_json::Value| v["id"].as_str().unwrap().to_owned();
+        match value["type"].as_str() {
+            Some("thing") => vec![id(&value)],
+            Some("thing.batch") => value["things"].as_array().unwrap().iter().map(id).collect(),
+            other => panic!("not a thing: {other:?}"),
         }
     }
 
     #[test]
-    fn a_single_entry_goes_out_as_a_plain_settle_message() {
-        let mut waiting: VecDeque<Pending> = [pending(&["a"]).0].into();
-        let (body, group) = next_group(&LEDGER, &mut waiting);
+    fn a_single_body_goes_out_as_a_plain_message() {
+        let mut waiting: VecDeque<Pending> = [pending(&["a"])].into();
+        let (body, group) = next_group(&THINGS, &mut waiting);
         assert_eq!(group.len(), 1);
-        let value: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(value["type"], "settle");
+        assert_eq!(body, thing("a"));
         assert_eq!(decoded(&body), ["a"]);
     }
 
     #[test]
-    fn groups_keep_every_entry_in_order_and_stay_under_the_size_cap() {
+    fn groups_keep_every_body_in_order_and_stay_under_the_size_cap() {
         let ids: Vec<String> = (0..2000).map(|i| format!("draw:{i:05}")).collect();
         let mut waiting: VecDeque<Pending> = ids
             .chunks(3)
-            .map(|c| pending(&c.iter().map(String::as_str).collect::<Vec<_>>()).0)
+            .map(|c| pending(&c.iter().map(String::as_str).collect::<Vec<_>>()))
             .collect();
         let mut seen = Vec::new();
         let mut groups = 0;
         while !waiting.is_empty() {
-            let (body, group) = next_group(&LEDGER, &mut waiting);
+            let (body, group) = next_group(&THINGS, &mut waiting);
             assert!(!group.is_empty());
             assert!(body.len() <= MAX_GROUP_BYTES + 64, "{} bytes", body.len());
             seen.extend(decoded(&body));
             groups += 1;
         }
         assert_eq!(seen, ids);
-        assert!(groups > 1, "2,000 entries cannot fit one message");
+        assert!(groups > 1, "2,000 bodies cannot fit one message");
     }
 
     #[test]
-    fn several_events_go_out_as_one_batch_that_keeps_each_event_whole() {
+    fn several_bodies_go_out_as_one_batch_that_keeps_each_body_whole() {
         let events: Vec<serde_json::Value> = (0..3)
-            .map(|i| json!({"type": "draw.completed", "request_id": format!("r{i}"), "reward": i}))
+            .map(|i| json!({"type": "thing.done", "request_id": format!("r{i}"), "reward": i}))
             .collect();
         let mut waiting: VecDeque<Pending> = events
             .iter()
@@ -301,10 +313,13 @@ mod tests {
                 span: tracing::Span::none(),
             })
             .collect();
-        let (body, group) = next_group(&DRAW_COMPLETED, &mut waiting);
+        let done = Group::event("thing.done", "thing.done.batch", "events");
+        let (body, group) = next_group(&done, &mut waiting);
         assert_eq!(group.len(), 3);
         let value: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(value["type"], "draw.completed.batch");
+        assert_eq!(value["type"], "thing.done.batch");
         assert_eq!(value["events"], serde_json::Value::Array(events));
+        let bodies: Vec<Vec<u8>> = group.into_iter().flat_map(|p| p.bodies).collect();
+        assert_eq!(done.batch(&bodies), body);
     }
 }

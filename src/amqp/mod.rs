@@ -1,6 +1,7 @@
 //! RabbitMQ plumbing: connection, the topology of SPEC §2, publishing with
-//! confirms, the shared consume loop (with coalesced acks, grouped ledger
-//! entries and grouped events) and dead-letter tools.
+//! confirms, the shared consume loop (with coalesced acks and grouped
+//! messages) and dead-letter tools. It knows bytes, routes and groups; what
+//! the messages mean belongs to the workers.
 //!
 //! Topology, declared idempotently by every worker at start:
 //!
@@ -49,8 +50,9 @@ use lapin::{
 pub use acks::Settle;
 pub use consumer::{
     publish_dead_letter, publish_dead_letter_as, publish_dead_letter_part, run, run_batches, Batch,
-    BatchHandler, BatchLimits, HandleError, Handler, Outcome,
+    BatchHandler, BatchLimits, HandleError, Handler, Outcome, SpanFields,
 };
+pub use grouped::Group;
 pub use publish::{Outgoing, Publisher};
 pub use reply::{Replier, Sent};
 

@@ -62,7 +62,7 @@ pub const EVENTS: [&str; 2] = ["draw.completed", "pool.refilled"];
 /// goes unsealed: downstream consumers still hear of the draw, the audit
 /// refuses it and counts the refusal.
 pub fn draw_completed(sealer: &FleetSealer, config: &Config, fields: &[u8]) -> Vec<u8> {
-    let mut event = crate::messages::retype(amqp::grouped::DRAW_COMPLETED.routing_key, fields);
+    let mut event = crate::messages::retype(crate::draw::DRAW_COMPLETED.routing_key, fields);
     let Some(sealer) = sealer.ready(config) else {
         return event;
     };
@@ -482,6 +482,13 @@ impl AuditWorker {
 impl Handler for AuditWorker {
     fn route(&self) -> Route {
         ROUTE
+    }
+
+    fn span_fields(&self) -> amqp::SpanFields {
+        amqp::SpanFields {
+            pool: &["pool"],
+            user: &["user_id"],
+        }
     }
 
     async fn handle(

@@ -207,7 +207,7 @@ pub(crate) async fn run(config: &Config, args: DemoArgs) -> anyhow::Result<()> {
 async fn wait_for_ledger(db: &sqlx::PgPool, pool: &str, expected: i64) -> anyhow::Result<i64> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let total = crate::settle::pool_total(db, pool, "coin").await?;
+        let total = crate::ledger::pool_total(db, pool, "coin").await?;
         if total == expected || tokio::time::Instant::now() > deadline {
             return Ok(total);
         }
@@ -381,7 +381,7 @@ async fn lottery_demo(
 }
 
 async fn balance(db: &sqlx::PgPool, account: i64) -> anyhow::Result<i64> {
-    Ok(crate::settle::balances(db, account)
+    Ok(crate::ledger::balances(db, account)
         .await?
         .into_iter()
         .find(|b| b.asset == "coin")

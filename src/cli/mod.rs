@@ -222,7 +222,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Balance { account, json } => {
             let db = crate::db::connect(&config.database_url).await?;
-            let balances = crate::settle::balances(&db, account).await?;
+            let balances = crate::ledger::balances(&db, account).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&balances)?);
             } else if balances.is_empty() {

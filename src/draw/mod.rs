@@ -22,9 +22,10 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use serde_json::Value;
 
 use crate::{
-    amqp::{self, grouped::DRAW_COMPLETED, HandleError, Handler, Outcome, Outgoing, Publisher},
+    amqp::{self, Group, HandleError, Handler, Outcome, Outgoing, Publisher},
     config::{Config, DrawEvents},
     kinds::{self, answer, lottery, Ask, Award, Claim, Kind, Kinds, Refusal, Step, Tokens},
+    ledger::{self, Unsealed},
     messages::{
         batch_reply, decode_typed, rejected_reply, retype, typed_json, DrawBatch, DrawQueueMessage,
         DrawRequest, DrawResult, ErrorBody, ErrorCode, GrantRequest, GrantResult, RefillRequest,
@@ -46,6 +47,10 @@ pub struct DrawWorker {
     sealer: crate::ledger::FleetSealer,
 }
 
+/// `draw.completed` events (with `DRAW_EVENTS=grouped`), grouped as
+/// `draw.completed.batch` under the same routing key on the events exchange.
+pub const DRAW_COMPLETED: Group = Group::event("draw.completed", "draw.completed.batch", "events");
+
 /// Most pools whose last urgent refill a worker remembers.
 const MAX_URGENT_POOLS: usize = 10_000;
 
@@ -66,7 +71,7 @@ impl DrawWorker {
         &self,
         req: DrawRequest,
         publisher: &Publisher,
-    ) -> Result<Outcome, HandleError> {
+    ) -> Result<Unsealed, HandleError> {
         match self.prepare(req).await? {
             Ready::Answered(outcome) => Ok(outcome),
             Ready::Draw(draw) => {
@@ -128,7 +133,7 @@ impl DrawWorker {
         draw: &Prepared,
         first: Result<Step, HandleError>,
         publisher: &Publisher,
-    ) -> Result<Outcome, HandleError> {
+    ) -> Result<Unsealed, HandleError> {
         let ask = draw.ask();
         let mut delays = ExponentialBuilder::default()
             .with_jitter()
@@ -229,7 +234,7 @@ impl DrawWorker {
         ask: &Ask<'_>,
         pool: &str,
         refusal: Refusal,
-    ) -> Result<Outcome, HandleError> {
+    ) -> Result<Unsealed, HandleError> {
         let mut conn = self.kinds.redis();
         let results = self.kinds.keys(ask.pool).results();
         match kinds::remember(
@@ -264,7 +269,7 @@ impl DrawWorker {
     /// The outcome of an award of any kind: the reply, the ledger entry, the
     /// refill it triggered, and the `draw.completed` event as `DRAW_EVENTS`
     /// says. The result is serialised once; the event is the reply retyped.
-    fn awarded(&self, award: Award) -> Outcome {
+    fn awarded(&self, award: Award) -> Unsealed {
         tracing::debug!(reward = ?award.result.reward, "draw completed");
         let fields = serde_json::to_vec(&award.result).unwrap_or_default();
         let mut effects = Vec::new();
@@ -275,24 +280,22 @@ impl DrawWorker {
             ));
         }
         let event = || crate::audit::draw_completed(&self.sealer, &self.config, &fields);
-        let mut events = Vec::new();
+        let mut grouped = Vec::new();
         match self.config.draw_events {
-            DrawEvents::Grouped => events.push(event()),
-            DrawEvents::Each => {
-                effects.push(Outgoing::event_raw(DRAW_COMPLETED.routing_key, event()))
-            }
+            DrawEvents::Grouped => grouped.push((&DRAW_COMPLETED, event())),
+            DrawEvents::Each => effects.push(DRAW_COMPLETED.single(event())),
             DrawEvents::Off => {}
         }
         metrics::counter!("prizepool_prizes_drawn_total").increment(award.prizes_drawn);
-        Outcome {
+        Unsealed {
             reply: Some(retype("draw_result", &fields)),
             effects,
+            grouped,
             ledger: award.entry.into_iter().collect(),
-            events,
         }
     }
 
-    async fn grant(&self, grant: GrantRequest) -> Result<Outcome, HandleError> {
+    async fn grant(&self, grant: GrantRequest) -> Result<Unsealed, HandleError> {
         grant.validate()?;
         let fingerprint =
             kinds::fingerprint("grant", &[&grant.activity, &grant.user_id, &grant.chances]);
@@ -335,9 +338,9 @@ impl DrawWorker {
             },
             lottery::Granted::Reused => return Err(answer::reused("grant_id", &grant.grant_id)),
         };
-        Ok(Outcome {
+        Ok(Unsealed {
             reply: Some(typed_json("grant_result", &reply)),
-            ..Outcome::default()
+            ..Unsealed::default()
         })
     }
 }
@@ -355,10 +358,14 @@ impl DrawWorker {
     /// and dead-lettered alike. A transient failure (Redis away) fails the
     /// whole delivery, which is retried: the entries answered already
     /// replay their stored answers then, so none is drawn twice.
-    async fn batch(&self, batch: DrawBatch, publisher: &Publisher) -> Result<Outcome, HandleError> {
+    async fn batch(
+        &self,
+        batch: DrawBatch,
+        publisher: &Publisher,
+    ) -> Result<Unsealed, HandleError> {
         batch.validate(self.config.max_batch)?;
         let n = batch.requests.len();
-        let mut answers: Vec<Option<Result<Outcome, HandleError>>> = Vec::with_capacity(n);
+        let mut answers: Vec<Option<Result<Unsealed, HandleError>>> = Vec::with_capacity(n);
         let mut by_pool: Vec<(String, Vec<(usize, DrawRequest)>)> = Vec::new();
         for i in 0..n {
             match batch.entry(i) {
@@ -383,15 +390,15 @@ impl DrawWorker {
             answers[i] = Some(answer);
         }
         metrics::counter!("prizepool_batch_draws_total").increment(n as u64);
-        let mut outcome = Outcome::default();
+        let mut outcome = Unsealed::default();
         let mut replies = Vec::with_capacity(n);
         for (i, answer) in answers.into_iter().enumerate() {
             let (code, why) = match answer {
                 Some(Ok(one)) => {
                     replies.push(one.reply.unwrap_or_default());
                     outcome.effects.extend(one.effects);
+                    outcome.grouped.extend(one.grouped);
                     outcome.ledger.extend(one.ledger);
-                    outcome.events.extend(one.events);
                     continue;
                 }
                 Some(Err(HandleError::Invalid(invalid))) => {
@@ -436,7 +443,7 @@ impl DrawWorker {
         &self,
         entries: Vec<(usize, DrawRequest)>,
         publisher: &Publisher,
-    ) -> Vec<(usize, Result<Outcome, HandleError>)> {
+    ) -> Vec<(usize, Result<Unsealed, HandleError>)> {
         let places: Vec<usize> = entries.iter().map(|(i, _)| *i).collect();
         let prepared =
             futures_util::future::join_all(entries.into_iter().map(|(_, req)| self.prepare(req)))
@@ -469,7 +476,7 @@ impl DrawWorker {
 
 /// A draw request ready for its pool step, or answered already.
 enum Ready {
-    Answered(Outcome),
+    Answered(Unsealed),
     Draw(Prepared),
 }
 
@@ -499,7 +506,7 @@ impl Prepared {
 
 /// A `rejected` draw result: a business refusal, not bad input, of a draw
 /// from `pool` (as the request named it).
-fn refused(ask: &Ask<'_>, pool: &str, refusal: Refusal) -> Outcome {
+fn refused(ask: &Ask<'_>, pool: &str, refusal: Refusal) -> Unsealed {
     let result = DrawResult {
         request_id: ask.request_id.to_owned(),
         status: Status::Rejected,
@@ -512,9 +519,9 @@ fn refused(ask: &Ask<'_>, pool: &str, refusal: Refusal) -> Outcome {
         previous: refusal.previous,
         ..DrawResult::default()
     };
-    Outcome {
+    Unsealed {
         reply: Some(typed_json("draw_result", &result)),
-        ..Outcome::default()
+        ..Unsealed::default()
     }
 }
 
@@ -541,22 +548,32 @@ impl Handler for DrawWorker {
         amqp::DRAW
     }
 
+    fn span_fields(&self) -> amqp::SpanFields {
+        amqp::SpanFields {
+            pool: &["pool", "activity"],
+            user: &["user_id"],
+        }
+    }
+
+    fn groups(&self) -> &'static [Group] {
+        match self.config.draw_events {
+            DrawEvents::Grouped => &[ledger::ENTRIES, DRAW_COMPLETED],
+            DrawEvents::Each | DrawEvents::Off => &[ledger::ENTRIES],
+        }
+    }
+
     async fn handle(
         &self,
         envelope: &Value,
         publisher: &Publisher,
     ) -> Result<Outcome, HandleError> {
-        let mut outcome = match decode_typed::<DrawQueueMessage>(envelope)? {
+        let unsealed = match decode_typed::<DrawQueueMessage>(envelope)? {
             DrawQueueMessage::Draw(req) => self.draw(req, publisher).await,
             DrawQueueMessage::Grant(grant) => self.grant(grant).await,
             DrawQueueMessage::Batch(batch) => self.batch(batch, publisher).await,
         }?;
         let mut conn = self.kinds.redis();
-        outcome.ledger = self
-            .sealer
-            .seal_all(&mut conn, &self.config, outcome.ledger)
-            .await?;
-        Ok(outcome)
+        unsealed.seal(&self.sealer, &mut conn, &self.config).await
     }
 }
 

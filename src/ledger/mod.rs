@@ -1,6 +1,8 @@
 //! The Postgres ledger: every movement of value is one entry with a unique
 //! `entry_id`, and balances per account and asset follow from the entries.
-//! Prize kinds and the settle worker both write through this module.
+//! Prize kinds and the settle worker both write through this module; the
+//! draw and refill workers publish the entries they owe through it
+//! ([`Unsealed`], grouped as [`ENTRIES`]).
 //!
 //! Rules the ledger keeps, whoever writes:
 //!
@@ -24,8 +26,10 @@
 //! against its running balance, and the refused ones are taken out again
 //! before the commit.
 
+mod entries;
 mod seal;
 
+pub use entries::{Unsealed, ENTRIES};
 pub use seal::{FleetSealer, Sealer, INTERNAL_ID_PREFIXES, INTERNAL_REASONS};
 
 use std::borrow::Cow;

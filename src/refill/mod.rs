@@ -12,12 +12,13 @@ use serde_json::Value;
 use sqlx::PgPool;
 
 use crate::{
-    amqp::{self, HandleError, Handler, Outcome, Outgoing, Publisher},
+    amqp::{self, Group, HandleError, Handler, Outcome, Outgoing, Publisher},
     config::Config,
     kinds::{
         lucky_gift::{self, StockError, StockOutcome},
         red_packet::{self, Close, CreateError, ExpireReply, Expiry, RejectedReply},
     },
+    ledger::{self, Unsealed},
     messages::{
         decode_typed, typed_json, with_type, ErrorCode, Invalid, PoolRefilled, RedPacketCreate,
         RedPacketExpire, RefillQueueMessage, RefillRequest, RefillResult, Status,
@@ -69,7 +70,7 @@ impl RefillWorker {
     }
 
     /// Stocks the batch after `req.trigger`, unless it exists.
-    pub async fn refill(&self, req: RefillRequest) -> Result<Outcome, HandleError> {
+    pub async fn refill(&self, req: RefillRequest) -> Result<Unsealed, HandleError> {
         let started = std::time::Instant::now();
         req.validate()?;
         let keys = PoolKeys::new(&self.config.redis_prefix, &req.pool);
@@ -153,13 +154,13 @@ impl RefillWorker {
                         commitment: committed.as_ref().map(|c| c.commitment.clone()),
                         composition: committed.map(|c| c.composition),
                     };
-                    return Ok(Outcome {
+                    return Ok(Unsealed {
                         reply: Some(refilled(&req.pool, generation)),
                         effects: vec![Outgoing::event_raw(
                             "pool.refilled",
                             typed_json("pool.refilled", &event),
                         )],
-                        ..Outcome::default()
+                        ..Unsealed::default()
                     });
                 }
                 Ok(StockOutcome::AlreadyDone { generation }) => {
@@ -173,10 +174,10 @@ impl RefillWorker {
                         .map(|event| Outgoing::event_raw("pool.refilled", typed_json("pool.refilled", &event)))
                         .into_iter()
                         .collect();
-                    return Ok(Outcome {
+                    return Ok(Unsealed {
                         reply: Some(refilled(&req.pool, generation)),
                         effects,
-                        ..Outcome::default()
+                        ..Unsealed::default()
                     });
                 }
                 Ok(StockOutcome::Busy { retry_in }) => {
@@ -261,7 +262,7 @@ impl RefillWorker {
     /// A create refused for funds is remembered: sent again, it is refused
     /// again. The expiry it schedules becomes the packet's one pending
     /// expiry (a create sent again replaces the one before).
-    pub async fn create_red_packet(&self, req: RedPacketCreate) -> Result<Outcome, HandleError> {
+    pub async fn create_red_packet(&self, req: RedPacketCreate) -> Result<Unsealed, HandleError> {
         fn body(value: &impl serde::Serialize) -> Result<Vec<u8>, HandleError> {
             red_packet::encode(value).map_err(|e| HandleError::Internal(e.into()))
         }
@@ -280,9 +281,9 @@ impl RefillWorker {
             Err(e @ CreateError::InsufficientFunds { .. }) => {
                 let reply =
                     RejectedReply::new(&req.packet_id, ErrorCode::InsufficientFunds, e.to_string());
-                return Ok(Outcome {
+                return Ok(Unsealed {
                     reply: Some(body(&reply)?),
-                    ..Outcome::default()
+                    ..Unsealed::default()
                 });
             }
             Err(CreateError::Internal(message)) => return Err(HandleError::internal(message)),
@@ -331,10 +332,10 @@ impl RefillWorker {
             red_packet::CREATED_EVENT,
             body(&created.event())?,
         ));
-        Ok(Outcome {
+        Ok(Unsealed {
             effects,
             reply: Some(body(&created.reply())?),
-            ..Outcome::default()
+            ..Unsealed::default()
         })
     }
 
@@ -344,7 +345,7 @@ impl RefillWorker {
     /// the packet still open; it is delayed again to the stored expiry only
     /// if it is the packet's one pending expiry (its `token`), otherwise it
     /// is dropped, so forged expiries never multiply.
-    pub async fn expire_red_packet(&self, req: RedPacketExpire) -> Result<Outcome, HandleError> {
+    pub async fn expire_red_packet(&self, req: RedPacketExpire) -> Result<Unsealed, HandleError> {
         /// The outcome of a closed packet: its answer, its refund entry
         /// and, when this call closed it, its event.
         fn closed(
@@ -353,7 +354,7 @@ impl RefillWorker {
             refunded: i64,
             now: bool,
             reveal: Option<red_packet::fair::Reveal>,
-        ) -> Result<Outcome, HandleError> {
+        ) -> Result<Unsealed, HandleError> {
             let mut effects = Vec::new();
             let mut ledger = Vec::new();
             if refunded > 0 {
@@ -366,14 +367,14 @@ impl RefillWorker {
             }
             if now {
                 tracing::info!(packet = %id, refunded, "red packet closed");
-                let event = red_packet::ClosedEvent::new(id, refunded, reveal);
+                let event = red_packet::closed_event(id, refunded, reveal);
                 effects.push(Outgoing::event_raw(red_packet::CLOSED_EVENT, body(&event)?));
             }
-            Ok(Outcome {
+            Ok(Unsealed {
                 reply: Some(body(&ExpireReply::closed(id, refunded))?),
                 effects,
                 ledger,
-                events: Vec::new(),
+                ..Unsealed::default()
             })
         }
         /// Answers that packet `id` stays open until `expires_at` and, if
@@ -383,7 +384,7 @@ impl RefillWorker {
             id: &str,
             expires_at: chrono::DateTime<chrono::Utc>,
             token: Option<String>,
-        ) -> Result<Outcome, HandleError> {
+        ) -> Result<Unsealed, HandleError> {
             let mut effects = Vec::new();
             if let Some(token) = token {
                 let again = RedPacketExpire {
@@ -396,10 +397,10 @@ impl RefillWorker {
                     &with_type(red_packet::EXPIRE_TYPE, &again),
                 ));
             }
-            Ok(Outcome {
+            Ok(Unsealed {
                 reply: Some(body(&ExpireReply::open_until(id, expires_at))?),
                 effects,
-                ..Outcome::default()
+                ..Unsealed::default()
             })
         }
         fn body(value: &impl serde::Serialize) -> Result<Vec<u8>, HandleError> {
@@ -503,22 +504,29 @@ impl Handler for RefillWorker {
         amqp::REFILL
     }
 
+    fn span_fields(&self) -> amqp::SpanFields {
+        amqp::SpanFields {
+            pool: &["pool", "packet_id"],
+            user: &["sender"],
+        }
+    }
+
+    fn groups(&self) -> &'static [Group] {
+        &[ledger::ENTRIES]
+    }
+
     async fn handle(
         &self,
         envelope: &Value,
         _publisher: &Publisher,
     ) -> Result<Outcome, HandleError> {
-        let mut outcome = match decode_typed::<RefillQueueMessage>(envelope)? {
+        let unsealed = match decode_typed::<RefillQueueMessage>(envelope)? {
             RefillQueueMessage::Refill(req) => self.refill(req).await,
             RefillQueueMessage::RedPacketCreate(req) => self.create_red_packet(req).await,
             RefillQueueMessage::RedPacketExpire(req) => self.expire_red_packet(req).await,
         }?;
         let mut conn = self.redis.clone();
-        outcome.ledger = self
-            .sealer
-            .seal_all(&mut conn, &self.config, outcome.ledger)
-            .await?;
-        Ok(outcome)
+        unsealed.seal(&self.sealer, &mut conn, &self.config).await
     }
 }
 

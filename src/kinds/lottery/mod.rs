@@ -19,7 +19,9 @@ pub use config::{parse_file, ActivityConfig};
 use crate::{
     amqp::HandleError,
     kinds::{Ask, Award, ScriptReply, Step},
-    messages::{DrawResult, Invalid, LotteryPick, Prize, PrizeWeight, SettleRequest, Status},
+    messages::{
+        DrawResult, EntryRef, Invalid, LotteryPick, Prize, PrizeWeight, SettleRequest, Status,
+    },
     scripts::{PoolKeys, Scripts},
 };
 
@@ -156,13 +158,13 @@ fn award(ask: &Ask<'_>, body: &str, replayed: bool) -> Result<Award, HandleError
         )));
     }
     let asset = format!("{}{prize}", config::ASSET_PREFIX);
-    let entry = SettleRequest::new(
+    let entry = SettleRequest::fleet(
         crate::kinds::answer::entry_id("lottery", ask.pool, ask.request_id, serial),
         ask.user,
         asset.as_str(),
         1,
         "lottery",
-        serde_json::json!({ "pool": ask.pool, "request_id": ask.request_id }),
+        EntryRef::prize(ask.pool, ask.request_id),
     );
     Ok(Award {
         result: DrawResult {

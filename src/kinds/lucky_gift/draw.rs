@@ -16,7 +16,6 @@
 use std::{collections::HashMap, sync::Arc};
 
 use redis::aio::ConnectionLike;
-use serde_json::json;
 use tokio::sync::RwLock;
 
 use super::{CodeTable, Storage, SPARSE_BUCKET, SPENT_TTL_S};
@@ -24,7 +23,8 @@ use crate::{
     amqp::HandleError,
     kinds::{answer::Tokens, Ask, Award, ScriptReply, Step},
     messages::{
-        BatchPosition, DrawResult, Prize, PrizeRun, RefillRequest, Reveal, SettleRequest, Status,
+        BatchPosition, DrawResult, EntryRef, Prize, PrizeRun, RefillRequest, Reveal, SettleRequest,
+        Status,
     },
     scripts::{PoolKeys, Scripts},
 };
@@ -526,13 +526,16 @@ fn award(
     // name the pool, the entry id the sub-pool (serials count per sub-pool).
     let (pool, shard) = super::config::split_sub_pool(ask.pool);
     let entry = (reward != 0).then(|| {
-        SettleRequest::new(
+        SettleRequest::fleet(
             crate::kinds::answer::entry_id("draw", ask.pool, ask.request_id, drawn.serial),
             ask.user,
             drawn.asset.as_str(),
             reward,
             "lucky_gift",
-            json!({ "pool": pool, "request_id": ask.request_id, "version": drawn.version }),
+            EntryRef {
+                version: Some(drawn.version),
+                ..EntryRef::prize(pool, ask.request_id)
+            },
         )
     });
     let refill = drawn.trigger.map(|trigger| RefillRequest {

@@ -8,12 +8,11 @@
 //! under another user it is refused, never paid to that user.
 
 use redis::aio::ConnectionLike;
-use serde_json::json;
 
 use crate::{
     amqp::HandleError,
     kinds::{Ask, Award, ScriptReply, Step},
-    messages::{DrawResult, Invalid, Prize, SettleRequest, Status},
+    messages::{DrawResult, EntryRef, Invalid, Prize, SettleRequest, Status},
     scripts::{PoolKeys, Scripts},
 };
 
@@ -83,13 +82,16 @@ pub async fn grab<C: ConnectionLike + Send>(
     })();
     let (share, amount, asset) =
         parsed.ok_or_else(|| HandleError::internal(format!("malformed grab answer {body:?}")))?;
-    let entry = SettleRequest::new(
+    let entry = SettleRequest::fleet(
         format!("redpacket:{}:grab:{}", ask.pool, ask.user),
         ask.user,
         asset.as_str(),
         amount,
         "red_packet",
-        json!({ "pool": ask.pool, "request_id": ask.request_id, "share": share }),
+        EntryRef {
+            share: Some(share),
+            ..EntryRef::prize(ask.pool, ask.request_id)
+        },
     );
     Ok(Step::Awarded(Box::new(Award {
         result: DrawResult {

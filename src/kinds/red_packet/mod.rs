@@ -50,9 +50,12 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::{
-    messages::{ErrorBody, ErrorCode, RedPacketCreate, SettleRequest},
+    messages::{EntryRef, RedPacketCreate, SettleRequest, Status},
     scripts::{PoolKeys, Scripts},
 };
+
+/// The red-packet replies and events, wire types of [`crate::messages`].
+pub use crate::messages::{wire_time, ClosedEvent, CreatedReply, ExpireReply, RejectedReply};
 
 /// Kind label stored in `meta.kind` and in the pool registry.
 pub const KIND: &str = "red_packet";
@@ -61,11 +64,11 @@ pub const MAX_EXPIRES_IN_S: i64 = 30 * 24 * 3600;
 /// How long a closed packet's Redis keys are kept: 7 days.
 pub const CLOSED_RETENTION_S: u64 = 7 * 24 * 3600;
 /// `type` of every red-packet reply.
-pub const RESULT_TYPE: &str = "redpacket_result";
+pub const RESULT_TYPE: &str = crate::messages::REDPACKET_RESULT;
 /// `type` (and routing key) of the event of a created packet.
-pub const CREATED_EVENT: &str = "redpacket.created";
+pub const CREATED_EVENT: &str = crate::messages::REDPACKET_CREATED;
 /// `type` (and routing key) of the event of a closed packet.
-pub const CLOSED_EVENT: &str = "redpacket.closed";
+pub const CLOSED_EVENT: &str = crate::messages::REDPACKET_CLOSED;
 /// `type` of the expiry message the refill worker sends itself.
 pub const EXPIRE_TYPE: &str = "redpacket.expire";
 
@@ -249,7 +252,7 @@ pub async fn create<C: ConnectionLike + Send>(
         .bind(&shares)
         .execute(&mut *tx)
         .await?;
-    let escrow = SettleRequest::new(
+    let escrow = SettleRequest::fleet(
         format!("redpacket:{}:escrow", req.packet_id),
         req.sender,
         &req.asset,
@@ -257,7 +260,7 @@ pub async fn create<C: ConnectionLike + Send>(
         "red_packet_escrow",
         ledger_ref(&req.packet_id),
     );
-    crate::settle::apply_in(&mut tx, std::slice::from_ref(&escrow)).await?;
+    crate::ledger::apply_in(&mut tx, std::slice::from_ref(&escrow)).await?;
     tx.commit().await?;
     stock(
         redis,
@@ -364,16 +367,14 @@ impl Refused {
 }
 
 /// The `ref` of a packet's ledger entries.
-pub fn ledger_ref(packet_id: &str) -> serde_json::Value {
-    let mut map = serde_json::Map::new();
-    map.insert("pool".into(), packet_id.into());
-    serde_json::Value::Object(map)
+pub fn ledger_ref(packet_id: &str) -> EntryRef {
+    EntryRef::pool(packet_id)
 }
 
 /// The refund of what was left in a closed packet, as a ledger entry whose
 /// id makes it apply once however often it is sent.
 pub fn refund_entry(packet_id: &str, sender: i64, asset: &str, amount: i64) -> SettleRequest {
-    SettleRequest::new(
+    SettleRequest::fleet(
         format!("redpacket:{packet_id}:refund"),
         sender,
         asset,
@@ -655,40 +656,9 @@ pub async fn pending_expiry<C: ConnectionLike + Send>(
     expiry_step(redis, scripts, keys, "check", token.unwrap_or("")).await
 }
 
-/// Whether a reply reports success or refusal.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    Ok,
-    Rejected,
-}
-
 /// A reply or event as the JSON bytes the wire carries.
 pub fn encode(value: &impl Serialize) -> Result<Vec<u8>, serde_json::Error> {
     serde_json::to_vec(value)
-}
-
-/// A time as the wire carries it: RFC 3339, whole seconds, `Z`.
-pub fn wire_time(at: DateTime<Utc>) -> String {
-    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-}
-
-/// The answer to a create (`redpacket_result`), and with `type`
-/// `redpacket.created` its event.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct CreatedReply {
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    pub packet_id: String,
-    pub status: Status,
-    pub count: i64,
-    pub total: i64,
-    pub expires_at: String,
-    /// SHA-256 of the packet's split and salt, fixed before the first grab
-    /// (`docs/fairness.md`); absent for a packet created before packets
-    /// committed.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub commitment: Option<String>,
 }
 
 impl Created {
@@ -714,95 +684,15 @@ impl Created {
     }
 }
 
-/// A refused request's `redpacket_result`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct RejectedReply {
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    pub packet_id: String,
-    pub status: Status,
-    pub error: ErrorBody,
-}
-
-impl RejectedReply {
-    /// A refusal of packet `packet_id` with `code`.
-    pub fn new(packet_id: &str, code: ErrorCode, message: String) -> Self {
-        Self {
-            kind: RESULT_TYPE,
-            packet_id: packet_id.to_owned(),
-            status: Status::Rejected,
-            error: ErrorBody { code, message },
-        }
-    }
-}
-
-/// The answer to an expiry: closed with its refund, or still open until
-/// its stored `expires_at`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ExpireReply {
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    pub packet_id: String,
-    pub status: Status,
-    pub closed: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub refunded: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub expires_at: Option<String>,
-}
-
-impl ExpireReply {
-    /// The packet is closed and `refunded` went back to the sender.
-    pub fn closed(packet_id: &str, refunded: i64) -> Self {
-        Self {
-            kind: RESULT_TYPE,
-            packet_id: packet_id.to_owned(),
-            status: Status::Ok,
-            closed: true,
-            refunded: Some(refunded),
-            expires_at: None,
-        }
-    }
-
-    /// The packet stays open until `expires_at`.
-    pub fn open_until(packet_id: &str, expires_at: DateTime<Utc>) -> Self {
-        Self {
-            kind: RESULT_TYPE,
-            packet_id: packet_id.to_owned(),
-            status: Status::Ok,
-            closed: false,
-            refunded: None,
-            expires_at: Some(wire_time(expires_at)),
-        }
-    }
-}
-
-/// The `redpacket.closed` event.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ClosedEvent {
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    pub packet_id: String,
-    pub refunded: i64,
-    /// The revealed salt of the packet's commitment ([`fair`]).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub salt: Option<String>,
-    /// The revealed split, in share order.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub shares: Option<Vec<i64>>,
-}
-
-impl ClosedEvent {
-    /// Packet `packet_id` closed, refunding `refunded`, revealing `reveal`.
-    pub fn new(packet_id: &str, refunded: i64, reveal: Option<fair::Reveal>) -> Self {
-        let (salt, shares) = reveal.map(|r| (r.salt, r.shares)).unzip();
-        Self {
-            kind: CLOSED_EVENT,
-            packet_id: packet_id.to_owned(),
-            refunded,
-            salt,
-            shares,
-        }
+/// The `redpacket.closed` event of packet `packet_id`, which closed
+/// refunding `refunded` and revealing the split `reveal` its create
+/// committed to ([`fair`]).
+pub fn closed_event(packet_id: &str, refunded: i64, reveal: Option<fair::Reveal>) -> ClosedEvent {
+    let (salt, shares) = reveal.map(|r| (r.salt, r.shares)).unzip();
+    ClosedEvent {
+        salt,
+        shares,
+        ..ClosedEvent::new(packet_id, refunded)
     }
 }
 
@@ -933,6 +823,7 @@ pub async fn status<C: ConnectionLike + Send>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::messages::ErrorCode;
 
     fn request() -> RedPacketCreate {
         RedPacketCreate {
@@ -1078,7 +969,7 @@ mod tests {
                                "closed": true, "refunded": 5})
         );
         assert_eq!(
-            serde_json::to_value(ClosedEvent::new("rp-1", 5, None)).unwrap_or_default(),
+            serde_json::to_value(closed_event("rp-1", 5, None)).unwrap_or_default(),
             serde_json::json!({"type": "redpacket.closed", "packet_id": "rp-1", "refunded": 5})
         );
         let reveal = fair::Reveal {
@@ -1086,7 +977,7 @@ mod tests {
             shares: vec![3, 2],
         };
         assert_eq!(
-            serde_json::to_value(ClosedEvent::new("rp-1", 0, Some(reveal))).unwrap_or_default(),
+            serde_json::to_value(closed_event("rp-1", 0, Some(reveal))).unwrap_or_default(),
             serde_json::json!({"type": "redpacket.closed", "packet_id": "rp-1", "refunded": 0,
                                "salt": "00".repeat(16), "shares": [3, 2]})
         );
