@@ -1,16 +1,18 @@
 //! The draw worker: what every prize kind shares. It decodes a request,
-//! validates it, binds its id to its content, resolves the pool's kind, asks
-//! the kind for one step (see [`crate::kinds`]), waits for a refill when the
-//! pool is short, and builds the outcome: the reply and the messages it
-//! causes (settlement, refill, event).
+//! validates it, hands it to the seam ([`Kinds::open`]: the id bound to its
+//! content, the pool's kind and home pool resolved), runs its steps, waits
+//! for a refill while the pool is short, and builds the outcome: the reply
+//! and the messages it causes (settlement, refill, event).
 //!
-//! Order matters. The id is claimed before the pool step, so an id reused
-//! on another pool or for another user or count is refused before anything
-//! moves. The kind's step stores its answer atomically with its effect, so a
-//! redelivered request replays its first answer and republishes the same
-//! settlement (which the ledger applies once). A `pool_exhausted` decided
-//! here is stored with `SET NX`: if a concurrent copy of the request drew
-//! meanwhile, its award wins and is the answer.
+//! Everything about idempotency and stored answers is the seam's
+//! (`kinds/request.rs`); what is left here is the wire and the wait. A
+//! short pool makes this worker ask for the next batch (at most once per
+//! pool and generation within the wait, however many draws find it short)
+//! and step again with jittered backoff; when `SHORT_POOL_WAIT_MS` is over
+//! the seam stores `pool_exhausted`, unless a concurrent copy of the
+//! request drew meanwhile (then that award is the answer). The reply is
+//! published last, after the broker confirmed the settlement, the refill
+//! and the event it causes (see [`crate::amqp`]).
 
 use std::{
     collections::HashMap,
@@ -24,12 +26,11 @@ use serde_json::Value;
 use crate::{
     amqp::{self, Group, HandleError, Handler, Outcome, Outgoing, Publisher},
     config::{Config, DrawEvents},
-    kinds::{self, answer, lottery, Ask, Award, Claim, Kind, Kinds, Refusal, Step, Tokens},
+    kinds::{Award, Kinds, Opened, Prepared, Refusal, Step},
     ledger::{self, Unsealed},
     messages::{
         batch_reply, decode_typed, rejected_reply, retype, typed_json, DrawBatch, DrawQueueMessage,
-        DrawRequest, DrawResult, ErrorBody, ErrorCode, GrantRequest, GrantResult, RefillRequest,
-        Status,
+        DrawRequest, DrawResult, ErrorBody, ErrorCode, GrantRequest, RefillRequest, Status,
     },
     redis_conn::RedisConn,
 };
@@ -72,55 +73,16 @@ impl DrawWorker {
         req: DrawRequest,
         publisher: &Publisher,
     ) -> Result<Unsealed, HandleError> {
-        match self.prepare(req).await? {
-            Ready::Answered(outcome) => Ok(outcome),
-            Ready::Draw(draw) => {
-                let first = self.kinds.draw(draw.kind, &draw.ask()).await;
-                self.finish(&draw, first, publisher).await
-            }
-        }
-    }
-
-    /// Everything before the pool step: validates the request, binds its id
-    /// to its content (refusing an id first used for other content) and
-    /// resolves the pool's kind (an unknown pool is answered here).
-    async fn prepare(&self, req: DrawRequest) -> Result<Ready, HandleError> {
         req.validate()?;
-        let fingerprint = kinds::fingerprint("draw", &[&req.pool, &req.user_id, &req.count]);
-        let ttl = self.config.result_ttl.as_secs();
-        let mut conn = self.kinds.redis();
-        let scripts = self.kinds.scripts();
-        let tokens = Tokens::new(
-            &self.config.redis_prefix,
-            "rq",
-            &req.request_id,
-            fingerprint,
-            ttl,
-        );
-        if kinds::claim(&mut conn, scripts, &tokens).await? == Claim::Reused {
-            return Err(answer::reused("request_id", &req.request_id));
-        }
-        match self.kinds.route(&req.pool, req.user_id).await? {
-            Some((kind, home)) => Ok(Ready::Draw(Prepared {
-                req,
-                tokens,
-                kind,
-                home,
-                ttl,
-            })),
-            None => {
-                let ask = Ask {
-                    request_id: &req.request_id,
-                    pool: &req.pool,
-                    user: req.user_id,
-                    count: req.count,
-                    token: &tokens.answer,
-                    result_ttl_s: ttl,
-                };
-                let refused = self
-                    .refuse(&ask, &req.pool, Refusal::new(ErrorCode::UnknownPool))
-                    .await?;
-                Ok(Ready::Answered(refused))
+        match self
+            .kinds
+            .open(req, self.config.result_ttl.as_secs())
+            .await?
+        {
+            Opened::Answered(req, step) => self.answer(&req, step),
+            Opened::Ready(draw) => {
+                let first = self.kinds.step(&draw).await;
+                self.finish(&draw, first, publisher).await
             }
         }
     }
@@ -134,7 +96,6 @@ impl DrawWorker {
         first: Result<Step, HandleError>,
         publisher: &Publisher,
     ) -> Result<Unsealed, HandleError> {
-        let ask = draw.ask();
         let mut delays = ExponentialBuilder::default()
             .with_jitter()
             .with_min_delay(Duration::from_millis(10))
@@ -143,48 +104,52 @@ impl DrawWorker {
             .without_max_times()
             .build();
         let mut asked = None;
-        let mut step = first;
+        let mut step = first?;
         loop {
-            let (in_pool, generation) = match step {
-                Err(HandleError::Invalid(why)) => {
-                    // Bad for this pool (a count past its maximum, a grab
-                    // of two shares): nothing was stored, so the id stays
-                    // free for the request the upstream meant to send.
-                    let mut conn = self.kinds.redis();
-                    answer::release(&mut conn, self.kinds.scripts(), &draw.tokens).await?;
-                    return Err(HandleError::Invalid(why));
-                }
-                Err(e) => return Err(e),
-                Ok(Step::Awarded(award)) => {
-                    metrics::counter!("prizepool_draws_total", "kind" => draw.kind.label(), "outcome" => "ok")
-                        .increment(1);
-                    return Ok(self.awarded(*award));
-                }
-                Ok(Step::Refused(refusal)) => {
-                    metrics::counter!("prizepool_draws_total", "kind" => draw.kind.label(), "outcome" => refusal.code.as_str())
-                        .increment(1);
-                    return Ok(refused(&ask, &draw.req.pool, refusal));
-                }
-                Ok(Step::Short {
-                    in_pool,
-                    generation,
-                }) => (in_pool, generation),
+            let Step::Short {
+                in_pool,
+                generation,
+            } = step
+            else {
+                let outcome = match &step {
+                    Step::Refused(refusal) => refusal.code.as_str(),
+                    _ => "ok",
+                };
+                metrics::counter!("prizepool_draws_total", "kind" => draw.kind().label(), "outcome" => outcome)
+                    .increment(1);
+                return self.answer(draw.request(), step);
             };
             if asked != Some(generation) {
-                self.ask_refill(ask.pool, generation, publisher).await?;
+                self.ask_refill(draw.ask().pool, generation, publisher)
+                    .await?;
                 asked = Some(generation);
             }
             match delays.next() {
                 Some(delay) => tokio::time::sleep(delay).await,
                 None => {
-                    tracing::debug!(in_pool, count = ask.count, "no refill arrived in time");
+                    tracing::debug!(
+                        in_pool,
+                        count = draw.request().count,
+                        "no refill arrived in time"
+                    );
                     metrics::counter!("prizepool_pool_exhausted_total").increment(1);
-                    return self
-                        .refuse(&ask, &draw.req.pool, Refusal::new(ErrorCode::PoolExhausted))
-                        .await;
+                    let last = self.kinds.exhausted(draw).await?;
+                    return self.answer(draw.request(), last);
                 }
             }
-            step = self.kinds.draw(draw.kind, &ask).await;
+            step = self.kinds.step(draw).await?;
+        }
+    }
+
+    /// The outcome of a final step of `req`.
+    fn answer(&self, req: &DrawRequest, step: Step) -> Result<Unsealed, HandleError> {
+        match step {
+            Step::Awarded(award) => Ok(self.awarded(*award)),
+            Step::Refused(refusal) => Ok(refused(req, refusal)),
+            Step::Short { .. } => Err(HandleError::internal(format!(
+                "request {} was answered while its pool was short",
+                req.request_id
+            ))),
         }
     }
 
@@ -225,47 +190,6 @@ impl DrawWorker {
         Ok(())
     }
 
-    /// Stores `refusal` as the request's answer (where its pool step runs:
-    /// `ask.pool`) and replies with it, naming `pool` as the request did;
-    /// if the request was answered meanwhile (a concurrent copy), that
-    /// answer wins.
-    async fn refuse(
-        &self,
-        ask: &Ask<'_>,
-        pool: &str,
-        refusal: Refusal,
-    ) -> Result<Unsealed, HandleError> {
-        let mut conn = self.kinds.redis();
-        let results = self.kinds.keys(ask.pool).results();
-        match kinds::remember(
-            &mut conn,
-            self.kinds.scripts(),
-            &results,
-            ask.token,
-            &refusal,
-        )
-        .await?
-        {
-            None => Ok(refused(ask, pool, refusal)),
-            Some(kinds::ScriptReply::Refused(stored)) => Ok(refused(ask, pool, stored)),
-            // An award stored meanwhile: the kind's step replays it.
-            Some(_) => match self.kinds.resolve(ask.pool).await? {
-                Some(kind) => match self.kinds.draw(kind, ask).await? {
-                    Step::Awarded(award) => Ok(self.awarded(*award)),
-                    Step::Refused(stored) => Ok(refused(ask, pool, stored)),
-                    Step::Short { .. } => Err(HandleError::internal(format!(
-                        "request {} has a stored award its pool cannot replay",
-                        ask.request_id
-                    ))),
-                },
-                None => Err(HandleError::internal(format!(
-                    "request {} has a stored award on an unknown pool",
-                    ask.request_id
-                ))),
-            },
-        }
-    }
-
     /// The outcome of an award of any kind: the reply, the ledger entry, the
     /// refill it triggered, and the `draw.completed` event as `DRAW_EVENTS`
     /// says. The result is serialised once; the event is the reply retyped.
@@ -297,47 +221,7 @@ impl DrawWorker {
 
     async fn grant(&self, grant: GrantRequest) -> Result<Unsealed, HandleError> {
         grant.validate()?;
-        let fingerprint =
-            kinds::fingerprint("grant", &[&grant.activity, &grant.user_id, &grant.chances]);
-        let mut conn = self.kinds.redis();
-        let tokens = Tokens::new(
-            &self.config.redis_prefix,
-            "gr",
-            &grant.grant_id,
-            fingerprint,
-            lottery::GRANT_TTL_S,
-        );
-        if kinds::claim(&mut conn, self.kinds.scripts(), &tokens).await? == Claim::Reused {
-            return Err(answer::reused("grant_id", &grant.grant_id));
-        }
-        let keys = self.kinds.keys(&grant.activity);
-        let reply = match lottery::grant(
-            &mut conn,
-            self.kinds.scripts(),
-            &keys,
-            &grant.activity,
-            &grant.grant_id,
-            grant.user_id,
-            grant.chances,
-        )
-        .await?
-        {
-            lottery::Granted::Ok(total) => GrantResult {
-                grant_id: grant.grant_id,
-                status: Status::Ok,
-                chances: Some(grant.chances),
-                chances_left: Some(total),
-                error: None,
-            },
-            lottery::Granted::Unknown => GrantResult {
-                error: Some(ErrorBody {
-                    code: ErrorCode::UnknownPool,
-                    message: format!("no activity named {}", grant.activity),
-                }),
-                ..GrantResult::rejected(grant.grant_id)
-            },
-            lottery::Granted::Reused => return Err(answer::reused("grant_id", &grant.grant_id)),
-        };
+        let reply = self.kinds.grant(grant).await?;
         Ok(Unsealed {
             reply: Some(typed_json("grant_result", &reply)),
             ..Unsealed::default()
@@ -445,28 +329,29 @@ impl DrawWorker {
         publisher: &Publisher,
     ) -> Vec<(usize, Result<Unsealed, HandleError>)> {
         let places: Vec<usize> = entries.iter().map(|(i, _)| *i).collect();
-        let prepared =
-            futures_util::future::join_all(entries.into_iter().map(|(_, req)| self.prepare(req)))
-                .await;
+        let ttl = self.config.result_ttl.as_secs();
+        let opened =
+            futures_util::future::join_all(entries.into_iter().map(|(_, req)| async move {
+                req.validate()?;
+                self.kinds.open(req, ttl).await
+            }))
+            .await;
         let mut done = Vec::with_capacity(places.len());
         let mut drawing = Vec::new();
-        for (i, ready) in places.into_iter().zip(prepared) {
-            match ready {
-                Ok(Ready::Draw(draw)) => drawing.push((i, draw)),
-                Ok(Ready::Answered(outcome)) => done.push((i, Ok(outcome))),
+        for (i, opened) in places.into_iter().zip(opened) {
+            match opened {
+                Ok(Opened::Ready(draw)) => drawing.push((i, draw)),
+                Ok(Opened::Answered(req, step)) => done.push((i, self.answer(&req, step))),
                 Err(e) => done.push((i, Err(e))),
             }
         }
-        let Some((_, first)) = drawing.first() else {
-            return done;
-        };
-        let asks: Vec<Ask<'_>> = drawing.iter().map(|(_, d)| d.ask()).collect();
-        let steps = self.kinds.draw_all(first.kind, &asks).await;
+        let draws: Vec<&Prepared> = drawing.iter().map(|(_, d)| d).collect();
+        let steps = self.kinds.step_all(&draws).await;
         let finished = futures_util::future::join_all(
-            drawing
+            draws
                 .iter()
                 .zip(steps)
-                .map(|((_, draw), step)| self.finish(draw, step, publisher)),
+                .map(|(draw, step)| self.finish(draw, step, publisher)),
         )
         .await;
         done.extend(drawing.iter().map(|(i, _)| *i).zip(finished));
@@ -474,47 +359,17 @@ impl DrawWorker {
     }
 }
 
-/// A draw request ready for its pool step, or answered already.
-enum Ready {
-    Answered(Unsealed),
-    Draw(Prepared),
-}
-
-/// A draw request whose id is claimed and whose pool's kind is known.
-struct Prepared {
-    req: DrawRequest,
-    tokens: Tokens,
-    kind: Kind,
-    /// The pool whose keys hold the draw: the pool the request named, or
-    /// the sub-pool its user's draws go to ([`Kinds::route`]).
-    home: String,
-    ttl: u64,
-}
-
-impl Prepared {
-    fn ask(&self) -> Ask<'_> {
-        Ask {
-            request_id: &self.req.request_id,
-            pool: &self.home,
-            user: self.req.user_id,
-            count: self.req.count,
-            token: &self.tokens.answer,
-            result_ttl_s: self.ttl,
-        }
-    }
-}
-
-/// A `rejected` draw result: a business refusal, not bad input, of a draw
-/// from `pool` (as the request named it).
-fn refused(ask: &Ask<'_>, pool: &str, refusal: Refusal) -> Unsealed {
+/// A `rejected` draw result: a business refusal, not bad input, naming the
+/// pool as the request did.
+fn refused(req: &DrawRequest, refusal: Refusal) -> Unsealed {
     let result = DrawResult {
-        request_id: ask.request_id.to_owned(),
+        request_id: req.request_id.clone(),
         status: Status::Rejected,
-        pool: Some(pool.to_owned()),
-        user_id: Some(ask.user),
+        pool: Some(req.pool.clone()),
+        user_id: Some(req.user_id),
         error: Some(ErrorBody {
             code: refusal.code,
-            message: refusal_message(ask, pool, refusal.code),
+            message: refusal_message(req, refusal.code),
         }),
         previous: refusal.previous,
         ..DrawResult::default()
@@ -526,8 +381,8 @@ fn refused(ask: &Ask<'_>, pool: &str, refusal: Refusal) -> Unsealed {
 }
 
 /// The message of a refusal; the same for the first answer and its replays.
-fn refusal_message(ask: &Ask<'_>, pool: &str, code: ErrorCode) -> String {
-    let (user, count) = (ask.user, ask.count);
+fn refusal_message(req: &DrawRequest, code: ErrorCode) -> String {
+    let (pool, user, count) = (&req.pool, req.user_id, req.count);
     match code {
         ErrorCode::UnknownPool => format!("no pool named {pool}"),
         ErrorCode::PoolClosed => format!("{pool} is closed"),

@@ -26,12 +26,14 @@ pub mod answer;
 pub mod lottery;
 pub mod lucky_gift;
 pub mod red_packet;
+mod request;
 
 use std::collections::HashMap;
 
 use tokio::sync::RwLock;
 
 pub use answer::{claim, fingerprint, remember, Claim, Fingerprint, Refusal, ScriptReply, Tokens};
+pub use request::{Opened, Prepared};
 
 use crate::{
     amqp::HandleError,
