@@ -1,5 +1,5 @@
 -- Draws `count` prizes from a lucky-gift pool in sparse storage, all or nothing.
--- Prepended by lib/answer.lua.
+-- Prepended by lib/answer.lua, lib/award.lua, lib/jackpot.lua and lib/draw.lua.
 --
 -- Prizes occupy consecutive indices. Only non-zero prizes are stored, in
 -- buckets of ARGV[4] indices: `sp` field <bucket> = "<offset>.<code>;...".
@@ -23,7 +23,8 @@
 -- Returns: the same three-element replies as draw_lucky_gift.lua (positions
 --          in the fairness record count indices)
 --
--- Everything is read and checked before the first write, so a step either
+-- Reading a prize writes nothing (the index `cur` moves at the end), so
+-- everything is read and checked before the first write: a step either
 -- completes or changes nothing.
 
 local seen = replay_award(KEYS[1], KEYS[7], ARGV[5])
@@ -37,19 +38,14 @@ if max_count and count > max_count then return {'too_many', int(max_count), 0} e
 local B = tonumber(ARGV[4])
 local max_index = tonumber(m[3]) or 0
 local cur = tonumber(m[4]) or 0
-local visible = max_index - cur
 local unit_price = tonumber(m[5])
 local gen = tonumber(m[9]) or 0
--- A short answer changes no prize. It makes the current batch due for its
--- successor, like a taken refill flag: the draw's urgent refill request
--- will be honoured, a forged one (no short draw, no flag) will not.
-local function short(in_pool)
-  if gen > (tonumber(m[12]) or -1) then redis.call('HSET', KEYS[1], 'due', int(gen)) end
-  return {'short', int(in_pool), gen}
-end
 local held_len = redis.call('LLEN', KEYS[5])
+-- No jackpot rule, or today's consumption (this draw included) reached it.
 local spent, open = gate(KEYS[6], count, unit_price, m[6])
-local jackpot = jackpot_set(m[7])
+-- Positions count indices.
+local hgen0 = tonumber(m[13]) or 0
+local track = positions(KEYS[1], hgen0)
 
 -- Reading prizes by index, one bucket and one combo run at a time.
 local buckets = {}
@@ -82,62 +78,30 @@ local function prize_at(i)
   return seg_for(i)
 end
 
-local codes = {}
-local from_held = 0
-local held_now = {}
-local new_cur = cur
--- Where each prize came from (positions count indices).
-local hgen0 = tonumber(m[13]) or 0
-local track = positions(KEYS[1], hgen0)
-local at_index = {}
-local parked = {}
-if open then
-  if held_len + visible < count then return short(held_len + visible) end
-  -- Waiting jackpots are first in line.
-  from_held = math.min(count, held_len)
-  for i = cur, cur + count - from_held - 1 do
-    codes[#codes + 1] = prize_at(i)
-    at_index[#at_index + 1] = track.at(i)
-  end
-  new_cur = cur + count - from_held
-else
-  -- Parked prizes a reload freed from the rule come first.
-  from_held = freed_at_head(KEYS[5], count, jackpot)
-  if visible + from_held < count then return short(held_len + visible) end
-  -- Jackpots met on the way wait in `held`; the next prize takes their place.
-  local i = cur
-  while #codes < count - from_held and i < max_index do
-    local c = prize_at(i)
-    local at = track.at(i)
-    if jackpot[c] then
-      held_now[#held_now + 1] = held_element(c, at)
-      parked[#parked + 1] = at
-    else
-      codes[#codes + 1] = c
-      at_index[#at_index + 1] = at
-    end
-    i = i + 1
-  end
-  -- Nothing was written yet, so a short answer needs no undo.
-  if #codes < count - from_held then return short(held_len + visible - #held_now) end
-  new_cur = i
+-- The sparse reader for the jackpot rule: reads indices from `cur` on and
+-- moves nothing, so there is nothing to undo.
+local next_index = cur
+local src = {visible = max_index - cur, base = cur}
+function src.read(n)
+  local codes = {}
+  for i = next_index, next_index + n - 1 do codes[#codes + 1] = prize_at(i) end
+  next_index = next_index + n
+  return codes
 end
-for _, c in ipairs(codes) do
+function src.undo() end
+
+local plan, in_pool = jackpot_pick(KEYS[5], held_len, count, open, jackpot_set(m[7]), src, track)
+if not plan then return draw_short(KEYS[1], gen, m[12], in_pool) end
+for _, c in ipairs(plan.won) do
   if c < 0 then return redis.error_reply('sparse pool has an index with no prize and no zero prize') end
 end
 
 -- Writes start here.
-local origins = {}
-if from_held > 0 then
-  local first = {}
-  take_held(KEYS[5], from_held, first, origins)
-  for _, c in ipairs(codes) do first[#first + 1] = c end
-  codes = first
-end
-for _, o in ipairs(at_index) do origins[#origins + 1] = o end
-push_all('RPUSH', KEYS[5], held_now)
+local codes, origins = jackpot_take(KEYS[5], plan)
+local new_cur = cur + plan.used
 local trigger = -1
 if new_cur > cur then
+  -- The refill flag of any index passed, parked jackpots included.
   for _, g in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], int(cur), int(new_cur - 1))) do
     if tonumber(g) > trigger then trigger = tonumber(g) end
   end
@@ -148,13 +112,8 @@ if new_cur > cur then
   if s[1] then redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. string.match(s[1], '^(%d+):')) end
   redis.call('HSET', KEYS[1], 'cur', int(new_cur))
 end
-local record = fair_record(KEYS[1], track, hgen0, origins, parked, new_cur)
-local serial = redis.call('HINCRBY', KEYS[1], 'drawn', count)
-if trigger > (tonumber(m[12]) or -1) then redis.call('HSET', KEYS[1], 'due', int(trigger)) end
-redis.call('SET', KEYS[6], int(spent), 'EX', tonumber(ARGV[3]))
-local body = int(serial) .. '|' .. (m[10] or '0') .. '|' .. int(unit_price) .. '|' .. int(trigger) .. '|'
-  .. table.concat(codes, ',') .. record .. '|' .. (m[11] or 'coin')
--- The fairness record travels inside the codes field of the stored form.
-remember(KEYS[7], ARGV[5], award_stored(KEYS[1], serial, m[10] or '0', unit_price, trigger,
-  table.concat(codes, ',') .. record, m[11] or 'coin'), ARGV[2])
-return {'ok', body, 0}
+return draw_award({meta = KEYS[1], result = KEYS[7], spent_key = KEYS[6], token = ARGV[5],
+  result_ttl = ARGV[2], spent_ttl = ARGV[3], version = m[10], asset = m[11], due = m[12],
+  unit_price = unit_price, count = count, spent = spent, trigger = trigger,
+  codes = codes, origins = origins, parked_at = plan.parked_at,
+  track = track, hgen0 = hgen0, next_pos = new_cur})

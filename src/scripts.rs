@@ -48,16 +48,19 @@ macro_rules! lucky_gift {
     };
 }
 
-/// A lucky-gift draw script that applies several draws of one pool per
-/// call: the [`lucky_gift!`] preludes, the script's body as a function of
-/// its arguments, and the driver `lua/lib/many.lua`, which calls it once per
-/// draw (ARGV[1] = arguments per draw, then each draw's arguments).
+/// A lucky-gift storage's draw script, applying several draws of one pool
+/// per call: the [`lucky_gift!`] preludes, `lua/lib/draw.lua` (the frame
+/// every storage's draw shares: short answer, the award's last writes), the
+/// script's body as a function of its arguments, and the driver
+/// `lua/lib/many.lua`, which calls it once per draw (ARGV[1] = arguments per
+/// draw, then each draw's arguments).
 macro_rules! coalesced {
     ($path:literal) => {
         Script::new(concat!(
             include_str!("../lua/lib/answer.lua"),
             include_str!("../lua/lib/award.lua"),
             include_str!("../lua/lib/jackpot.lua"),
+            include_str!("../lua/lib/draw.lua"),
             "local function step(ARGV)\n",
             include_str!($path),
             "\nend\n",
@@ -67,7 +70,7 @@ macro_rules! coalesced {
 }
 
 /// The compiled-in scripts.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Scripts {
     pub draw_lucky_gift: Script,
     pub stock_begin: Script,

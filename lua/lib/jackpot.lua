@@ -195,3 +195,82 @@ local function fair_record(meta_key, t, hgen0, origins, parked, next_pos)
   for _, o in ipairs(parked) do parked_text[#parked_text + 1] = int(o[1]) .. '.' .. int(o[2]) end
   return '/' .. table.concat(runs, ',') .. '/' .. table.concat(parked_text, ',') .. '/' .. table.concat(reveals, ',')
 end
+
+-- The jackpot gate applied to one draw of `count` prizes: which prizes the
+-- draw wins and which jackpots it parks. Written once for every storage;
+-- each storage hands it a reader of its drawable prizes, in draw order:
+--   src.visible   how many prizes are drawable
+--   src.base      the running position (lib/jackpot.lua's counter: `qhead`
+--                 or `cur`) of the first of them
+--   src.read(n)   the codes of the next n of them (1 <= n, never past
+--                 `visible`); it may take them out of the pool (the list
+--                 pops them) as long as
+--   src.undo()    puts every prize read back where it was.
+-- Besides the reader's own moves it only reads (`held`, the fairness
+-- record), so after src.undo() a short draw has changed nothing.
+--
+-- `open` is gate()'s verdict; `jackpot` is jackpot_set()'s; `track` is the
+-- draw's positions() tracker. Returns nil and the count to answer `short`
+-- with, or the plan:
+--   from_held  prizes to take from the head of `held` (first in the answer)
+--   won        codes won from the pool, in draw order; `won_at` their origins
+--   parked     `held` elements of the jackpots met and held back;
+--              `parked_at` their origins
+--   used       drawable prizes the draw used up (won and parked)
+local function jackpot_pick(held_key, held_len, count, open, jackpot, src, track)
+  local plan = {from_held = 0, won = {}, won_at = {}, parked = {}, parked_at = {}, used = 0}
+  -- Reads the next n drawable prizes; while gated, jackpots are parked.
+  local function read(n, gated)
+    for _, code in ipairs(src.read(n)) do
+      local at = track.at(src.base + plan.used)
+      plan.used = plan.used + 1
+      if gated and jackpot[code] then
+        plan.parked[#plan.parked + 1] = held_element(code, at)
+        plan.parked_at[#plan.parked_at + 1] = at
+      else
+        plan.won[#plan.won + 1] = code
+        plan.won_at[#plan.won_at + 1] = at
+      end
+    end
+  end
+  if open then
+    if held_len + src.visible < count then return nil, held_len + src.visible end
+    -- Waiting jackpots are first in line, then the pool in order.
+    plan.from_held = math.min(count, held_len)
+    if count > plan.from_held then read(count - plan.from_held, false) end
+    return plan
+  end
+  -- Gated: parked prizes a reload freed from the rule come first. Jackpots
+  -- met on the way move to `held` (they stay first in line) and the next
+  -- prize takes their place. Only the prizes read here are touched, so a
+  -- draw costs O(count) however many jackpots wait; a long run of jackpots
+  -- costs its length, in chunks. A chunk never reads past the prize that
+  -- completes the draw: it is no longer than the prizes still missing.
+  plan.from_held = freed_at_head(held_key, count, jackpot)
+  if src.visible + plan.from_held < count then return nil, held_len + src.visible end
+  local need = count - plan.from_held
+  while #plan.won < need and plan.used < src.visible do
+    read(math.min(need - #plan.won, src.visible - plan.used), true)
+  end
+  if #plan.won < need then
+    -- Not enough winnable prizes: everything goes back where it was.
+    src.undo()
+    return nil, held_len + src.visible - #plan.parked
+  end
+  return plan
+end
+
+-- The `held` writes of a planned draw: takes `plan.from_held` prizes from
+-- the head of `held` and parks the jackpots met at its tail. Returns the
+-- answer's codes and their origins (a third element `true` for a prize from
+-- `held`), in answer order: prizes from `held` first, then those won.
+local function jackpot_take(held_key, plan)
+  local codes, origins = {}, {}
+  take_held(held_key, plan.from_held, codes, origins)
+  for k, code in ipairs(plan.won) do
+    codes[#codes + 1] = code
+    origins[#origins + 1] = plan.won_at[k]
+  end
+  push_all('RPUSH', held_key, plan.parked)
+  return codes, origins
+end

@@ -393,16 +393,16 @@ async fn pool(config: &Config, command: PoolCommand) -> anyhow::Result<()> {
                     .await?
                     .unwrap_or(lucky_gift::Storage::List);
                 let bytes = lucky_gift::storage_bytes(&mut redis, &keys, storage).await?;
-                match storage {
-                    lucky_gift::Storage::List => println!(
-                        "memory         {bytes} bytes (list), {:.2} bytes per prize in pool",
+                let label = storage.label();
+                if storage.stores_every_prize() {
+                    println!(
+                        "memory         {bytes} bytes ({label}), {:.2} bytes per prize in pool",
                         bytes as f64 / status.in_pool.max(1) as f64
-                    ),
+                    );
+                } else {
                     // Zeros take no room in sparse storage, so a figure per
                     // prize in pool would mean nothing.
-                    lucky_gift::Storage::Sparse => {
-                        println!("memory         {bytes} bytes (sparse)")
-                    }
+                    println!("memory         {bytes} bytes ({label})");
                 }
             }
         }

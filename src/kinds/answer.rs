@@ -20,6 +20,25 @@
 //! bytes in the claim store (plus the 12 bits that pick its group and the
 //! bucket selector), 6 bytes inside one pool's store, where the claim has
 //! already told ids apart.
+//!
+//! # Races and ordering
+//!
+//! - **Two copies of one request at once** (a redelivery while the first
+//!   attempt still runs, or a client resend to another worker). Both claim
+//!   the same fingerprint and both run the pool step; the steps are atomic
+//!   and run one after the other, so the first stores its answer with its
+//!   effect and the second replays it. Both then publish the same reply
+//!   and the same ledger entry, which the ledger applies once.
+//! - **The same id with other content at once.** The claim is one atomic
+//!   step (`lua/claim.lua`): whichever copy claims first binds the id, and the
+//!   other is refused before its pool step, on whatever pool it names.
+//! - **An answer decided outside a pool step** (`pool_exhausted`, after the
+//!   short-pool wait) is stored only if no answer exists ([`remember`]): a
+//!   copy that drew meanwhile wins, and its award is the answer.
+//! - **Expiry.** A claim and an answer live for the request's result TTL;
+//!   a request sent again after that is a new request to its kind (a new
+//!   lucky-gift or lottery draw, paid under a new entry id; a red-packet
+//!   grab that finds the user's share already taken).
 
 use std::fmt::Display;
 

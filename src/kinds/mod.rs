@@ -18,6 +18,21 @@
 //! final answer is stored, refusals included, so a request once told "no"
 //! never draws, spends a chance or pays later.
 //!
+//! # Races and ordering
+//!
+//! - **The kind cache.** [`Kinds`] remembers each pool's kind and sub-pool
+//!   count without ever re-reading them: an id never changes kind (the
+//!   registry in Postgres is one namespace) and a pool never changes its
+//!   shards (`pool load` refuses it), so a cached entry cannot go stale.
+//! - **Several asks at once** ([`Kinds::draw_all`], a batch of draws). The
+//!   asks of one pool are applied in their order, one after another; asks
+//!   of different pools run side by side and do not wait for each other.
+//!   Each ask gets its own step, as if it had come alone.
+//! - **The id claim comes first.** The draw worker claims a request's id
+//!   ([`claim`]) before it resolves the kind and runs the step, so an id
+//!   reused for other content is refused before any pool is touched; the
+//!   kinds' own races are explained in each kind's module.
+//!
 //! Adding a kind: a folder here with its `KIND` label, its config loader and
 //! a `draw` that answers a [`Step`], plus one line in [`Kind`], one in
 //! [`Kinds::resolve`] and one in [`Kinds::draw`] (see `docs/design.md`).

@@ -4,6 +4,37 @@
 //! A request names its trigger (the batch that asked), and the stocking
 //! steps in Redis compare it with the pool's batch counter, so any number of
 //! duplicate or concurrent requests for one trigger stock exactly one batch.
+//! It also creates red packets and closes them at expiry (the red-packet
+//! races are explained in [`crate::kinds::red_packet`]).
+//!
+//! # Races and ordering
+//!
+//! - **Duplicate and concurrent requests.** Draws send a refill request for
+//!   every refill flag they take, again on every replay, and an urgent one
+//!   when they find the pool short, so a batch is usually asked for more
+//!   than once. One attempt claims the pool's stocking lease; the others
+//!   find it `busy` and poll until the batch exists (then `done`: answered
+//!   like the stocking itself) or the lease expires (then one of them takes
+//!   over), giving up as a transient error after twice the lease.
+//! - **Within one worker.** Requests for the same pool and trigger share one
+//!   attempt and its token, and wait for each other; the token is kept
+//!   across a Redis failure, so the attempt's retry takes its own lease
+//!   back at once instead of waiting for it to expire.
+//! - **A worker killed mid-stock.** Its lease expires; the next attempt
+//!   trims what it staged and stocks the batch from the same seed, so the
+//!   commitment it may already have recorded still holds
+//!   ([`lucky_gift::stock_committed`]).
+//! - **A worker killed after the commit, before publishing.** The
+//!   redelivered request finds the batch `done` and publishes its
+//!   `pool.refilled` again, commitment included, while the batch's seed is
+//!   still secret; consumers key the event by pool and generation.
+//! - **Postgres away.** The commitment is recorded before the batch is
+//!   visible when Postgres answers in time, and skipped otherwise: stocking
+//!   goes on from the config kept in Redis, and the event carries the
+//!   commitment to Postgres later.
+//! - **A refill racing draws.** Draws see the new batch all at once, when
+//!   its commit step runs; until then they take what is left or answer
+//!   short (see [`crate::kinds::lucky_gift`]).
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 

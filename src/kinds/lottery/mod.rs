@@ -5,6 +5,30 @@
 //! label in [`strategy`]. Redis layout of activity `id` (hash tag `{id}`):
 //! `meta` (window, strategy, prizes), `stock`, `awarded`, `chances`,
 //! `g:<grant_id>`, `rs` (the answer store, [`crate::kinds::answer`]), `pv:YYYYMMDD`, `uv:YYYYMMDD` (HyperLogLog).
+//!
+//! # Races and ordering
+//!
+//! - **Concurrent draws.** A draw is one Lua step: window, the user's
+//!   chance, the pick, the prize's stock and the answer together. Redis runs
+//!   the steps of one activity one after another, so a chance is spent once
+//!   and a prize is never awarded beyond its stock, whatever the number of
+//!   workers drawing at once; a prize whose stock ran out between two draws
+//!   is simply no longer picked.
+//! - **A grant racing a draw.** A grant is one step too and only adds: a
+//!   draw sees the chances before or after it, never half of it. Grants are
+//!   idempotent by grant id (`g:<grant_id>` keeps the first answer).
+//! - **A retry of the same request, or a worker killed before publishing.**
+//!   The step stores its answer with its effect; the redelivery replays it,
+//!   with the same serial, so the ledger entry has the same id and is paid
+//!   once. A refusal (`no_chances`, `ended`, …) is stored too and stays the
+//!   answer.
+//! - **A pick with no usable random value.** The step answers `retry` and
+//!   changes nothing (not even the visit counters); [`draw`] asks again
+//!   with fresh values.
+//! - **A reload.** `activity load` rewrites the window and the weights in
+//!   one step and never touches the stock of a prize already stocked, so a
+//!   draw sees the old settings or the new ones, and "never beyond stock"
+//!   holds across versions.
 
 pub mod config;
 mod ladder;

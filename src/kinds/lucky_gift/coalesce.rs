@@ -27,7 +27,11 @@ use super::{
     draw::{draw_many, Pending},
     DrawStep, Storage,
 };
-use crate::{amqp::HandleError, redis_conn::RedisConn, scripts::PoolKeys};
+use crate::{
+    amqp::HandleError,
+    redis_conn::RedisConn,
+    scripts::{PoolKeys, Scripts},
+};
 
 /// Most draws one call applies.
 pub const MAX_PER_CALL: usize = 64;
@@ -45,17 +49,16 @@ type Queues = Arc<Mutex<Waiting>>;
 #[derive(Debug)]
 pub struct Coalescer {
     queues: Queues,
-    list: Arc<redis::Script>,
-    sparse: Arc<redis::Script>,
+    /// The scripts, each storage's draw script among them.
+    scripts: Arc<Scripts>,
 }
 
 impl Coalescer {
     /// A coalescer calling the draw scripts of `scripts`.
-    pub fn new(scripts: &crate::scripts::Scripts) -> Self {
+    pub fn new(scripts: &Scripts) -> Self {
         Self {
             queues: Arc::default(),
-            list: Arc::new(scripts.draw_lucky_gift.clone()),
-            sparse: Arc::new(scripts.draw_sparse.clone()),
+            scripts: Arc::new(scripts.clone()),
         }
     }
 
@@ -82,16 +85,12 @@ impl Coalescer {
             start
         };
         if start {
-            let script = match storage {
-                Storage::List => self.list.clone(),
-                Storage::Sparse => self.sparse.clone(),
-            };
             tokio::spawn(run(Runner {
                 queues: self.queues.clone(),
                 pool: pool.to_owned(),
                 armed: true,
                 redis: redis.clone(),
-                script,
+                scripts: self.scripts.clone(),
                 keys: keys.clone(),
                 storage,
             }));
@@ -117,7 +116,7 @@ struct Runner {
     /// queued are answered with an error and the next draw starts a runner.
     armed: bool,
     redis: RedisConn,
-    script: Arc<redis::Script>,
+    scripts: Arc<Scripts>,
     keys: PoolKeys,
     storage: Storage,
 }
@@ -159,7 +158,7 @@ async fn run(mut runner: Runner) {
         metrics::histogram!("prizepool_draws_per_call").record(draws.len() as f64);
         match draw_many(
             &mut runner.redis,
-            &runner.script,
+            runner.storage.draw_script(&runner.scripts),
             &runner.keys,
             runner.storage,
             &draws,

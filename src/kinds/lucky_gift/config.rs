@@ -7,6 +7,8 @@ use std::collections::{BTreeMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
+pub use super::{jackpot::Jackpot, storage::Storage};
+
 /// Largest batch a pool may define (prizes per batch).
 pub const MAX_BATCH_SIZE: u64 = 50_000_000;
 /// Highest `unit_price`: with at most 10,000 prizes a draw, a draw's cost
@@ -89,34 +91,6 @@ fn is_one(n: &u32) -> bool {
     *n == 1
 }
 
-/// How a pool keeps its prizes in Redis.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Storage {
-    /// Every prize is a list element (two bytes each for small codes).
-    List,
-    /// Only non-zero prizes are stored, by index.
-    Sparse,
-}
-
-impl Storage {
-    /// The storage a pool's `meta.storage` names (`list` when absent).
-    pub fn from_label(label: Option<&str>) -> Self {
-        match label {
-            Some("sparse") => Self::Sparse,
-            _ => Self::List,
-        }
-    }
-}
-
-/// The jackpot rule: prizes of `min_multiplier` or more wait until the
-/// pool's consumption today reaches `daily_consumption_threshold`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Jackpot {
-    pub min_multiplier: u64,
-    pub daily_consumption_threshold: i64,
-}
-
 /// One combo: how many prizes of each multiplier it holds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Combo {
@@ -171,10 +145,7 @@ impl PoolConfig {
             .map(|i| PoolConfig {
                 id: sub_pool_id(&self.id, i),
                 shards: 1,
-                jackpot: self.jackpot.as_ref().map(|j| Jackpot {
-                    min_multiplier: j.min_multiplier,
-                    daily_consumption_threshold: (j.daily_consumption_threshold + k - 1) / k,
-                }),
+                jackpot: self.jackpot.as_ref().map(|j| j.per_shard(k)),
                 ..self.clone()
             })
             .collect()
@@ -187,9 +158,7 @@ impl PoolConfig {
 
     /// Whether a prize of this multiplier is subject to the jackpot rule.
     pub fn is_jackpot(&self, multiplier: u64) -> bool {
-        self.jackpot
-            .as_ref()
-            .is_some_and(|j| multiplier >= j.min_multiplier)
+        self.jackpot.as_ref().is_some_and(|j| j.gates(multiplier))
     }
 }
 
@@ -310,15 +279,15 @@ fn validate(raw: RawPool) -> Result<PoolConfig, ConfigError> {
             ),
         ));
     }
-    let storage = match raw.storage.as_str() {
-        "list" => Storage::List,
-        "sparse" => Storage::Sparse,
-        other => {
-            return Err(at.err(
-                "storage",
-                format!("unknown storage {other:?} (expected \"list\" or \"sparse\")"),
-            ))
-        }
+    let Some(storage) = Storage::from_name(&raw.storage) else {
+        return Err(at.err(
+            "storage",
+            format!(
+                "unknown storage {:?} (expected {})",
+                raw.storage,
+                Storage::names()
+            ),
+        ));
     };
     if !(raw.refill_at > 0.0 && raw.refill_at <= 1.0) {
         return Err(at.err(

@@ -18,7 +18,7 @@ use std::{collections::HashMap, sync::Arc};
 use redis::aio::ConnectionLike;
 use tokio::sync::RwLock;
 
-use super::{CodeTable, Storage, SPARSE_BUCKET, SPENT_TTL_S};
+use super::{CodeTable, Storage};
 use crate::{
     amqp::HandleError,
     kinds::{answer::Tokens, Ask, Award, ScriptReply, Step},
@@ -211,16 +211,14 @@ pub enum DrawStep {
 
 /// The draw script of `storage`.
 pub fn draw_script(scripts: &Scripts, storage: Storage) -> &redis::Script {
-    match storage {
-        Storage::List => &scripts.draw_lucky_gift,
-        Storage::Sparse => &scripts.draw_sparse,
-    }
+    storage.draw_script(scripts)
 }
 
 /// A call of `script` with the draw step's keys and arguments for `storage`,
-/// in the order the draw scripts' contracts list them. `script` is the
-/// storage's [`draw_script`], or any script that should see the same keys
-/// (the bench's round-trip floor).
+/// in the order the draw scripts' contracts list them (the storage's file
+/// under `storage/` knows them). `script` is the storage's [`draw_script`],
+/// or any script that should see the same keys (the bench's round-trip
+/// floor).
 #[allow(clippy::too_many_arguments)]
 pub fn draw_call<'a>(
     script: &'a redis::Script,
@@ -231,44 +229,13 @@ pub fn draw_call<'a>(
     result_ttl_s: u64,
     token: &[u8],
 ) -> redis::ScriptInvocation<'a> {
+    let layout = storage.layout();
     let mut call = script.prepare_invoke();
-    call.key(keys.meta());
-    match storage {
-        Storage::List => call.key(keys.queue()),
-        Storage::Sparse => call
-            .key(keys.sparse())
-            .key(keys.segments())
-            .key(keys.flags()),
-    };
-    call.key(keys.held())
-        .key(keys.spent(day))
-        .key(keys.results())
-        .arg(args_per_draw(storage));
-    draw_args(&mut call, storage, count, result_ttl_s, token);
+    layout.draw_keys(&mut call, keys, day);
+    // `lua/lib/many.lua` reads the draws' arguments in groups of this size.
+    call.arg(layout.args_per_draw());
+    layout.draw_args(&mut call, count, result_ttl_s, token);
     call
-}
-
-/// How many arguments one draw of `storage` takes (`lua/lib/many.lua`).
-fn args_per_draw(storage: Storage) -> usize {
-    match storage {
-        Storage::List => 4,
-        Storage::Sparse => 5,
-    }
-}
-
-/// Appends one draw's arguments, in the order the script's header lists them.
-fn draw_args(
-    call: &mut redis::ScriptInvocation<'_>,
-    storage: Storage,
-    count: u32,
-    result_ttl_s: u64,
-    token: &[u8],
-) {
-    call.arg(count).arg(result_ttl_s).arg(SPENT_TTL_S);
-    if storage == Storage::Sparse {
-        call.arg(SPARSE_BUCKET);
-    }
-    call.arg(token);
 }
 
 /// Draws `count` prizes for `request_id` from the pool behind `keys`, in one
@@ -332,7 +299,9 @@ pub async fn draw_many<C: ConnectionLike + Send>(
         &first.token,
     );
     for d in &draws[1..] {
-        draw_args(&mut call, storage, d.count, d.result_ttl_s, &d.token);
+        storage
+            .layout()
+            .draw_args(&mut call, d.count, d.result_ttl_s, &d.token);
     }
     let replies: Vec<redis::Value> = call.invoke_async(conn).await?;
     if replies.len() != 3 * draws.len() {

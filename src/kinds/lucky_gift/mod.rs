@@ -1,38 +1,79 @@
-//! Lucky-gift multiplier pools (SPEC §3): configuration, prize codes, batch
-//! stocking and the atomic draw.
+//! Lucky-gift multiplier pools (SPEC §3): configuration ([`config`]),
+//! prize codes ([`codes`]), batch stocking ([`batches`]), the jackpot rule
+//! ([`jackpot`]), the atomic draw ([`draw`], [`Coalescer`]) and the two
+//! storages a pool may keep its prizes in ([`Storage`]: `storage/list.rs`,
+//! `storage/sparse.rs`, each with the layout of its own keys).
 //!
-//! Redis layout of pool `id` (all under the hash tag `{id}`):
+//! Redis keys every storage shares (pool `id`, all under the hash tag `{id}`):
 //!
 //! | key    | type   | holds |
 //! |--------|--------|-------|
-//! | `meta` | hash   | settings (`unit_price`, jackpot rule, `codes`) and counters (`gen`, `visible`, `stocked`, `drawn`, stocking lease) |
-//! | `q`    | list   | prize codes; the first `visible` are drawable, any tail behind them is a batch being stocked |
+//! | `meta` | hash   | settings (`unit_price`, `storage`, jackpot rule, `codes`, `config`) and counters (`gen`, `stocked`, `drawn`, `due`, the storage's own, stocking lease, fairness record) |
 //! | `held` | list   | gated jackpots, first in line for the first draw that may win them |
 //! | `spent:YYYYMMDD` | string | the day's consumption, for the jackpot rule |
 //! | `rs`, `rs:<slice>:<size>:<i>` | hash | the answer store: every draw's answer (see [`crate::kinds::answer`], `lua/lib/answer.lua`); an award stored as `"<serial>\|<version>\|<trigger>\|<codes>"` (`lua/lib/award.lua`) |
 //!
 //! Conservation holds at every instant because each Lua step moves counters
-//! together: `stocked = drawn + visible + len(held)`.
+//! together: `stocked = drawn + drawable + len(held)`, where the storage
+//! counts what is drawable (`visible`, or `max_index − cur`).
+//!
+//! # Races and ordering
+//!
+//! - **Concurrent draws of one pool.** Each draw is one Lua step that
+//!   replays, refuses, answers short or takes all its prizes, and Redis
+//!   runs one step at a time: draws of a pool are applied one after
+//!   another and never see each other half done. A worker coalesces the
+//!   draws of a pool it has in flight into one call ([`Coalescer`]); the
+//!   call applies them in queue order, each exactly as its own call would.
+//!   Draws of two workers interleave call by call, in whatever order their
+//!   calls reach Redis.
+//! - **A refill racing a draw.** A batch is written out of the draws' sight
+//!   and made drawable in one step ([`batches`]), so a draw sees all of it
+//!   or none. A draw that finds too few prizes answers `short`, moves
+//!   nothing and marks the current batch `due`; the draw worker then asks
+//!   for an urgent refill and steps again. Only a batch marked `due` (by a
+//!   short draw or by the draw that took its refill flag) gets a successor,
+//!   so a forged or stale refill request stocks nothing.
+//! - **A retry of the same request.** The step stores its answer with its
+//!   effect, atomically; a retry (a redelivery, a client resend) replays
+//!   the stored answer and moves nothing. The replay carries the same
+//!   serial, so its ledger entry has the same id and the ledger applies it
+//!   once, and the same refill trigger, which the refill worker stocks once.
+//! - **A worker killed between the Lua step and the publish.** The step's
+//!   effect and answer are in Redis; the request was not acked, so the
+//!   broker redelivers it, and the replay publishes the reply, the ledger
+//!   entry, the refill request and the event the first attempt never sent.
+//!   The answer is kept for the request's result TTL: a request redelivered
+//!   after that draws anew (and is paid under a new entry id).
+//! - **A sharded pool.** Each sub-pool is a pool of its own in Redis, and a
+//!   user's draws always reach the same sub-pool
+//!   ([`crate::kinds::Kinds::route`]), so a retry meets its stored answer.
+//!
+//! Stocking and the jackpot rule have races of their own, explained in
+//! [`batches`] and [`jackpot`].
 
+mod batches;
 mod coalesce;
 pub mod codes;
 pub mod config;
 mod draw;
-mod stock;
+pub mod jackpot;
+mod storage;
 
 use redis::aio::ConnectionLike;
 
+pub use batches::{
+    composition, stock_committed, stock_next, stock_next_as, Commitment, Recorder, StockError,
+    StockOutcome, DEFAULT_LEASE_MS,
+};
 pub use coalesce::{Coalescer, MAX_PER_CALL, MAX_PRIZES_PER_CALL};
 pub use codes::{Batch, CodeTable};
-pub use config::{parse_file, PoolConfig, Storage};
+pub use config::{parse_file, PoolConfig};
 pub use draw::{
     draw, draw_call, draw_many, draw_once, draw_script, stored_award, Decoder, DrawStep, Drawn,
     Pending,
 };
-pub use stock::{
-    composition, stock_committed, stock_next, stock_next_as, Commitment, Recorder, StockError,
-    StockOutcome, DEFAULT_LEASE_MS,
-};
+pub use storage::Storage;
 
 use crate::scripts::{PoolKeys, Scripts};
 
@@ -43,13 +84,9 @@ pub const KIND: &str = "lucky_gift";
 pub const SPARSE_BUCKET: u64 = 64;
 
 /// The keys holding the prizes of a pool in `storage` (for memory
-/// accounting): the prize list, or the sparse hash with its segments and
-/// flags; and the gated jackpots waiting.
+/// accounting), the gated jackpots waiting included.
 pub fn storage_keys(keys: &PoolKeys, storage: Storage) -> Vec<String> {
-    match storage {
-        Storage::List => vec![keys.queue(), keys.held()],
-        Storage::Sparse => vec![keys.sparse(), keys.segments(), keys.flags(), keys.held()],
-    }
+    storage.prize_keys(keys)
 }
 
 /// Bytes of Redis memory (`MEMORY USAGE`, every element counted) the
@@ -60,7 +97,7 @@ pub async fn storage_bytes<C: ConnectionLike + Send>(
     storage: Storage,
 ) -> Result<u64, redis::RedisError> {
     let mut pipe = redis::pipe();
-    for key in storage_keys(keys, storage) {
+    for key in storage.prize_keys(keys) {
         pipe.cmd("MEMORY")
             .arg("USAGE")
             .arg(key)
@@ -82,11 +119,7 @@ pub async fn storage_of<C: ConnectionLike + Send>(
         .arg("storage")
         .query_async(conn)
         .await?;
-    Ok(match (kind.as_deref(), storage.as_deref()) {
-        (Some(KIND), Some("sparse")) => Some(Storage::Sparse),
-        (Some(KIND), _) => Some(Storage::List),
-        _ => None,
-    })
+    Ok((kind.as_deref() == Some(KIND)).then(|| Storage::from_label(storage.as_deref())))
 }
 
 /// The daily consumption counter lives two days.
@@ -101,11 +134,6 @@ pub async fn configure<C: ConnectionLike + Send>(
     version: i64,
     table: &CodeTable,
 ) -> anyhow::Result<()> {
-    let jackpot_codes: Vec<String> = table
-        .jackpot_codes(config)
-        .iter()
-        .map(u32::to_string)
-        .collect();
     let mut inv = scripts.configure_pool.key(keys.meta());
     inv.arg(KIND)
         .arg(version)
@@ -116,25 +144,16 @@ pub async fn configure<C: ConnectionLike + Send>(
         .arg("asset")
         .arg(&config.asset)
         .arg("storage")
-        .arg(match config.storage {
-            Storage::List => "list",
-            Storage::Sparse => "sparse",
-        })
-        .arg("jackpot_codes")
-        .arg(jackpot_codes.join(","))
+        .arg(config.storage.label())
         .arg("codes")
         .arg(serde_json::to_string(table)?)
         // The whole config, so refills stock from Redis alone and keep
         // going while Postgres is away.
         .arg("config")
         .arg(serde_json::to_string(config)?);
-    match &config.jackpot {
-        Some(j) => inv
-            .arg("jackpot_threshold")
-            .arg(j.daily_consumption_threshold),
-        // An empty threshold reads as "no rule" in the draw script.
-        None => inv.arg("jackpot_threshold").arg(""),
-    };
+    for (field, value) in jackpot::meta_fields(config, table) {
+        inv.arg(field).arg(value);
+    }
     let reply: Vec<String> = inv.invoke_async(conn).await?;
     match reply.first().map(String::as_str) {
         Some("ok") => {
@@ -186,22 +205,44 @@ pub async fn status<C: ConnectionLike + Send>(
     keys: &PoolKeys,
     pool: &str,
 ) -> Result<Option<PoolStatus>, redis::RedisError> {
-    let (kind, version, generation, stocked, drawn, visible, held, spent): (
+    // Every storage's counting fields, read in the same step, so the
+    // snapshot needs no round trip to learn the storage first.
+    let mut fields: Vec<&str> = Vec::new();
+    for storage in Storage::ALL {
+        for field in storage.layout().drawable_fields() {
+            if !fields.contains(field) {
+                fields.push(field);
+            }
+        }
+    }
+    let (kind, version, generation, stocked, drawn, held, spent, storage, values): (
         Option<String>,
         i64,
         u64,
         u64,
         u64,
         u64,
-        u64,
         i64,
+        String,
+        Vec<i64>,
     ) = scripts
         .pool_status
         .key(keys.meta())
         .key(keys.held())
         .key(keys.spent(&crate::scripts::utc_day()))
+        .arg(&fields)
         .invoke_async(conn)
         .await?;
+    let field = |name: &str| {
+        fields
+            .iter()
+            .position(|f| *f == name)
+            .and_then(|i| values.get(i).copied())
+            .unwrap_or(0)
+    };
+    let visible = Storage::from_label(Some(&storage))
+        .layout()
+        .drawable(&field);
     Ok(kind.map(|kind| PoolStatus {
         pool: pool.to_owned(),
         kind,

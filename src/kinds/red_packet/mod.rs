@@ -32,6 +32,37 @@
 //!   `expires_in_s`, rounded up), so the `expires_at` a create answers is
 //!   exactly the instant from which grabs are refused.
 //!
+//! # Races and ordering
+//!
+//! - **Concurrent grabs.** A grab is one Lua step (`lua/grab_red_packet.lua`)
+//!   that checks the packet is open, that the user holds no share, pops one
+//!   share and records it, so a share goes to one user, a user gets at most
+//!   one share, and the grabs past the last share are `sold_out`, whatever
+//!   the number of workers grabbing at once.
+//! - **A grab racing the close.** The close is one Lua step too: it removes
+//!   the shares left and records their sum as refunded in the step that sets
+//!   `closed`. A grab runs wholly before it (its share is grabbed, not
+//!   refunded) or wholly after it (`pool_closed`): every share is grabbed or
+//!   refunded, never both. The grab checks the packet's own `expires_at`
+//!   itself, so a late expiry message lets nobody grab after the deadline.
+//! - **Concurrent creates of one id.** The id's row in Postgres serialises
+//!   them ([`create`]): one escrows, the others wait for its transaction and
+//!   then compare themselves with what it asked.
+//! - **A worker killed mid-create.** The escrow, the shares and the request
+//!   are committed in Postgres before anything is stocked in Redis; stocking
+//!   is idempotent (`lua/stock_red_packet.lua` stocks an id once) and is
+//!   recorded afterwards, so the redelivered create stocks a packet its
+//!   first attempt left unstocked, and never stocks one twice.
+//! - **A retry of a grab, or a worker killed before publishing it.** The
+//!   grab's answer is stored with its effect; the redelivery replays it and
+//!   publishes the same ledger entry (one id per packet and user), which the
+//!   ledger applies once.
+//! - **A worker killed mid-close.** The Redis close comes first, then the
+//!   Postgres record ([`record_closed`]); whoever records the close first
+//!   announces it, so a redelivered expiry finds the packet closed in Redis,
+//!   records it and sends the refund and the event the first attempt did
+//!   not. The refund's entry id is the packet's, so it is paid once.
+//!
 //! Retention: closing a packet sets an expiry of [`CLOSED_RETENTION_S`]
 //! (7 days) on its `meta` and `grabbed` keys (`shares` is deleted at close,
 //! answers expire with their bucket of the answer store). After that a grab answers

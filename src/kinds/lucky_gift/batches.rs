@@ -1,26 +1,56 @@
-//! Stocking one batch: claim a lease, push the batch in chunks behind the
-//! visible prizes, then make it visible in one O(1) step.
+//! Stocking one batch, whatever the pool's storage: claim a lease, write the
+//! batch in chunks out of the draws' sight, then make it drawable in one
+//! O(1) step. This module runs the protocol; the pool's [`Storage`](super::Storage) does
+//! the Redis side of each step (`storage/list.rs`, `storage/sparse.rs`).
 //!
 //! Every batch is committed (`docs/fairness.md`): its order is derived from a
 //! fresh secret seed, chosen once per batch and kept in Redis next to it
 //! (`lua/fair_seed.lua`), so a retry or a takeover shuffles exactly the
 //! batch whose commitment may already be recorded. The commitment is handed
-//! to a [`Recorder`] before the first prize is pushed, and the commit step
+//! to a [`Recorder`] before the first prize is written, and the commit step
 //! keeps the seed in the pool's meta until a draw reveals it.
 //!
-//! Each chunk is a separate Lua call of a few thousand elements, so stocking
-//! millions of prizes never keeps Redis busy for more than about a
-//! millisecond at a time. Draws cannot see a half-stocked batch: they only
-//! touch the first `visible` elements of the list.
+//! # Races and ordering
+//!
+//! - **Who stocks.** One lease per pool (`stock_token`, `stock_until` in
+//!   meta), tied to the trigger through `gen`: batch `trigger + 1` is
+//!   stocked once however many requests name the trigger. Of concurrent
+//!   attempts one claims; the others find `busy` (and wait for the lease
+//!   to end or expire), then `done`. A request for a batch nobody asked for
+//!   (no draw took the current batch's refill flag nor found the pool
+//!   short: `due` in meta) is `not_due`; one for a batch past the last is
+//!   `ahead`.
+//! - **A dead attempt.** An attempt that stops halfway leaves part of a
+//!   batch staged. The next claim, once the lease has expired, removes it
+//!   before anything else; an attempt that retries under its own token
+//!   takes its lease back at once (two live attempts must never share a
+//!   token). Every write step checks the token first, so an attempt that
+//!   lost its lease (it stalled past its lease and another took over)
+//!   writes nothing more and ends with [`StockError::LeaseLost`].
+//! - **The seed.** `fair_seed.lua` keeps the first seed chosen for the
+//!   batch (`fair_next` in meta) and hands it to every later attempt, and
+//!   the commit refuses a batch shuffled from any other: a takeover
+//!   re-derives exactly the order whose commitment the first attempt may
+//!   already have recorded.
+//! - **Draws meanwhile.** Draws never see a staged prize: the list's draws
+//!   touch only its first `visible` elements, the sparse draws only indices
+//!   below `max_index`, and the commit raises that bound in the same step
+//!   that records the batch's start (`bstart:<g>`) and seed (`c:<g>`), so a
+//!   draw sees the whole batch or none of it. A draw running between the
+//!   claim and the commit takes prizes of the earlier batches, or answers
+//!   `short` while they are gone.
+//! - **Chunks.** Each write is a separate Lua call of a few thousand
+//!   prizes, so stocking millions never keeps Redis busy for more than
+//!   about a millisecond at a time; each renews the lease.
 
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
-use super::{Batch, CodeTable, PoolConfig};
+use super::{storage::Conn, Batch, CodeTable, PoolConfig};
 use crate::{
     fairness::{self, ComboStock, Seed},
-    scripts::{now_ms, PoolKeys, Scripts},
+    scripts::{PoolKeys, Scripts},
 };
 
 /// What a batch commits to before it becomes visible: published in
@@ -151,7 +181,7 @@ pub enum StockError {
 }
 
 /// What a `begin` step answered when it did not hand us the lease.
-fn unclaimed(status: &str, number: i64) -> Option<StockOutcome> {
+pub(super) fn unclaimed(status: &str, number: i64) -> Option<StockOutcome> {
     match status {
         "claimed" => None,
         "done" => Some(StockOutcome::AlreadyDone {
@@ -231,7 +261,7 @@ pub async fn stock_next_as<C: ConnectionLike + Send>(
 
 /// Stocks the batch after `trigger` from `config` of `version`, as the
 /// attempt named `token` (see [`stock_next_as`]), handing the batch's
-/// commitment to `recorder` before anything of it is pushed.
+/// commitment to `recorder` before anything of it is written.
 #[allow(clippy::too_many_arguments)]
 pub async fn stock_committed<C: ConnectionLike + Send, R: Recorder>(
     conn: &mut C,
@@ -246,234 +276,76 @@ pub async fn stock_committed<C: ConnectionLike + Send, R: Recorder>(
     token: &str,
     recorder: &R,
 ) -> Result<StockOutcome, StockError> {
-    if config.storage == super::Storage::Sparse {
-        return stock_sparse(
-            conn, scripts, keys, config, version, table, trigger, chunk, lease_ms, token, recorder,
-        )
-        .await;
-    }
-    let (status, number): (String, i64) = scripts
-        .stock_begin
-        .key(keys.meta())
-        .key(keys.queue())
-        .arg(trigger)
-        .arg(token)
-        .arg(now_ms())
-        .arg(lease_ms)
-        .invoke_async(conn)
-        .await?;
-    if let Some(outcome) = unclaimed(&status, number) {
-        return Ok(outcome);
-    }
-
-    // A dead attempt may have left part of a batch behind the visible prizes.
-    let mut stale = number;
-    while stale > 0 {
-        stale = scripts
-            .stock_trim
-            .key(keys.meta())
-            .key(keys.queue())
-            .arg(token)
-            .arg(chunk)
-            .invoke_async(conn)
-            .await?;
-        if stale < 0 {
-            return Err(StockError::LeaseLost);
-        }
-    }
-
+    let storage = config.storage.layout();
+    let mut conn = Conn(conn);
+    let at = Attempt {
+        scripts,
+        keys,
+        trigger,
+        token,
+        chunk: chunk.max(1),
+        lease_ms,
+    };
+    let start = match storage.claim(&mut conn, &at).await? {
+        Claimed::At(start) => start,
+        Claimed::Not(outcome) => return Ok(outcome),
+    };
     // Shuffling happens after the claim so duplicate requests cost nothing.
-    let Some(seed) = batch_seed(conn, scripts, keys, token).await? else {
+    let Some(seed) = batch_seed(&mut conn, scripts, keys, token).await? else {
         return Err(StockError::LeaseLost);
     };
     let batch = committed_batch(config, table, version, trigger, &seed, recorder).await;
-    let size = batch.codes.len();
-    let elements: Vec<String> = batch.elements(trigger + 1).collect();
-    for piece in elements.chunks(chunk.max(1)) {
-        let pushed: i64 = scripts
-            .stock_push
-            .key(keys.meta())
-            .key(keys.queue())
-            .arg(token)
-            .arg(now_ms())
-            .arg(lease_ms)
-            .arg(piece)
-            .invoke_async(conn)
-            .await?;
-        if pushed < 0 {
-            return Err(StockError::LeaseLost);
-        }
-    }
-    let (status, number): (String, i64) = scripts
-        .stock_commit
-        .key(keys.meta())
-        .key(keys.queue())
-        .arg(token)
-        .arg(trigger)
-        .arg(size)
-        .arg(seed.to_hex())
-        .arg(version)
-        .invoke_async(conn)
-        .await?;
-    match status.as_str() {
-        "ok" => {}
-        "mismatch" => {
-            return Err(StockError::Mismatch {
-                pushed: number,
-                expected: size,
-            })
-        }
-        _ => return Err(StockError::LeaseLost),
-    }
-    Ok(StockOutcome::Stocked {
-        generation: number.unsigned_abs(),
-        size,
-    })
+    storage
+        .fill(
+            &mut conn,
+            &at,
+            &Filling {
+                batch: &batch,
+                table,
+                seed: &seed,
+                version,
+                start,
+            },
+        )
+        .await
 }
 
-/// Stocks the next batch of a sparse pool: only non-zero prizes are written,
-/// in buckets of [`super::SPARSE_BUCKET`] indices, behind `max_index`.
-#[allow(clippy::too_many_arguments)]
-async fn stock_sparse<C: ConnectionLike + Send, R: Recorder>(
-    conn: &mut C,
-    scripts: &Scripts,
-    keys: &PoolKeys,
-    config: &PoolConfig,
-    version: i64,
-    table: &CodeTable,
-    trigger: u64,
-    chunk: usize,
-    lease_ms: i64,
-    token: &str,
-    recorder: &R,
-) -> Result<StockOutcome, StockError> {
-    let step = |name: &'static str| {
-        let mut inv = scripts.sparse_stock.prepare_invoke();
-        inv.key(keys.meta())
-            .key(keys.sparse())
-            .key(keys.segments())
-            .key(keys.flags())
-            .arg(name);
-        inv
-    };
-    let (status, number): (String, i64) = step("begin")
-        .arg(token)
-        .arg(trigger)
-        .arg(now_ms())
-        .arg(lease_ms)
-        .invoke_async(conn)
-        .await?;
-    if let Some(outcome) = unclaimed(&status, number) {
-        return Ok(outcome);
-    }
-    let start = number.unsigned_abs();
-    // Clean up what a dead attempt may have staged, a few buckets per step.
-    loop {
-        let (status, left): (String, i64) = step("trim")
-            .arg(token)
-            .arg((chunk / 8).max(1))
-            .arg(super::SPARSE_BUCKET)
-            .invoke_async(conn)
-            .await?;
-        if status != "ok" {
-            return Err(StockError::LeaseLost);
-        }
-        if left == 0 {
-            break;
-        }
-    }
-    let Some(seed) = batch_seed(conn, scripts, keys, token).await? else {
-        return Err(StockError::LeaseLost);
-    };
-    let batch = committed_batch(config, table, version, trigger, &seed, recorder).await;
-    let size = batch.codes.len();
-    let zero: std::collections::HashSet<u32> = (0..table.len() as u32)
-        .filter(|c| table.decode(*c).is_some_and(|(_, m)| m == 0))
-        .collect();
-    // (bucket, "<off>.<code>;...") in index order, flushed every `chunk` prizes.
-    let mut pending: Vec<(u64, String)> = Vec::new();
-    let mut in_chunk = 0usize;
-    let mut nonzero = 0usize;
-    for (i, &code) in batch.codes.iter().enumerate() {
-        if zero.contains(&code) {
-            continue;
-        }
-        let index = start + i as u64;
-        let (bucket, off) = (index / super::SPARSE_BUCKET, index % super::SPARSE_BUCKET);
-        match pending.last_mut() {
-            Some((b, text)) if *b == bucket => text.push_str(&format!("{off}.{code};")),
-            _ => pending.push((bucket, format!("{off}.{code};"))),
-        }
-        in_chunk += 1;
-        nonzero += 1;
-        if in_chunk >= chunk {
-            push_sparse(
-                conn,
-                scripts,
-                keys,
-                token,
-                lease_ms,
-                std::mem::take(&mut pending),
-            )
-            .await?;
-            in_chunk = 0;
-        }
-    }
-    if !pending.is_empty() {
-        push_sparse(conn, scripts, keys, token, lease_ms, pending).await?;
-    }
-    let segments: Vec<String> = batch
-        .combos
-        .iter()
-        .map(|(combo, s, _)| {
-            let zero = table.code_of(combo, 0).map_or(-1, i64::from);
-            format!("{}:{zero}", start + *s as u64)
-        })
-        .collect();
-    let (status, number): (String, i64) = step("commit")
-        .arg(token)
-        .arg(trigger)
-        .arg(size)
-        .arg(nonzero)
-        .arg(start + batch.flag_at as u64)
-        .arg(seed.to_hex())
-        .arg(version)
-        .arg(&segments)
-        .invoke_async(conn)
-        .await?;
-    match status.as_str() {
-        "ok" => Ok(StockOutcome::Stocked {
-            generation: number.unsigned_abs(),
-            size,
-        }),
-        "mismatch" => Err(StockError::Mismatch {
-            pushed: number,
-            expected: nonzero,
-        }),
-        _ => Err(StockError::LeaseLost),
-    }
+/// One stocking attempt, as the storage's steps see it.
+#[derive(Debug)]
+pub(super) struct Attempt<'a> {
+    pub(super) scripts: &'a Scripts,
+    pub(super) keys: &'a PoolKeys,
+    /// The batch whose successor is stocked (0: the first batch).
+    pub(super) trigger: u64,
+    /// The attempt's name, holding the lease.
+    pub(super) token: &'a str,
+    /// Most prizes one write step carries (at least 1).
+    pub(super) chunk: usize,
+    /// How long the lease lasts past each step.
+    pub(super) lease_ms: i64,
 }
 
-async fn push_sparse<C: ConnectionLike + Send>(
-    conn: &mut C,
-    scripts: &Scripts,
-    keys: &PoolKeys,
-    token: &str,
-    lease_ms: i64,
-    buckets: Vec<(u64, String)>,
-) -> Result<(), StockError> {
-    let mut inv = scripts.sparse_stock.prepare_invoke();
-    inv.key(keys.meta())
-        .key(keys.sparse())
-        .key(keys.segments())
-        .key(keys.flags());
-    inv.arg("push").arg(token).arg(now_ms()).arg(lease_ms);
-    for (bucket, text) in &buckets {
-        inv.arg(bucket).arg(text);
-    }
-    let (status, _): (String, i64) = inv.invoke_async(conn).await?;
-    if status != "ok" {
-        return Err(StockError::LeaseLost);
-    }
-    Ok(())
+/// What a storage's claim step achieved.
+#[derive(Debug)]
+pub(super) enum Claimed {
+    /// The lease is ours and nothing stale is left; the batch starts at
+    /// this position of the storage's running count (the sparse index of
+    /// its first prize; a storage that places batches by appending says 0).
+    At(u64),
+    /// The lease is not ours, for this reason.
+    Not(StockOutcome),
+}
+
+/// A shuffled batch, ready to be written.
+#[derive(Debug)]
+pub(super) struct Filling<'a> {
+    pub(super) batch: &'a Batch,
+    pub(super) table: &'a CodeTable,
+    /// The seed the batch was shuffled from; the commit checks it is the
+    /// one `fair_seed.lua` kept.
+    pub(super) seed: &'a Seed,
+    /// The config version the batch was shuffled under.
+    pub(super) version: i64,
+    /// Where [`Claimed::At`] placed it.
+    pub(super) start: u64,
 }

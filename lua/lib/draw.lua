@@ -1,0 +1,45 @@
+-- The frame every lucky-gift draw script shares, whatever its storage
+-- (prepended by scripts.rs after lib/answer.lua, lib/award.lua and
+-- lib/jackpot.lua): the short answer and the writes that end an award.
+--
+-- A storage's draw script reads its meta fields, checks the request, asks
+-- gate() whether jackpots are open, hands jackpot_pick() a reader of its
+-- prizes and, for a plan, makes its own writes (what marks its prizes as
+-- drawn, the refill flag taken) between jackpot_take() and draw_award().
+
+-- A short answer: fewer than the asked prizes are drawable and no prize
+-- moved. It makes the current batch `gen` due for its successor, like a
+-- taken refill flag: the draw's urgent refill request will be honoured, a
+-- forged one (no short draw, no flag) will not. `due` is meta's `due`.
+local function draw_short(meta_key, gen, due, in_pool)
+  if gen > (tonumber(due) or -1) then redis.call('HSET', meta_key, 'due', int(gen)) end
+  return {'short', int(in_pool), gen}
+end
+
+-- The last writes of an awarded draw, after the storage's own: the
+-- fairness record, the serial, the refill point taken, the day's
+-- consumption; then the answer is stored and returned. `d` holds:
+--   meta, result, spent_key     KEYS: meta hash, answer store, day counter
+--   token, result_ttl, spent_ttl    the request's fingerprint and the TTLs
+--   version, asset, due         meta's `version`, `asset`, `due` (raw)
+--   unit_price, count, spent    the price, the prizes drawn, gate()'s total
+--   trigger                     the batch whose refill flag was taken, or -1
+--   codes, origins, parked_at   jackpot_take()'s answer and the plan's parks
+--   track, hgen0, next_pos      the positions() tracker, meta's `hgen`, and
+--                               the running position after the draw
+local function draw_award(d)
+  local record = fair_record(d.meta, d.track, d.hgen0, d.origins, d.parked_at, d.next_pos)
+  local serial = redis.call('HINCRBY', d.meta, 'drawn', d.count)
+  -- The batch whose refill point this draw took is due for its successor:
+  -- a refill request for any later batch is refused.
+  if d.trigger > (tonumber(d.due) or -1) then redis.call('HSET', d.meta, 'due', int(d.trigger)) end
+  redis.call('SET', d.spent_key, int(d.spent), 'EX', tonumber(d.spent_ttl))
+  local version, asset = d.version or '0', d.asset or 'coin'
+  local codes = table.concat(d.codes, ',') .. record
+  local body = int(serial) .. '|' .. version .. '|' .. int(d.unit_price) .. '|' .. int(d.trigger) .. '|'
+    .. codes .. '|' .. asset
+  -- The fairness record travels inside the codes field of the stored form.
+  remember(d.result, d.token, award_stored(d.meta, serial, version, d.unit_price, d.trigger,
+    codes, asset), d.result_ttl)
+  return {'ok', body, 0}
+end
