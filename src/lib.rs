@@ -18,13 +18,14 @@
 //! | [`pools`], [`db`] | the pool registry and the Postgres connection |
 //! | [`client`] | the batching draw client for upstream services: `Client::draw` merges concurrent calls into `draw.batch` messages |
 //! | [`cli`] | the `prizepool` subcommands, including `demo` |
-//! | [`bench`] | `prizepool bench`: ceilings, fleet runs, reports |
 //!
-//! The binaries in `src/bin/` only wire these together.
+//! The binaries in `src/bin/` only wire these together. `prizepool bench`
+//! (ceilings, fleet runs, reports) is no part of the library: it lives in
+//! `bench/`, a module of the `prizepool` binary alone, and measures the
+//! kinds through [`kinds::Kinds`], the seam the draw worker uses.
 
 pub mod amqp;
 pub mod audit;
-pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod config;

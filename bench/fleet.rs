@@ -15,7 +15,7 @@ use lapin::options::QueueDeclareOptions;
 use tokio::sync::{Mutex, Semaphore};
 
 use super::stats::{cpu_time, Latencies, Percentiles};
-use crate::{
+use prizepool::{
     amqp::{self, rpc::RpcClient},
     client::Client,
     config::Config,
@@ -171,15 +171,15 @@ fn stop_with_parent(command: &mut Command) {
 /// What a load phase measured.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub(super) struct Load {
-    pub draws_per_s: f64,
-    pub prizes_per_s: f64,
-    pub ok: u64,
-    pub rejected: u64,
-    pub failed: u64,
-    pub latency: Percentiles,
+    pub(crate) draws_per_s: f64,
+    pub(crate) prizes_per_s: f64,
+    pub(crate) ok: u64,
+    pub(crate) rejected: u64,
+    pub(crate) failed: u64,
+    pub(crate) latency: Percentiles,
     /// Sum of rewards of the `ok` replies, for the ledger check.
     #[serde(skip)]
-    pub reward: i64,
+    pub(crate) reward: i64,
 }
 
 /// Builds draw number `i`.

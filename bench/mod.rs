@@ -20,10 +20,9 @@ use std::{sync::Arc, time::Duration};
 
 use anyhow::Context;
 
-pub use ceilings::Rate;
-pub use stats::{Latencies, Percentiles};
+use stats::Latencies;
 
-use crate::{
+use prizepool::{
     amqp::rpc::RpcClient,
     client::{Client, ClientConfig},
     config::Config,
@@ -38,7 +37,7 @@ use crate::{
 
 /// The prize kind a run draws from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-pub enum BenchKind {
+pub(crate) enum BenchKind {
     LuckyGift,
     RedPacket,
     Lottery,
@@ -46,7 +45,7 @@ pub enum BenchKind {
 
 /// Options of `prizepool bench`.
 #[derive(Debug, clap::Args)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// Draw-worker counts to run, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "1,2")]
     workers: Vec<usize>,
@@ -197,7 +196,8 @@ const CLEANUP_SCAN_COUNT: u64 = 1_000;
 /// ledger entries stay in Postgres, like any other.
 /// `None` on a Redis Cluster, which has no single keyspace to scan.
 async fn remove_run_keys(config: &Config) -> anyhow::Result<Option<u64>> {
-    let RedisConn::Single(mut conn) = crate::redis_conn::connect(&config.redis_url).await? else {
+    let RedisConn::Single(mut conn) = prizepool::redis_conn::connect(&config.redis_url).await?
+    else {
         return Ok(None);
     };
     let mut removed = 0u64;
@@ -228,7 +228,7 @@ async fn remove_run_keys(config: &Config) -> anyhow::Result<Option<u64>> {
 }
 
 /// Runs the benchmark and writes its reports.
-pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
     if let Some(peak) = args.plan {
         let text = std::fs::read_to_string(&args.plan_from)
             .with_context(|| format!("reading {}", args.plan_from.display()))?;
@@ -251,7 +251,7 @@ pub async fn run(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
     };
     // Ctrl-C or SIGTERM stops the fleet (dropped with `measure`) and still
     // removes what the run created.
-    let interrupted = crate::shutdown::signal();
+    let interrupted = prizepool::shutdown::signal();
     let result = tokio::select! {
         result = measure(config, args) => result,
         _ = interrupted.cancelled() => Err(anyhow::anyhow!("interrupted; no report written")),
@@ -275,8 +275,8 @@ async fn measure(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
     };
     let svc = Services {
         config,
-        db: crate::db::migrate(&config.database_url).await?,
-        redis: crate::redis_conn::connect(&config.redis_url).await?,
+        db: prizepool::db::migrate(&config.database_url).await?,
+        redis: prizepool::redis_conn::connect(&config.redis_url).await?,
         scripts: Scripts::new(),
     };
     let Services { redis, .. } = &svc;
@@ -364,7 +364,7 @@ async fn measure(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
                     svc.lottery(&id, args.users).await?;
                     let step = Step::Lottery {
                         keys: PoolKeys::new(&config.redis_prefix, &id),
-                        strategy: crate::kinds::lottery::strategy("wheel")
+                        strategy: prizepool::kinds::lottery::strategy("wheel")
                             .context("the wheel strategy is registered")?,
                         users: args.users,
                     };
@@ -454,7 +454,7 @@ async fn measure(config: &Config, args: BenchArgs) -> anyhow::Result<()> {
 struct Services<'a> {
     config: &'a Config,
     db: sqlx::PgPool,
-    redis: crate::redis_conn::RedisConn,
+    redis: prizepool::redis_conn::RedisConn,
     scripts: Scripts,
 }
 
@@ -462,7 +462,7 @@ impl Services<'_> {
     /// Loads `pool` (stocking its first batch).
     async fn load(&self, pool: &PoolConfig) -> anyhow::Result<()> {
         let mut conn = self.redis.clone();
-        crate::pools::load(
+        prizepool::pools::load(
             &self.db,
             &mut conn,
             &self.scripts,
@@ -489,7 +489,7 @@ impl Services<'_> {
             "topup",
             serde_json::json!({ "pool": id }),
         );
-        crate::settle::apply(&self.db, std::slice::from_ref(&topup)).await?;
+        prizepool::settle::apply(&self.db, std::slice::from_ref(&topup)).await?;
         let mut conn = self.redis.clone();
         for packet in &packets {
             let create = RedPacketCreate {
@@ -523,14 +523,14 @@ impl Services<'_> {
             (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339(),
             (chrono::Utc::now() + chrono::Duration::days(1)).to_rfc3339(),
         );
-        let activities = crate::kinds::lottery::parse_file(&text)?;
+        let activities = prizepool::kinds::lottery::parse_file(&text)?;
         let mut conn = self.redis.clone();
         let prefix = &self.config.redis_prefix;
-        crate::kinds::lottery::load(&self.db, &mut conn, &self.scripts, prefix, &activities)
+        prizepool::kinds::lottery::load(&self.db, &mut conn, &self.scripts, prefix, &activities)
             .await?;
         let keys = PoolKeys::new(prefix, id);
         for user in 1..=users {
-            crate::kinds::lottery::grant(
+            prizepool::kinds::lottery::grant(
                 &mut conn,
                 &self.scripts,
                 &keys,
@@ -555,7 +555,7 @@ fn packet_shares(users: u64) -> u64 {
 }
 
 async fn list_bytes_per_prize(
-    redis: &crate::redis_conn::RedisConn,
+    redis: &prizepool::redis_conn::RedisConn,
     keys: &PoolKeys,
 ) -> anyhow::Result<f64> {
     let mut conn = redis.clone();
@@ -568,7 +568,7 @@ async fn list_bytes_per_prize(
 }
 
 /// Redis `used_memory`, in bytes.
-async fn used_memory(conn: &mut crate::redis_conn::RedisConn) -> anyhow::Result<u64> {
+async fn used_memory(conn: &mut prizepool::redis_conn::RedisConn) -> anyhow::Result<u64> {
     let info: String = redis::cmd("INFO").arg("memory").query_async(conn).await?;
     info.lines()
         .find_map(|l| l.strip_prefix("used_memory:"))
@@ -603,11 +603,11 @@ async fn stored_award(svc: &Services<'_>, keys: &PoolKeys) -> anyhow::Result<Vec
     let mut conn = svc.redis.clone();
     let id = unique("award");
     let ttl = svc.config.result_ttl.as_secs();
-    let tokens = crate::kinds::Tokens::new(
+    let tokens = prizepool::kinds::Tokens::new(
         &svc.config.redis_prefix,
         "rq",
         &id,
-        crate::kinds::fingerprint("bench", &[]),
+        prizepool::kinds::fingerprint("bench", &[]),
         ttl,
     );
     lucky_gift::draw_once(
@@ -622,7 +622,7 @@ async fn stored_award(svc: &Services<'_>, keys: &PoolKeys) -> anyhow::Result<Vec
     )
     .await?;
     let (_, answer) =
-        crate::kinds::answer::stored(&mut conn, &svc.scripts, &keys.results(), &tokens, false)
+        prizepool::kinds::answer::stored(&mut conn, &svc.scripts, &keys.results(), &tokens, false)
             .await?;
     let answer = answer.context("the draw stored no answer")?;
     Ok(answer.get(2..).unwrap_or_default().to_vec())
@@ -649,7 +649,7 @@ async fn remembered_results(
         .prepare_invoke()
         .load_async(&mut conn)
         .await?;
-    let fingerprint = crate::kinds::fingerprint("bench", &[]);
+    let fingerprint = prizepool::kinds::fingerprint("bench", &[]);
     let ids: Vec<String> = (0..n).map(|i| unique(&format!("r{i}"))).collect();
     let mut memory = [used_memory(&mut conn).await?, 0, 0];
     let mut samples = [String::new(), String::new()];
@@ -657,8 +657,13 @@ async fn remembered_results(
         for chunk in ids.chunks(500) {
             let mut pipe = redis::pipe();
             for id in chunk {
-                let tokens =
-                    crate::kinds::Tokens::new(&svc.config.redis_prefix, "rq", id, fingerprint, ttl);
+                let tokens = prizepool::kinds::Tokens::new(
+                    &svc.config.redis_prefix,
+                    "rq",
+                    id,
+                    fingerprint,
+                    ttl,
+                );
                 if half == 0 {
                     pipe.cmd("EVALSHA")
                         .arg(sha)
@@ -803,7 +808,7 @@ async fn flatness(svc: &Services<'_>) -> anyhow::Result<report::Flatness> {
 }
 
 async fn fixed_draws(
-    redis: &crate::redis_conn::RedisConn,
+    redis: &prizepool::redis_conn::RedisConn,
     keys: &PoolKeys,
     n: usize,
 ) -> anyhow::Result<f64> {
@@ -814,10 +819,10 @@ async fn fixed_draws(
     for _ in 0..16 {
         let (mut conn, keys, scripts) = (redis.clone(), keys.clone(), scripts.clone());
         tasks.push(tokio::spawn(async move {
-            let fingerprint = crate::kinds::fingerprint("bench", &[]);
+            let fingerprint = prizepool::kinds::fingerprint("bench", &[]);
             for _ in 0..per_task {
                 let id = ulid::Ulid::new().to_string();
-                let token = crate::kinds::Tokens::new("bench", "rq", &id, fingerprint, 120);
+                let token = prizepool::kinds::Tokens::new("bench", "rq", &id, fingerprint, 120);
                 lucky_gift::draw_once(
                     &mut conn,
                     &scripts,
@@ -1034,10 +1039,10 @@ async fn fleet_run(
     let lag_started = std::time::Instant::now();
     // The pool is new: its ledger total is what warm-up and load won.
     let expected = warm.reward + max.reward;
-    let mut settled = crate::settle::credited(db, &pools, "coin").await?;
+    let mut settled = prizepool::settle::credited(db, &pools, "coin").await?;
     while settled < expected && lag_started.elapsed() < Duration::from_secs(60) {
         tokio::time::sleep(Duration::from_millis(5)).await;
-        settled = crate::settle::credited(db, &pools, "coin").await?;
+        settled = prizepool::settle::credited(db, &pools, "coin").await?;
     }
     let settle_lag_ms = lag_started.elapsed().as_secs_f64() * 1000.0;
 

@@ -10,7 +10,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::redis_conn::RedisConn;
 use futures_util::{stream::FuturesUnordered, StreamExt};
 use lapin::{
     options::{
@@ -20,10 +19,11 @@ use lapin::{
     types::{AMQPValue, FieldTable},
     BasicProperties,
 };
+use prizepool::redis_conn::RedisConn;
 use tokio::sync::Mutex;
 
 use super::stats::{Latencies, Percentiles};
-use crate::{
+use prizepool::{
     config::Config,
     kinds::{
         self as kinds,
@@ -35,13 +35,13 @@ use crate::{
 
 /// A measured rate with its latencies.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
-pub struct Rate {
-    pub per_s: f64,
-    pub latency: Percentiles,
+pub(crate) struct Rate {
+    pub(crate) per_s: f64,
+    pub(crate) latency: Percentiles,
     /// CPU time of the local RabbitMQ per message, where measured. It falls
     /// as the rate rises (the broker batches its work), so compare it only
     /// between runs at the same rate.
-    pub broker_cpu_us_per_msg: Option<f64>,
+    pub(crate) broker_cpu_us_per_msg: Option<f64>,
 }
 
 /// How [`redis_draws`] calls Redis.
@@ -255,10 +255,10 @@ impl Step {
 /// connection call `step` for `duration` or until the pool runs out.
 #[derive(Clone, Debug)]
 pub(super) struct Pass {
-    pub step: Step,
-    pub concurrency: usize,
-    pub duration: Duration,
-    pub caller: Caller,
+    pub(crate) step: Step,
+    pub(crate) concurrency: usize,
+    pub(crate) duration: Duration,
+    pub(crate) caller: Caller,
 }
 
 /// Calls a draw step as `pass` says.
@@ -274,7 +274,7 @@ pub(super) async fn redis_draws(redis_url: &str, pass: Pass) -> anyhow::Result<R
             .enable_all()
             .build()?;
         runtime.block_on(async move {
-            let redis = crate::redis_conn::connect(&url).await?;
+            let redis = prizepool::redis_conn::connect(&url).await?;
             draw_loop(&redis, pass).await
         })
     })
@@ -293,7 +293,7 @@ async fn draw_loop(redis: &RedisConn, pass: Pass) -> anyhow::Result<Rate> {
     let bare = Arc::new(redis::Script::new(
         "return redis.call('HGET', KEYS[1], 'kind')",
     ));
-    let day: Arc<str> = crate::scripts::utc_day().into();
+    let day: Arc<str> = prizepool::scripts::utc_day().into();
     let stop = Arc::new(AtomicBool::new(false));
     let calls = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicU64::new(0));
@@ -351,7 +351,7 @@ pub(super) async fn amqp_round_trip(
     duration: Duration,
     rate: Option<f64>,
 ) -> anyhow::Result<Rate> {
-    let conn = crate::amqp::connect(&config.amqp_url, "prizepool-bench-ceiling").await?;
+    let conn = prizepool::amqp::connect(&config.amqp_url, "prizepool-bench-ceiling").await?;
     let queue = format!("prizepool.bench.{}", ulid::Ulid::new());
     let pub_ch = conn.create_channel().await?;
     let mut args = FieldTable::default();
@@ -374,7 +374,7 @@ pub(super) async fn amqp_round_trip(
         .await?;
     // The consumer gets a connection of its own, as a worker would.
     let sub_conn =
-        crate::amqp::connect(&config.amqp_url, "prizepool-bench-ceiling-consumer").await?;
+        prizepool::amqp::connect(&config.amqp_url, "prizepool-bench-ceiling-consumer").await?;
     let sub_ch = sub_conn.create_channel().await?;
     sub_ch.basic_qos(1000, Default::default()).await?;
     let mut consumer = sub_ch

@@ -6,7 +6,7 @@ use std::{fmt::Write as _, path::PathBuf};
 use serde::Serialize;
 
 use super::{ceilings::Rate, fleet::Load, stats::Percentiles, BenchArgs, BenchKind};
-use crate::{config::Config, kinds::lucky_gift::Storage};
+use prizepool::{config::Config, kinds::lucky_gift::Storage};
 
 /// A plot panel: title, left offset, and the value plotted.
 type Panel = (&'static str, f64, fn(&Run) -> f64);
@@ -121,14 +121,14 @@ fn plot(series: &[Series<'_>], x_name: &str) -> String {
 #[derive(Debug, Default, Serialize)]
 pub(super) struct Ceilings {
     /// The draw step as the workers call it.
-    pub redis_draw: Rate,
+    pub(crate) redis_draw: Rate,
     /// Bare EVALSHA of the draw script: the raw ceiling.
-    pub redis_raw: Rate,
-    pub redis_trivial: Rate,
+    pub(crate) redis_raw: Rate,
+    pub(crate) redis_trivial: Rate,
     /// The lucky-gift draw step coalesced as the workers coalesce it,
     /// [`COALESCED`] draws per call (draws/s); lucky-gift runs only.
-    pub redis_coalesced: Option<Rate>,
-    pub amqp: Rate,
+    pub(crate) redis_coalesced: Option<Rate>,
+    pub(crate) amqp: Rate,
 }
 
 /// Draws per call of the coalesced ceiling.
@@ -136,13 +136,13 @@ pub(super) const COALESCED: usize = 10;
 
 #[derive(Debug, Default, Serialize)]
 pub(super) struct Memory {
-    pub list_bytes_per_prize: f64,
-    pub sparse_bytes_per_nonzero: f64,
+    pub(crate) list_bytes_per_prize: f64,
+    pub(crate) sparse_bytes_per_nonzero: f64,
     /// Bytes a sparse pool stocked with [`Memory::SPARSE_ZEROS`] zero prizes
     /// and nothing else takes: what zeros cost.
-    pub sparse_bytes_for_zeros: u64,
+    pub(crate) sparse_bytes_for_zeros: u64,
     /// What remembering a request's answer for its idempotency window costs.
-    pub results: Results,
+    pub(crate) results: Results,
 }
 
 /// Redis memory per remembered result: the claim of its id and its answer,
@@ -150,15 +150,15 @@ pub(super) struct Memory {
 /// through the workers' own scripts.
 #[derive(Debug, Default, Serialize)]
 pub(super) struct Results {
-    pub results: u64,
-    pub claim_bytes: f64,
-    pub answer_bytes: f64,
-    pub total_bytes: f64,
+    pub(crate) results: u64,
+    pub(crate) claim_bytes: f64,
+    pub(crate) answer_bytes: f64,
+    pub(crate) total_bytes: f64,
     /// Bytes of each stored answer's body (the size of a count-1 lucky-gift
     /// award as stored, plus one).
-    pub body_bytes: usize,
+    pub(crate) body_bytes: usize,
     /// `OBJECT ENCODING` of a claim bucket and of an answer bucket.
-    pub encodings: [String; 2],
+    pub(crate) encodings: [String; 2],
 }
 
 impl Memory {
@@ -168,53 +168,53 @@ impl Memory {
 
 #[derive(Debug, Serialize)]
 pub(super) struct Flatness {
-    pub small_per_s: f64,
-    pub big_per_s: f64,
-    pub ratio: f64,
+    pub(crate) small_per_s: f64,
+    pub(crate) big_per_s: f64,
+    pub(crate) ratio: f64,
 }
 
 #[derive(Debug, Serialize)]
 pub(super) struct Stall {
-    pub prizes: u64,
-    pub seconds: f64,
-    pub probe: Percentiles,
-    pub latency_monitor_max_ms: Option<i64>,
+    pub(crate) prizes: u64,
+    pub(crate) seconds: f64,
+    pub(crate) probe: Percentiles,
+    pub(crate) latency_monitor_max_ms: Option<i64>,
 }
 
 #[derive(Debug, Serialize)]
 pub(super) struct ProcessCpu {
-    pub name: String,
-    pub pid: u32,
-    pub cpu_s: f64,
+    pub(crate) name: String,
+    pub(crate) pid: u32,
+    pub(crate) cpu_s: f64,
 }
 
 #[derive(Debug, Serialize)]
 pub(super) struct Run {
-    pub draw_workers: usize,
+    pub(crate) draw_workers: usize,
     /// Draws per message at most (`--batch`), through the batching client;
     /// `None`: one `draw` message per draw.
-    pub batch: Option<usize>,
+    pub(crate) batch: Option<usize>,
     /// The batching client's linger.
-    pub linger_ms: Option<f64>,
+    pub(crate) linger_ms: Option<f64>,
     /// Messages published per second in the full-speed phase.
-    pub messages_per_s: f64,
+    pub(crate) messages_per_s: f64,
     /// Draws each message carried on average (batching client only).
-    pub draws_per_message: Option<f64>,
-    pub max: Load,
-    pub half: Load,
-    pub amqp_at_half: Rate,
-    pub settle_lag_ms: f64,
-    pub ledger_matches: bool,
-    pub cpu_per_draw_us: f64,
-    pub load_generator_cpu_s: f64,
-    pub processes: Vec<ProcessCpu>,
+    pub(crate) draws_per_message: Option<f64>,
+    pub(crate) max: Load,
+    pub(crate) half: Load,
+    pub(crate) amqp_at_half: Rate,
+    pub(crate) settle_lag_ms: f64,
+    pub(crate) ledger_matches: bool,
+    pub(crate) cpu_per_draw_us: f64,
+    pub(crate) load_generator_cpu_s: f64,
+    pub(crate) processes: Vec<ProcessCpu>,
     /// CPU seconds of the local services (RabbitMQ, Redis, PostgreSQL)
     /// during the full-speed phase.
-    pub services: Vec<ServiceCpu>,
+    pub(crate) services: Vec<ServiceCpu>,
     /// RabbitMQ CPU per draw, where it runs on this machine (like the
     /// ceiling's per-message figure, it depends on the rate).
-    pub broker_cpu_per_draw_us: Option<f64>,
-    pub cpu_budget: CpuBudget,
+    pub(crate) broker_cpu_per_draw_us: Option<f64>,
+    pub(crate) cpu_budget: CpuBudget,
 }
 
 impl Run {
@@ -234,12 +234,12 @@ impl Run {
 pub(super) struct CpuBudget {
     /// CPU microseconds per draw of each service and process, by name
     /// (the replicas of one program summed), in the order first seen.
-    pub per_draw_us: Vec<CpuShare>,
-    pub total_us: f64,
+    pub(crate) per_draw_us: Vec<CpuShare>,
+    pub(crate) total_us: f64,
     /// Draws/s the machine's cores allow at `total_us` a draw.
-    pub cores_allow_per_s: f64,
+    pub(crate) cores_allow_per_s: f64,
     /// Share of the cores' time the phase used.
-    pub cores_busy: f64,
+    pub(crate) cores_busy: f64,
 }
 
 /// The cores this machine gives the bench and everything it measures.
@@ -249,8 +249,8 @@ pub(super) fn cores() -> usize {
 
 #[derive(Debug, Serialize)]
 pub(super) struct CpuShare {
-    pub name: String,
-    pub us: f64,
+    pub(crate) name: String,
+    pub(crate) us: f64,
 }
 
 impl CpuBudget {
@@ -285,27 +285,27 @@ impl CpuBudget {
 
 #[derive(Debug, Serialize)]
 pub(super) struct ServiceCpu {
-    pub name: &'static str,
-    pub cpu_s: f64,
+    pub(crate) name: &'static str,
+    pub(crate) cpu_s: f64,
 }
 
 #[derive(Debug, Serialize)]
 pub(super) struct Report {
-    pub started_at: String,
-    pub command: String,
-    pub kind: BenchKind,
-    pub storage: Storage,
-    pub count: u32,
+    pub(crate) started_at: String,
+    pub(crate) command: String,
+    pub(crate) kind: BenchKind,
+    pub(crate) storage: Storage,
+    pub(crate) count: u32,
     /// The worker settings that change the figures (`DRAW_EVENTS`,
     /// `SCHED_BATCH`), as the fleet's processes read them.
-    pub draw_events: crate::config::DrawEvents,
-    pub sched_batch: bool,
-    pub cores: usize,
-    pub ceilings: Ceilings,
-    pub memory: Memory,
-    pub flatness: Option<Flatness>,
-    pub stall: Option<Stall>,
-    pub runs: Vec<Run>,
+    pub(crate) draw_events: prizepool::config::DrawEvents,
+    pub(crate) sched_batch: bool,
+    pub(crate) cores: usize,
+    pub(crate) ceilings: Ceilings,
+    pub(crate) memory: Memory,
+    pub(crate) flatness: Option<Flatness>,
+    pub(crate) stall: Option<Stall>,
+    pub(crate) runs: Vec<Run>,
 }
 
 impl Report {
@@ -751,7 +751,7 @@ mod tests {
             kind: BenchKind::LuckyGift,
             storage: Storage::List,
             count: 10,
-            draw_events: crate::config::DrawEvents::Grouped,
+            draw_events: prizepool::config::DrawEvents::Grouped,
             sched_batch: false,
             cores: 2,
             ceilings: Ceilings {
