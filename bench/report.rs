@@ -5,7 +5,7 @@ use std::{fmt::Write as _, path::PathBuf};
 
 use serde::Serialize;
 
-use super::{ceilings::Rate, fleet::Load, stats::Percentiles, BenchArgs, BenchKind};
+use super::{args::BenchArgs, ceilings::Rate, fleet::Load, stats::Percentiles};
 use prizepool::{config::Config, kinds::lucky_gift::Storage};
 
 /// A plot panel: title, left offset, and the value plotted.
@@ -293,7 +293,7 @@ pub(super) struct ServiceCpu {
 pub(super) struct Report {
     pub(crate) started_at: String,
     pub(crate) command: String,
-    pub(crate) kind: BenchKind,
+    pub(crate) kind: &'static str,
     pub(crate) storage: Storage,
     pub(crate) count: u32,
     /// The worker settings that change the figures (`DRAW_EVENTS`,
@@ -313,7 +313,7 @@ impl Report {
         Self {
             started_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             command: std::env::args().collect::<Vec<_>>().join(" "),
-            kind: args.kind,
+            kind: args.kind.label(),
             storage,
             count: args.count,
             draw_events: config.draw_events,
@@ -399,7 +399,7 @@ impl Report {
         );
         let _ = writeln!(
             md,
-            "`{}` — kind {:?}, storage {:?}, {} prizes per lucky-gift draw; \
+            "`{}` — kind {}, storage {:?}, {} prizes per lucky-gift draw; \
              DRAW_EVENTS={}, SCHED_BATCH={}\n",
             self.command, self.kind, self.storage, self.count, self.draw_events, self.sched_batch
         );
@@ -748,7 +748,7 @@ mod tests {
         Report {
             started_at: "2026-11-25T00:00:00Z".into(),
             command: "prizepool bench".into(),
-            kind: BenchKind::LuckyGift,
+            kind: "LuckyGift",
             storage: Storage::List,
             count: 10,
             draw_events: prizepool::config::DrawEvents::Grouped,
