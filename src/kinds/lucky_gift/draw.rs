@@ -219,10 +219,9 @@ pub fn draw_script(scripts: &Scripts, storage: Storage) -> &redis::Script {
 
 /// A call of `script` with the draw step's keys and arguments for `storage`,
 /// in the order the draw scripts' contracts list them. `script` is the
-/// storage's [`draw_script`], or any script that should see the same keys
-/// (the bench's round-trip floor).
-#[allow(clippy::too_many_arguments)]
-pub fn draw_call<'a>(
+/// storage's [`draw_script`] or, coalesced, the same script with more
+/// draws' arguments appended.
+pub(crate) fn draw_call<'a>(
     script: &'a redis::Script,
     keys: &PoolKeys,
     storage: Storage,
