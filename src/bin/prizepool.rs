@@ -1,16 +1,50 @@
 //! The `prizepool` command line: pools, draws, balances, dead letters, the
 //! demo and the benchmark.
 
-use clap::Parser;
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+// The benchmark is compiled into this binary alone, never into the library
+// the workers link: it sees the library as any other user does.
+#[path = "../../bench/mod.rs"]
+mod bench;
 
 // The benchmark's load generator allocates for every request and reply.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// prizepool: prize draws over RabbitMQ, Redis and Postgres.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    #[command(flatten)]
+    Library(prizepool::cli::Command),
+    /// Measure throughput, latency and cost against the machine's ceilings.
+    Bench(bench::BenchArgs),
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Library(command) => prizepool::cli::run(command).await,
+        Command::Bench(args) => {
+            let config = prizepool::config::Config::from_env().context("reading configuration")?;
+            bench::run(&config, args).await
+        }
+    }
+}
+
 fn main() -> std::process::ExitCode {
     prizepool::telemetry::init("prizepool", "warn");
-    let cli = prizepool::cli::Cli::parse();
-    let runtime = if cli.runs_workers() {
+    let cli = Cli::parse();
+    // The demo runs whole workers and wants a runtime thread per core; the
+    // rest, the benchmark's load generator above all, spend less CPU on one.
+    let runtime = if matches!(&cli.command, Command::Library(c) if c.runs_workers()) {
         tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
@@ -20,7 +54,7 @@ fn main() -> std::process::ExitCode {
             .build()
     };
     let result = match runtime {
-        Ok(runtime) => runtime.block_on(prizepool::cli::run(cli)),
+        Ok(runtime) => runtime.block_on(run(cli.command)),
         Err(error) => Err(anyhow::Error::new(error).context("starting the runtime")),
     };
     match result {

@@ -1,11 +1,12 @@
-//! The `prizepool` subcommands.
+//! The `prizepool` subcommands. The `prizepool` binary adds `bench`, which
+//! lives outside the library (`bench/`).
 
 mod demo;
 
 use std::{path::PathBuf, time::Duration};
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::Subcommand;
 
 use crate::{
     amqp::{self, dlq, rpc::RpcClient},
@@ -16,16 +17,38 @@ use crate::{
     scripts::{PoolKeys, Scripts},
 };
 
-/// prizepool: prize draws over RabbitMQ, Redis and Postgres.
-#[derive(Debug, Parser)]
-#[command(version, about)]
-pub struct Cli {
-    #[command(subcommand)]
-    command: Command,
+/// The library's subcommands: everything `prizepool` does but `bench`.
+/// Flatten it into a command line (`#[command(flatten)]`) and [`run`] it.
+#[derive(Debug)]
+pub struct Command(Subcommands);
+
+// Delegated by hand so the subcommands and their options stay private.
+impl clap::FromArgMatches for Command {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        Subcommands::from_arg_matches(matches).map(Self)
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        self.0.update_from_arg_matches(matches)
+    }
+}
+
+impl Subcommand for Command {
+    fn augment_subcommands(cmd: clap::Command) -> clap::Command {
+        Subcommands::augment_subcommands(cmd)
+    }
+
+    fn augment_subcommands_for_update(cmd: clap::Command) -> clap::Command {
+        Subcommands::augment_subcommands_for_update(cmd)
+    }
+
+    fn has_subcommand(name: &str) -> bool {
+        Subcommands::has_subcommand(name)
+    }
 }
 
 #[derive(Debug, Subcommand)]
-enum Command {
+enum Subcommands {
     /// Create the database if needed and apply migrations.
     Migrate,
     /// Load, inspect and refill lucky-gift pools.
@@ -76,8 +99,6 @@ enum Command {
     },
     /// Run a whole fleet against the local services and print a summary.
     Demo(demo::DemoArgs),
-    /// Measure throughput, latency and cost against the machine's ceilings.
-    Bench(crate::bench::BenchArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -156,21 +177,20 @@ enum DlqCommand {
     },
 }
 
-impl Cli {
+impl Command {
     /// Whether the subcommand runs whole workers in this process (the demo),
-    /// and so wants a runtime thread per core. The others, the benchmark's
-    /// load generator above all, spend less CPU on one thread: their tasks
-    /// never wake a second runtime thread.
+    /// and so wants a runtime thread per core. The others spend less CPU on
+    /// one thread: their tasks never wake a second runtime thread.
     pub fn runs_workers(&self) -> bool {
-        matches!(self.command, Command::Demo(_))
+        matches!(self.0, Subcommands::Demo(_))
     }
 }
 
 /// Runs one subcommand.
-pub async fn run(cli: Cli) -> anyhow::Result<()> {
+pub async fn run(command: Command) -> anyhow::Result<()> {
     let config = Config::from_env().context("reading configuration")?;
-    match cli.command {
-        Command::Migrate => {
+    match command.0 {
+        Subcommands::Migrate => {
             crate::db::migrate(&config.database_url).await?;
             println!(
                 "migrations applied to {}",
@@ -187,8 +207,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             }
         }
-        Command::Pool { command } => pool(&config, command).await?,
-        Command::Draw {
+        Subcommands::Pool { command } => pool(&config, command).await?,
+        Subcommands::Draw {
             pool,
             user,
             count,
@@ -220,7 +240,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 serde_json::to_string_pretty(&with_type("draw_result", &reply?))?
             );
         }
-        Command::Balance { account, json } => {
+        Subcommands::Balance { account, json } => {
             let db = crate::db::connect(&config.database_url).await?;
             let balances = crate::ledger::balances(&db, account).await?;
             if json {
@@ -234,11 +254,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             }
         }
-        Command::Dlq { command } => dlq_command(&config, command).await?,
-        Command::Activity { command } => activity(&config, command).await?,
-        Command::Audit { command } => audit(&config, command).await?,
-        Command::Demo(args) => demo::run(&config, args).await?,
-        Command::Bench(args) => crate::bench::run(&config, args).await?,
+        Subcommands::Dlq { command } => dlq_command(&config, command).await?,
+        Subcommands::Activity { command } => activity(&config, command).await?,
+        Subcommands::Audit { command } => audit(&config, command).await?,
+        Subcommands::Demo(args) => demo::run(&config, args).await?,
     }
     Ok(())
 }

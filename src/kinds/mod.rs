@@ -35,7 +35,8 @@
 //!
 //! Adding a kind: a folder here with its `KIND` label, its config loader and
 //! a `draw` that answers a [`Step`], plus one line in [`Kind`], one in
-//! [`Kinds::resolve`] and one in [`Kinds::draw`] (see `docs/design.md`).
+//! [`Kinds::resolve`], one in [`Kinds::draw`] and one in
+//! [`Kinds::script_call`] (see `docs/design.md`).
 
 pub mod answer;
 pub mod lottery;
@@ -290,6 +291,36 @@ impl Kinds {
                 step.unwrap_or_else(|| Err(HandleError::internal("a draw step answered nothing")))
             })
             .collect()
+    }
+
+    /// The Lua call one draw step of `kind` makes for `ask`, with the same
+    /// keys and arguments, but nothing around it: no reply read, no
+    /// coalescing. What the step's bare round trip costs (`prizepool
+    /// bench`); a draw goes through [`Kinds::draw`].
+    pub fn script_call(&self, kind: Kind, ask: &Ask<'_>) -> redis::ScriptInvocation<'_> {
+        let keys = self.keys(ask.pool);
+        let scripts = &self.scripts;
+        match kind {
+            Kind::LuckyGift(storage) => lucky_gift::draw_call(
+                lucky_gift::draw_script(scripts, storage),
+                &keys,
+                storage,
+                &crate::scripts::utc_day(),
+                ask.count,
+                ask.result_ttl_s,
+                ask.token,
+            ),
+            Kind::RedPacket => red_packet::grab_call(
+                &scripts.grab_red_packet,
+                &keys,
+                ask.user,
+                ask.result_ttl_s,
+                ask.token,
+            ),
+            Kind::Lottery(strategy) => {
+                strategy.invocation(scripts, &keys, ask, &lottery::random_values())
+            }
+        }
     }
 
     /// Draw steps of `kind` for `asks`, all of one pool, applied in order;

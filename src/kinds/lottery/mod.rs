@@ -83,7 +83,7 @@ pub trait Strategy: Send + Sync + std::fmt::Debug {
 /// Random values for a strategy's pick: four integers uniform in
 /// `[0, 2^52)`, comma-separated. The script uses the first that falls
 /// below the largest multiple of its total weight (no modulo bias).
-pub fn random_values() -> String {
+pub(crate) fn random_values() -> String {
     let mut rng = rand::rng();
     (0..4)
         .map(|_| rng.random_range(0..(1u64 << 52)).to_string())
@@ -102,7 +102,7 @@ const PICK_TRIES: usize = 3;
 /// awards (stored with the answer): a replay pays under the same id, a
 /// request id sent again after its answer expired, on this activity or
 /// another, is a new draw paid under a new one.
-pub async fn draw<C: ConnectionLike + Send>(
+pub(crate) async fn draw<C: ConnectionLike + Send>(
     conn: &mut C,
     scripts: &Scripts,
     keys: &PoolKeys,

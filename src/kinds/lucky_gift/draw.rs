@@ -220,7 +220,7 @@ pub fn draw_script(scripts: &Scripts, storage: Storage) -> &redis::Script {
 /// or any script that should see the same keys (the bench's round-trip
 /// floor).
 #[allow(clippy::too_many_arguments)]
-pub fn draw_call<'a>(
+pub(crate) fn draw_call<'a>(
     script: &'a redis::Script,
     keys: &PoolKeys,
     storage: Storage,

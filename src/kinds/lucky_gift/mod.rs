@@ -69,9 +69,9 @@ pub use batches::{
 pub use coalesce::{Coalescer, MAX_PER_CALL, MAX_PRIZES_PER_CALL};
 pub use codes::{Batch, CodeTable};
 pub use config::{parse_file, PoolConfig};
+pub(crate) use draw::draw_call;
 pub use draw::{
-    draw, draw_call, draw_many, draw_once, draw_script, stored_award, Decoder, DrawStep, Drawn,
-    Pending,
+    draw, draw_many, draw_once, draw_script, stored_award, Decoder, DrawStep, Drawn, Pending,
 };
 pub use storage::Storage;
 

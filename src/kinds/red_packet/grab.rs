@@ -16,10 +16,10 @@ use crate::{
     scripts::{PoolKeys, Scripts},
 };
 
-/// The grab script's call with its keys and arguments. `script` is
-/// `grab_red_packet.lua`, or any script that should see the same call (the
-/// bench's round-trip floor).
-pub fn grab_call<'a>(
+/// The grab script's call with its keys and arguments: what a grab makes,
+/// and what [`crate::kinds::Kinds::script_call`] hands out. `script` is
+/// `grab_red_packet.lua`.
+pub(crate) fn grab_call<'a>(
     script: &'a redis::Script,
     keys: &PoolKeys,
     user: i64,

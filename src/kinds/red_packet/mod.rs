@@ -73,7 +73,8 @@ pub mod fair;
 mod grab;
 pub mod split;
 
-pub use grab::{grab, grab_call};
+pub use grab::grab;
+pub(crate) use grab::grab_call;
 
 use chrono::{DateTime, Utc};
 use redis::aio::ConnectionLike;

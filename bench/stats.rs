@@ -4,44 +4,39 @@ use std::time::Duration;
 
 /// Latency samples in microseconds.
 #[derive(Clone, Debug, Default)]
-pub struct Latencies {
+pub(crate) struct Latencies {
     micros: Vec<u64>,
 }
 
 /// Percentiles of a latency sample, in milliseconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
-pub struct Percentiles {
-    pub p50_ms: f64,
-    pub p90_ms: f64,
-    pub p99_ms: f64,
-    pub max_ms: f64,
-    pub samples: usize,
+pub(crate) struct Percentiles {
+    pub(crate) p50_ms: f64,
+    pub(crate) p90_ms: f64,
+    pub(crate) p99_ms: f64,
+    pub(crate) max_ms: f64,
+    pub(crate) samples: usize,
 }
 
 impl Latencies {
     /// Records one sample.
-    pub fn record(&mut self, d: Duration) {
+    pub(crate) fn record(&mut self, d: Duration) {
         self.micros
             .push(d.as_micros().min(u128::from(u64::MAX)) as u64);
     }
 
     /// Adds another sample set.
-    pub fn extend(&mut self, other: Latencies) {
+    pub(crate) fn extend(&mut self, other: Latencies) {
         self.micros.extend(other.micros);
     }
 
     /// Number of samples.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.micros.len()
     }
 
-    /// Whether there is no sample.
-    pub fn is_empty(&self) -> bool {
-        self.micros.is_empty()
-    }
-
     /// p50, p90, p99 and max.
-    pub fn percentiles(&mut self) -> Percentiles {
+    pub(crate) fn percentiles(&mut self) -> Percentiles {
         if self.micros.is_empty() {
             return Percentiles::default();
         }

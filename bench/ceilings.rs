@@ -1,6 +1,7 @@
-//! The ceilings a run is compared with, measured in the same run: the raw
-//! Redis round trip of the draw script, and the raw RabbitMQ round trip
-//! through a quorum queue with windowed confirms.
+//! The ceilings a run is compared with, measured in the same run: the
+//! Redis round trip of the run's draw step, called through the library's
+//! seam ([`Kinds`]) as the draw worker calls it, and the raw RabbitMQ round
+//! trip through a quorum queue with windowed confirms.
 
 use std::{
     sync::{
@@ -10,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::redis_conn::RedisConn;
+use anyhow::Context;
 use futures_util::{stream::FuturesUnordered, StreamExt};
 use lapin::{
     options::{
@@ -20,82 +21,66 @@ use lapin::{
     types::{AMQPValue, FieldTable},
     BasicProperties,
 };
+use prizepool::{
+    config::Config,
+    kinds::{self, Ask, Kinds, Step},
+    redis_conn::RedisConn,
+};
 use tokio::sync::Mutex;
 
-use super::stats::{Latencies, Percentiles};
-use crate::{
-    config::Config,
-    kinds::{
-        self as kinds,
-        lottery::{self, Strategy},
-        lucky_gift, red_packet, Ask,
-    },
-    scripts::{PoolKeys, Scripts},
+use super::{
+    kinds::Target,
+    stats::{Latencies, Percentiles},
 };
+
+/// Seconds of each Redis ceiling pass.
+pub(crate) const CEILING_PASS_S: u64 = 3;
 
 /// A measured rate with its latencies.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
-pub struct Rate {
-    pub per_s: f64,
-    pub latency: Percentiles,
+pub(crate) struct Rate {
+    pub(crate) per_s: f64,
+    pub(crate) latency: Percentiles,
     /// CPU time of the local RabbitMQ per message, where measured. It falls
     /// as the rate rises (the broker batches its work), so compare it only
     /// between runs at the same rate.
-    pub broker_cpu_us_per_msg: Option<f64>,
+    pub(crate) broker_cpu_us_per_msg: Option<f64>,
 }
 
-/// How [`redis_draws`] calls Redis.
+/// How [`redis_draws`] calls Redis. Every caller but `Trivial` goes
+/// through the seam: the pool's kind resolved and its draw routed as the
+/// draw worker does it ([`Kinds::route`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Caller {
-    /// The worker's own path (`lucky_gift::draw`, `red_packet::grab`, the
-    /// lottery strategy's `draw`), reply parsed.
+pub(crate) enum Caller {
+    /// The worker's own path, one draw a call ([`Kinds::draw`]), its
+    /// answer read into the award.
     Wrapper,
-    /// A bare EVALSHA of the same script with the same keys and arguments,
-    /// reply ignored: the raw ceiling of the draw step.
+    /// The same script with the same keys and arguments as a bare EVALSHA
+    /// ([`Kinds::script_call`]), reply ignored: the raw ceiling of the draw
+    /// step.
     Raw,
     /// A script that only reads one field of the pool's meta hash: the price
     /// of a round trip without the draw's work.
     Trivial,
-    /// The worker's coalesced path for a lucky gift: this many draws of the
-    /// pool in one call (`lucky_gift::draw_many`), replies parsed. Other
-    /// kinds draw one per call, as the worker does.
+    /// The worker's path for this many draws of one pool at once
+    /// ([`Kinds::draw_all`]): one call for a kind whose draws coalesce
+    /// (lucky gifts), one a draw for the others.
     Coalesced(usize),
 }
 
 impl Caller {
-    /// Draws one call of `step` makes.
-    fn draws_per_call(self, step: &Step) -> u64 {
-        match (self, step) {
-            (Self::Coalesced(k), Step::LuckyGift { .. }) => k as u64,
+    /// Draws one call makes.
+    fn draws_per_call(self) -> u64 {
+        match self {
+            Self::Coalesced(k) => k as u64,
             _ => 1,
         }
     }
 }
 
-/// The draw step a pass calls: that of the run's prize kind.
-#[derive(Clone, Debug)]
-pub(super) enum Step {
-    /// `count` prizes from the lucky-gift pool behind `keys`.
-    LuckyGift {
-        keys: PoolKeys,
-        storage: lucky_gift::Storage,
-        count: u32,
-    },
-    /// One share a grab, spread over `packets` as [`super::fleet::grab_of`] says.
-    RedPacket {
-        packets: Arc<Vec<PoolKeys>>,
-        shares: u64,
-    },
-    /// One chance a draw, for one of `users` users who all hold plenty.
-    Lottery {
-        keys: PoolKeys,
-        strategy: &'static dyn Strategy,
-        users: u64,
-    },
-}
-
 /// How long the passes keep their result keys.
 const TTL_S: u64 = 120;
+
 /// The answer token of call `id`, as the worker builds it (each call has an
 /// id of its own and asks the same).
 fn token(id: &str) -> Vec<u8> {
@@ -103,162 +88,84 @@ fn token(id: &str) -> Vec<u8> {
     kinds::Tokens::new("bench", "rq", id, fingerprint, TTL_S).answer
 }
 
-impl Step {
-    /// The keys and user of the `n`th call of a pass (lucky-gift draws name
-    /// no user).
-    fn target(&self, n: u64) -> (&PoolKeys, i64) {
-        match self {
-            Self::LuckyGift { keys, .. } => (keys, 0),
-            Self::RedPacket { packets, shares } => {
-                let (packet, user) = super::fleet::grab_of(n, *shares, packets.len());
-                (&packets[packet], user)
-            }
-            Self::Lottery { keys, users, .. } => (keys, 1 + (n % users) as i64),
-        }
-    }
+/// One caller of a pass: a dispatch of its own, as one draw worker has, so
+/// no caller's draws join another's call.
+struct Drawer {
+    kinds: Kinds,
+    conn: RedisConn,
+    trivial: Arc<redis::Script>,
+}
 
-    /// The draw script's call, exactly as the worker's path makes it.
-    fn invocation<'a>(
-        &self,
-        scripts: &'a Scripts,
-        keys: &PoolKeys,
-        day: &str,
-        id: &str,
-        user: i64,
-    ) -> redis::ScriptInvocation<'a> {
-        match self {
-            Self::LuckyGift { storage, count, .. } => lucky_gift::draw_call(
-                lucky_gift::draw_script(scripts, *storage),
-                keys,
-                *storage,
-                day,
-                *count,
-                TTL_S,
-                &token(id),
-            ),
-            Self::RedPacket { .. } => {
-                red_packet::grab_call(&scripts.grab_red_packet, keys, user, TTL_S, &token(id))
-            }
-            Self::Lottery { strategy, .. } => strategy.invocation(
-                scripts,
-                keys,
-                &Ask {
-                    request_id: id,
-                    pool: "",
-                    user,
-                    count: 1,
-                    token: &token(id),
-                    result_ttl_s: TTL_S,
-                },
-                &lottery::random_values(),
-            ),
-        }
-    }
-
-    /// The worker's own path: whether it drew.
-    async fn wrapped(
-        &self,
-        conn: &mut RedisConn,
-        scripts: &Scripts,
-        keys: &PoolKeys,
-        id: &str,
-        user: i64,
-    ) -> anyhow::Result<bool> {
-        let token = token(id);
-        let ask = Ask {
-            request_id: id,
-            pool: "bench",
-            user,
-            count: 1,
-            token: &token,
-            result_ttl_s: TTL_S,
-        };
-        let step = match self {
-            Self::LuckyGift { storage, count, .. } => {
-                let ask = Ask {
-                    count: *count,
-                    ..ask
-                };
-                let drawn = lucky_gift::draw_once(
-                    conn, scripts, keys, *storage, id, ask.count, TTL_S, &token,
-                )
+impl Drawer {
+    /// Makes the `n`th call of a pass on `target` as `caller` says; `false`
+    /// once the pool has run out (or refuses) and the pass should end.
+    async fn call(&mut self, target: &Target, caller: Caller, n: u64) -> anyhow::Result<bool> {
+        let (pool, user) = target.draw(n);
+        if caller == Caller::Trivial {
+            let _: redis::Value = self
+                .trivial
+                .key(self.kinds.keys(pool).meta())
+                .invoke_async(&mut self.conn)
                 .await?;
-                return Ok(matches!(drawn, lucky_gift::DrawStep::Drawn(_)));
-            }
-            Self::RedPacket { .. } => red_packet::grab(conn, scripts, keys, &ask).await?,
-            Self::Lottery { strategy, .. } => {
-                lottery::draw(conn, scripts, keys, *strategy, &ask).await?
+            return Ok(true);
+        }
+        let (kind, pool) = self
+            .kinds
+            .route(pool, user)
+            .await?
+            .with_context(|| format!("no pool {pool}"))?;
+        let ids: Vec<String> = {
+            let id = ulid::Ulid::new().to_string();
+            match caller {
+                Caller::Coalesced(k) => (0..k).map(|i| format!("{id}-{i}")).collect(),
+                _ => vec![id],
             }
         };
-        Ok(matches!(step, kinds::Step::Awarded(_)))
-    }
-
-    /// Makes the `n`th call of a pass as `caller` says; `false` once the
-    /// pool has run out and the pass should end.
-    async fn call(
-        &self,
-        conn: &mut RedisConn,
-        scripts: &Scripts,
-        bare: &redis::Script,
-        caller: Caller,
-        day: &str,
-        n: u64,
-    ) -> anyhow::Result<bool> {
-        let id = ulid::Ulid::new().to_string();
-        let (keys, user) = self.target(n);
-        let reply: redis::Value = match caller {
-            Caller::Coalesced(k) => {
-                let Self::LuckyGift { storage, count, .. } = self else {
-                    return self.wrapped(conn, scripts, keys, &id, user).await;
-                };
-                let draws: Vec<lucky_gift::Pending> = (0..k)
-                    .map(|i| {
-                        let id = format!("{id}-{i}");
-                        lucky_gift::Pending {
-                            token: token(&id),
-                            request_id: id,
-                            count: *count,
-                            result_ttl_s: TTL_S,
-                        }
-                    })
-                    .collect();
-                let steps = lucky_gift::draw_many(
-                    conn,
-                    lucky_gift::draw_script(scripts, *storage),
-                    keys,
-                    *storage,
-                    &draws,
-                )
-                .await?;
-                return Ok(steps
-                    .iter()
-                    .all(|s| matches!(s, Ok(lucky_gift::DrawStep::Drawn(_)))));
-            }
-            Caller::Wrapper => return self.wrapped(conn, scripts, keys, &id, user).await,
-            Caller::Trivial => {
-                let _: redis::Value = bare.key(keys.meta()).invoke_async(conn).await?;
-                return Ok(true);
-            }
+        let tokens: Vec<Vec<u8>> = ids.iter().map(|id| token(id)).collect();
+        let asks: Vec<Ask<'_>> = ids
+            .iter()
+            .zip(&tokens)
+            .map(|(id, token)| Ask {
+                request_id: id,
+                pool: &pool,
+                user,
+                count: target.count,
+                token,
+                result_ttl_s: TTL_S,
+            })
+            .collect();
+        match caller {
             Caller::Raw => {
-                self.invocation(scripts, keys, day, &id, user)
-                    .invoke_async(conn)
-                    .await?
+                let reply: redis::Value = self
+                    .kinds
+                    .script_call(kind, &asks[0])
+                    .invoke_async(&mut self.conn)
+                    .await?;
+                // Every draw script answers {status, ...}; anything but a
+                // draw ends the pass.
+                Ok(matches!(&reply, redis::Value::Array(items)
+                    if matches!(items.first(), Some(redis::Value::BulkString(s)) if s.as_slice() == b"ok")))
             }
-        };
-        // Every draw script answers {status, ...}; anything but a draw ends the pass.
-        Ok(matches!(&reply, redis::Value::Array(items)
-            if matches!(items.first(), Some(redis::Value::BulkString(s)) if s.as_slice() == b"ok")))
+            _ => {
+                let steps = self.kinds.draw_all(kind, &asks).await;
+                let mut awarded = true;
+                for step in steps {
+                    awarded &= matches!(step?, Step::Awarded(_));
+                }
+                Ok(awarded)
+            }
+        }
     }
 }
 
 /// One pass of [`redis_draws`]: `concurrency` tasks sharing one multiplexed
-/// connection call `step` for `duration` or until the pool runs out.
+/// connection draw from `target` for `duration` or until it runs out.
 #[derive(Clone, Debug)]
-pub(super) struct Pass {
-    pub step: Step,
-    pub concurrency: usize,
-    pub duration: Duration,
-    pub caller: Caller,
+pub(crate) struct Pass {
+    pub(crate) target: Target,
+    pub(crate) concurrency: usize,
+    pub(crate) duration: Duration,
+    pub(crate) caller: Caller,
 }
 
 /// Calls a draw step as `pass` says.
@@ -267,63 +174,55 @@ pub(super) struct Pass {
 /// connection of its own, so the client's work (building calls, parsing
 /// replies) is spread as a worker fleet spreads it, and the rate is Redis's
 /// ceiling rather than that of one client thread.
-pub(super) async fn redis_draws(redis_url: &str, pass: Pass) -> anyhow::Result<Rate> {
-    let url = redis_url.to_owned();
+pub(crate) async fn redis_draws(config: &Config, pass: Pass) -> anyhow::Result<Rate> {
+    let (url, prefix) = (config.redis_url.clone(), config.redis_prefix.clone());
     tokio::task::spawn_blocking(move || {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?;
         runtime.block_on(async move {
-            let redis = crate::redis_conn::connect(&url).await?;
-            draw_loop(&redis, pass).await
+            let redis = prizepool::redis_conn::connect(&url).await?;
+            draw_loop(&redis, &prefix, pass).await
         })
     })
     .await?
 }
 
-async fn draw_loop(redis: &RedisConn, pass: Pass) -> anyhow::Result<Rate> {
+async fn draw_loop(redis: &RedisConn, prefix: &str, pass: Pass) -> anyhow::Result<Rate> {
     let Pass {
-        step,
+        target,
         concurrency,
         duration,
         caller,
     } = pass;
-    let step = Arc::new(step);
-    let scripts = Arc::new(Scripts::new());
-    let bare = Arc::new(redis::Script::new(
+    let target = Arc::new(target);
+    let trivial = Arc::new(redis::Script::new(
         "return redis.call('HGET', KEYS[1], 'kind')",
     ));
-    let day: Arc<str> = crate::scripts::utc_day().into();
     let stop = Arc::new(AtomicBool::new(false));
     let calls = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..concurrency {
-        let (mut conn, step, scripts, bare, day, stop, calls, done) = (
-            redis.clone(),
-            step.clone(),
-            scripts.clone(),
-            bare.clone(),
-            day.clone(),
-            stop.clone(),
-            calls.clone(),
-            done.clone(),
-        );
+        let mut drawer = Drawer {
+            kinds: Kinds::new(redis.clone(), prefix),
+            conn: redis.clone(),
+            trivial: trivial.clone(),
+        };
+        let (target, stop, calls, done) =
+            (target.clone(), stop.clone(), calls.clone(), done.clone());
         tasks.push(tokio::spawn(async move {
             let mut lat = Latencies::default();
             while !stop.load(Ordering::Relaxed) && started.elapsed() < duration {
                 let n = calls.fetch_add(1, Ordering::Relaxed);
                 let t = Instant::now();
-                if !step
-                    .call(&mut conn, &scripts, &bare, caller, &day, n)
-                    .await?
-                {
+                if !drawer.call(&target, caller, n).await? {
                     stop.store(true, Ordering::Relaxed);
                     break;
                 }
                 lat.record(t.elapsed());
-                done.fetch_add(caller.draws_per_call(&step), Ordering::Relaxed);
+                done.fetch_add(caller.draws_per_call(), Ordering::Relaxed);
             }
             Ok::<_, anyhow::Error>(lat)
         }));
@@ -351,7 +250,7 @@ pub(super) async fn amqp_round_trip(
     duration: Duration,
     rate: Option<f64>,
 ) -> anyhow::Result<Rate> {
-    let conn = crate::amqp::connect(&config.amqp_url, "prizepool-bench-ceiling").await?;
+    let conn = prizepool::amqp::connect(&config.amqp_url, "prizepool-bench-ceiling").await?;
     let queue = format!("prizepool.bench.{}", ulid::Ulid::new());
     let pub_ch = conn.create_channel().await?;
     let mut args = FieldTable::default();
@@ -374,7 +273,7 @@ pub(super) async fn amqp_round_trip(
         .await?;
     // The consumer gets a connection of its own, as a worker would.
     let sub_conn =
-        crate::amqp::connect(&config.amqp_url, "prizepool-bench-ceiling-consumer").await?;
+        prizepool::amqp::connect(&config.amqp_url, "prizepool-bench-ceiling-consumer").await?;
     let sub_ch = sub_conn.create_channel().await?;
     sub_ch.basic_qos(1000, Default::default()).await?;
     let mut consumer = sub_ch

@@ -15,7 +15,7 @@ use lapin::options::QueueDeclareOptions;
 use tokio::sync::{Mutex, Semaphore};
 
 use super::stats::{cpu_time, Latencies, Percentiles};
-use crate::{
+use prizepool::{
     amqp::{self, rpc::RpcClient},
     client::Client,
     config::Config,
@@ -171,15 +171,15 @@ fn stop_with_parent(command: &mut Command) {
 /// What a load phase measured.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub(super) struct Load {
-    pub draws_per_s: f64,
-    pub prizes_per_s: f64,
-    pub ok: u64,
-    pub rejected: u64,
-    pub failed: u64,
-    pub latency: Percentiles,
+    pub(crate) draws_per_s: f64,
+    pub(crate) prizes_per_s: f64,
+    pub(crate) ok: u64,
+    pub(crate) rejected: u64,
+    pub(crate) failed: u64,
+    pub(crate) latency: Percentiles,
     /// Sum of rewards of the `ok` replies, for the ledger check.
     #[serde(skip)]
-    pub reward: i64,
+    pub(crate) reward: i64,
 }
 
 /// Builds draw number `i`.
@@ -196,17 +196,11 @@ struct Reply {
     reward: i64,
 }
 
-/// Draw number `i`: `count` prizes from `pool`, for one of `users`
-/// simulated users.
-pub(super) fn draw_request(pool: &str, i: u64, users: u64, count: u32) -> DrawRequest {
-    request(pool, (1 + (i * 7919) % users) as i64, count)
-}
-
 /// A draw of `count` prizes from `pool` for `user`.
 pub(super) fn request(pool: &str, user: i64, count: u32) -> DrawRequest {
     DrawRequest {
         // Named after the run, so the run's cleanup finds its id claims.
-        request_id: super::unique("r"),
+        request_id: super::services::unique("r"),
         pool: pool.to_owned(),
         user_id: user,
         count,
@@ -356,29 +350,4 @@ pub(super) async fn drive(
         latency: lat.percentiles(),
         reward: counters[4].load(Ordering::Relaxed) as i64,
     }
-}
-
-/// The packet (index among `packets`) and the user of the `n`th grab from
-/// packets of `shares` shares: packet `n / shares` for user `n % shares`,
-/// so consecutive grabs crowd one packet, as in a red-packet rain, and no
-/// user grabs a packet twice.
-pub(super) fn grab_of(n: u64, shares: u64, packets: usize) -> (usize, i64) {
-    (((n / shares) as usize) % packets, 1 + (n % shares) as i64)
-}
-
-/// Grabs of `packets`, `shares` users each, numbered across the run's
-/// phases (see [`grab_of`]).
-pub(super) fn red_packet_grabs(packets: Vec<String>, shares: u64) -> MakeRequest {
-    // Phases number their draws from 0 each; grabs are numbered across them.
-    let grabbed = AtomicU64::new(0);
-    Arc::new(move |_| {
-        let n = grabbed.fetch_add(1, Ordering::Relaxed);
-        let (packet, user) = grab_of(n, shares, packets.len());
-        request(&packets[packet], user, 1)
-    })
-}
-
-/// A lucky-gift draw request maker over `users` simulated users.
-pub(super) fn lucky_gift_requests(pool: String, users: u64, count: u32) -> MakeRequest {
-    Arc::new(move |i| draw_request(&pool, i, users, count))
 }

@@ -1,0 +1,162 @@
+//! One measured fleet run: the worker processes started, driven at full
+//! speed and at half that rate, and their cost counted.
+
+use std::{sync::Arc, time::Duration};
+
+use prizepool::{
+    amqp::rpc::RpcClient,
+    client::{Client, ClientConfig},
+};
+
+use super::{
+    args::BenchArgs,
+    ceilings, fleet, report,
+    services::{unique, Services},
+    stats,
+};
+
+/// Runs the fleet with `workers` draw workers, each draw its own message
+/// or, with `batch`, through the batching client.
+pub(crate) async fn fleet_run(
+    svc: &Services<'_>,
+    args: &BenchArgs,
+    workers: usize,
+    batch: Option<usize>,
+) -> anyhow::Result<report::Run> {
+    let Services { config, db, .. } = svc;
+    let id = unique("bench");
+    let target = args.kind.fleet(svc, args, &id).await?;
+    // The ids whose ledger credits the run's rewards must add up to.
+    let pools: Vec<String> = target.pools.to_vec();
+    let make = target.requests();
+    let fleet = fleet::Fleet::start(config, workers).await?;
+    // Two connections either way, so batching is the one difference.
+    let clients = Arc::new(match batch {
+        None => fleet::Driver::Single(vec![
+            Arc::new(RpcClient::connect(config).await?),
+            Arc::new(RpcClient::connect(config).await?),
+        ]),
+        Some(k) => {
+            let mut clients = Vec::new();
+            for _ in 0..2 {
+                clients.push(
+                    Client::connect(
+                        ClientConfig::new(&config.amqp_url)
+                            .connection_name("prizepool-bench")
+                            .batch_size(k)
+                            .linger(Duration::from_secs_f64(args.linger_ms.max(0.0) / 1000.0))
+                            // Like the single draws: one attempt, a failure
+                            // is counted, not retried.
+                            .timeout(Duration::from_secs(30))
+                            .retries(0)
+                            .queue_capacity(args.in_flight.max(4096)),
+                    )
+                    .await?,
+                );
+            }
+            fleet::Driver::Batching(clients)
+        }
+    });
+    // Warm-up: connections, script cache, first refill.
+    let warm = fleet::drive(
+        &clients,
+        make.clone(),
+        Duration::from_secs(1),
+        args.in_flight,
+        None,
+    )
+    .await;
+
+    let cpu_before = fleet.cpu();
+    let services_before = stats::service_cpu();
+    let own_before = stats::cpu_time(std::process::id()).unwrap_or_default();
+    let duration = Duration::from_secs(args.duration);
+    let rate = (args.rate > 0.0).then_some(args.rate);
+    let messages_before = clients.messages();
+    let phase = std::time::Instant::now();
+    let max = fleet::drive(&clients, make.clone(), duration, args.in_flight, rate).await;
+    let phase_s = phase.elapsed().as_secs_f64();
+    let messages = clients
+        .messages()
+        .zip(messages_before)
+        .map(|(after, before)| after.saturating_sub(before));
+    let cpu_after = fleet.cpu();
+    let services: Vec<report::ServiceCpu> = stats::service_cpu_since(&services_before)
+        .into_iter()
+        .map(|(name, cpu_s)| report::ServiceCpu { name, cpu_s })
+        .collect();
+    let own = stats::cpu_time(std::process::id())
+        .unwrap_or_default()
+        .saturating_sub(own_before);
+    // Settlement lag: from the last reply until the ledger holds every reward.
+    let lag_started = std::time::Instant::now();
+    // The pool is new: its ledger total is what warm-up and load won.
+    let expected = warm.reward + max.reward;
+    let mut settled = prizepool::settle::credited(db, &pools, "coin").await?;
+    while settled < expected && lag_started.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        settled = prizepool::settle::credited(db, &pools, "coin").await?;
+    }
+    let settle_lag_ms = lag_started.elapsed().as_secs_f64() * 1000.0;
+
+    let half_rate = max.draws_per_s / 2.0;
+    let half = fleet::drive(
+        &clients,
+        make.clone(),
+        duration,
+        args.in_flight.max(4096),
+        Some(half_rate),
+    )
+    .await;
+    if let Ok(clients) = Arc::try_unwrap(clients) {
+        clients.close().await;
+    }
+    fleet.stop();
+    let amqp_at_half =
+        ceilings::amqp_round_trip(config, 160, 512, duration, Some(half_rate)).await?;
+
+    let processes: Vec<report::ProcessCpu> = cpu_before
+        .iter()
+        .zip(&cpu_after)
+        .map(|((name, pid, b), (_, _, a))| report::ProcessCpu {
+            name: name.clone(),
+            pid: *pid,
+            cpu_s: a.saturating_sub(*b).as_secs_f64(),
+        })
+        .collect();
+    let worker_cpu: f64 = processes.iter().map(|p| p.cpu_s).sum();
+    let broker_cpu_per_draw_us = services
+        .iter()
+        .find(|s| s.name == "rabbitmq")
+        .map(|s| s.cpu_s * 1e6 / max.ok.max(1) as f64);
+    let cpu_budget = report::CpuBudget::new(
+        services
+            .iter()
+            .map(|s| (s.name.to_owned(), s.cpu_s))
+            .chain(processes.iter().map(|p| (p.name.clone(), p.cpu_s)))
+            .chain([("load generator".to_owned(), own.as_secs_f64())]),
+        max.ok,
+        phase_s,
+        report::cores(),
+    );
+    let sent = messages.unwrap_or(max.ok + max.rejected + max.failed);
+    Ok(report::Run {
+        batch,
+        linger_ms: batch.map(|_| args.linger_ms),
+        messages_per_s: sent as f64 / phase_s.max(f64::MIN_POSITIVE),
+        draws_per_message: messages
+            .map(|m| (max.ok + max.rejected + max.failed) as f64 / m.max(1) as f64),
+        services,
+        broker_cpu_per_draw_us,
+        cpu_budget,
+        draw_workers: workers,
+        cpu_per_draw_us: worker_cpu * 1e6 / max.ok.max(1) as f64,
+        load_generator_cpu_s: own.as_secs_f64(),
+        ledger_matches: settled == expected,
+        settle_lag_ms,
+        max,
+        half,
+        amqp_at_half,
+        processes,
+    })
+}
