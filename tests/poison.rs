@@ -220,17 +220,27 @@ async fn a_dead_letter_keeps_no_expiration_and_stays_in_the_dlq() {
 async fn a_replay_moves_only_what_the_dlq_held_when_it_began_then_ends() {
     let env = TestEnv::new(&[]).await;
     let (conn, ch) = channel(&env).await;
-    // Every message replayed to the draw queue also lands straight back in
-    // the DLQ, as if it had failed again at once.
-    ch.queue_bind(
-        amqp::DRAW.dlq.into(),
-        amqp::EXCHANGE.into(),
-        amqp::DRAW.routing_key.into(),
-        Default::default(),
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
+    // Every message replayed to the draw queue fails again at once: a
+    // consumer rejects it, and the queue dead-letters it back to the DLQ
+    // while the replay is still running.
+    let failing = conn.create_channel().await.unwrap();
+    let mut rejecting = failing
+        .basic_consume(
+            amqp::DRAW.queue.into(),
+            "fails-again".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        while let Some(Ok(delivery)) = rejecting.next().await {
+            let _ = delivery
+                .acker
+                .reject(lapin::options::BasicRejectOptions { requeue: false })
+                .await;
+        }
+    });
     for i in 0..5 {
         let body = format!(r#"{{"type":"draw","request_id":"d-{i}"}}"#);
         publish_raw(
@@ -252,8 +262,8 @@ async fn a_replay_moves_only_what_the_dlq_held_when_it_began_then_ends() {
         .unwrap();
     assert_eq!((report.found, report.moved), (5, 5));
     assert_eq!(report.messages.len(), 5);
-    assert_eq!(env.queue_depth(amqp::DRAW.queue).await, 5);
-    assert_eq!(env.queue_depth(amqp::DRAW.dlq).await, 5);
+    env.wait_depth(amqp::DRAW.dlq, 5).await;
+    assert_eq!(env.queue_depth(amqp::DRAW.queue).await, 0);
     // A limit below the count still holds.
     let report = amqp::dlq::replay(&conn, amqp::DRAW, 2, false)
         .await

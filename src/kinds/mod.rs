@@ -1,17 +1,20 @@
 //! The prize kinds, and the one seam between them and the workers.
 //!
-//! A draw request enters here once, through [`Kinds::draw`], and comes back
-//! once as a [`Step`]: the kind either awards (the result, its ledger entry
-//! and the refill it asks for), refuses (a code of the wire contract and what
-//! the user already holds) or is short (the caller waits for a refill). This
-//! module is the only reader of a pool's kind ([`Kinds::resolve`]); each kind
-//! keeps its whole rule — its Lua calls, its Redis layout, its ledger
-//! entry-id scheme — in its own folder.
+//! A draw request enters here once, through [`Kinds::open`] (its id bound
+//! to its content, its pool routed), and comes back once as a [`Step`] of
+//! its prepared draw ([`Kinds::step_all`]): the kind either awards (the
+//! result, its ledger entry and the refill it asks for), refuses (a code of
+//! the wire contract and what the user already holds) or is short (the
+//! caller waits for a refill, steps again, and ends with
+//! [`Kinds::exhausted`]). That way is written once for every kind, in
+//! `request.rs`. This module is the only reader of a pool's kind
+//! ([`Kinds::resolve`]); each kind keeps its whole rule — its Lua calls,
+//! its Redis layout, its ledger entry-id scheme — in its own folder.
 //!
 //! # Idempotency, written once
 //!
 //! Every request id is bound to what it first asked ([`fingerprint`]): the
-//! draw worker claims the id before the pool step ([`claim`]), and every
+//! seam claims the id before the pool step ([`claim`]), and every
 //! answering script stores the fingerprint with the answer
 //! (`lua/lib/answer.lua`). The same id with the same content replays the
 //! first answer; with other content it is refused and moves nothing. Every
