@@ -383,7 +383,11 @@ async fn a_reload_frees_parked_prizes_that_are_no_jackpot_any_more(storage: &str
     assert!(held.iter().all(|c| multiplier(c) == 100), "{held:?}");
     // Every parked 100x prize is still there (the fresh draw may have
     // parked one more).
-    assert!((parked.len() - fifties..=parked.len() - fifties + 1).contains(&held.len()));
+    assert!(
+        (parked.len() - fifties..=parked.len() - fifties + 1).contains(&held.len()),
+        "parked before {parked:?} ({fifties} of 50x), held after {held:?}, next draw {:?}",
+        next.codes
+    );
     let s = env.status(pool).await;
     assert_eq!(s.stocked, s.drawn + s.in_pool, "conservation");
 }
