@@ -98,7 +98,7 @@ async fn stored_award(svc: &Services<'_>, pool: &str) -> anyhow::Result<Vec<u8>>
     )
     .await?;
     let answer = answer.context("the draw stored no answer")?;
-    Ok(answer.get(2..).unwrap_or_default().to_vec())
+    Ok(answer)
 }
 
 /// What remembering `n` results costs: `n` request ids claimed (the claim

@@ -6,7 +6,7 @@
 -- ARGV[1]: the request's answer token
 -- ARGV[2]: the refusal, "<code>[:<detail>]"
 -- Returns: {"refused", code, 0} when stored now, or the stored answer as
---          replay gives it ({"dup", body, 0} or {"reused", "", 0})
+--          replay gives it ({"dup", body, 0})
 
 local seen = replay(KEYS[1], ARGV[1])
 if seen then return seen end

@@ -1,8 +1,8 @@
 //! The store of remembered answers and claims (`lua/lib/answer.lua`) on the
 //! real Redis: every claim and answer is found again however the buckets
-//! grow, an id is bound to its first content, buckets stay compact, an
-//! answer lives its TTL and not much longer, and answers stored before the
-//! buckets (one key per answer) are still replayed.
+//! grow, records are told apart by all 16 bytes of their digests, an id is
+//! bound to its first content, buckets stay compact, and where a record
+//! lives follows the epochs kept in the store, never the TTL setting.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -38,15 +38,48 @@ async fn remember(
         .unwrap()
 }
 
-async fn encodings(env: &TestEnv, pattern: &str) -> Vec<String> {
+/// Claims a raw claim token (`"<ttl>::" ‖ digest ‖ fingerprint`) in `store`.
+async fn claim_raw(env: &TestEnv, store: &str, token: &[u8]) -> i64 {
     let mut redis = env.redis.clone();
-    let keys: Vec<String> = redis::cmd("KEYS")
+    let (ours, _now): (i64, u64) = env
+        .scripts
+        .claim
+        .key(store)
+        .arg(token)
+        .arg("claim")
+        .invoke_async(&mut redis)
+        .await
+        .unwrap();
+    ours
+}
+
+/// What `store` holds for a raw token, read as the operators' script reads it.
+async fn peek(env: &TestEnv, store: &str, token: &[u8]) -> Option<Vec<u8>> {
+    let mut redis = env.redis.clone();
+    env.scripts
+        .forget
+        .key(store)
+        .arg(token)
+        .arg("answer")
+        .arg("peek")
+        .invoke_async(&mut redis)
+        .await
+        .unwrap()
+}
+
+async fn keys(env: &TestEnv, pattern: &str) -> Vec<String> {
+    let mut redis = env.redis.clone();
+    redis::cmd("KEYS")
         .arg(pattern)
         .query_async(&mut redis)
         .await
-        .unwrap();
+        .unwrap()
+}
+
+async fn encodings(env: &TestEnv, pattern: &str) -> Vec<String> {
+    let mut redis = env.redis.clone();
     let mut out = Vec::new();
-    for key in &keys {
+    for key in keys(env, pattern).await {
         out.push(
             redis::cmd("OBJECT")
                 .arg("ENCODING")
@@ -66,9 +99,11 @@ async fn every_claim_and_answer_is_found_again_however_the_buckets_grow() {
     let store = env.keys("grow").results();
     let n = 6_000;
     for i in 0..n {
-        let t = tokens(&env, &format!("id-{i}"), 1, 90_000);
+        let mut t = tokens(&env, &format!("id-{i}"), 1, 90_000);
         assert_eq!(
-            answer::claim(&mut redis, &env.scripts, &t).await.unwrap(),
+            answer::claim(&mut redis, &env.scripts, &mut t)
+                .await
+                .unwrap(),
             Claim::Ours
         );
         assert_eq!(
@@ -76,21 +111,21 @@ async fn every_claim_and_answer_is_found_again_however_the_buckets_grow() {
             None
         );
     }
-    // Past 40 answers per bucket the buckets split many times; every id is
+    // Past 64 records per bucket the buckets split many times; every id is
     // still bound to its content and its answer.
     for i in (0..n).step_by(7) {
         let id = format!("id-{i}");
-        let same = tokens(&env, &id, 1, 90_000);
-        let other = tokens(&env, &id, 2, 90_000);
+        let mut same = tokens(&env, &id, 1, 90_000);
+        let mut other = tokens(&env, &id, 2, 90_000);
         assert_eq!(
-            answer::claim(&mut redis, &env.scripts, &same)
+            answer::claim(&mut redis, &env.scripts, &mut same)
                 .await
                 .unwrap(),
             Claim::Ours,
             "{id}"
         );
         assert_eq!(
-            answer::claim(&mut redis, &env.scripts, &other)
+            answer::claim(&mut redis, &env.scripts, &mut other)
                 .await
                 .unwrap(),
             Claim::Reused,
@@ -102,17 +137,9 @@ async fn every_claim_and_answer_is_found_again_however_the_buckets_grow() {
             Some(ScriptReply::Refused(Refusal::new(ErrorCode::SoldOut))),
             "{id}"
         );
-        assert!(matches!(
-            answer::remember(
-                &mut redis,
-                &env.scripts,
-                &store,
-                &other.answer,
-                &Refusal::new(ErrorCode::SoldOut)
-            )
-            .await,
-            Err(prizepool::amqp::HandleError::Invalid(_))
-        ));
+        // An answer is found for its id and content only: the same id
+        // with other content has none (its claim refuses it first).
+        assert_eq!(peek(&env, &store, &other.answer).await, None, "{id}");
     }
     // A freed claim binds nothing: other content may take the id.
     let freed = tokens(&env, "id-3", 1, 90_000);
@@ -120,145 +147,210 @@ async fn every_claim_and_answer_is_found_again_however_the_buckets_grow() {
         .await
         .unwrap();
     assert_eq!(
-        answer::claim(&mut redis, &env.scripts, &tokens(&env, "id-3", 2, 90_000))
-            .await
-            .unwrap(),
+        answer::claim(
+            &mut redis,
+            &env.scripts,
+            &mut tokens(&env, "id-3", 2, 90_000)
+        )
+        .await
+        .unwrap(),
         Claim::Ours
     );
-    // Compact: every bucket is a listpack (the splits keep each under 128
-    // fields), and there are about n / 40 of them.
-    let prefix = &env.config.redis_prefix;
-    for pattern in [format!("{store}:*"), format!("{prefix}:rq:{{*}}:*")] {
-        let found = encodings(&env, &pattern).await;
-        assert!(!found.is_empty(), "{pattern}");
-        assert!(
-            found.iter().all(|e| e == "listpack"),
-            "{pattern}: {found:?}"
+    // Compact: buckets are plain strings, about one per 64 records.
+    let buckets = encodings(&env, &format!("{store}:*")).await;
+    assert!(
+        buckets.iter().all(|e| e == "raw" || e == "embstr"),
+        "{buckets:?}"
+    );
+    assert!(
+        (n / 160..=n / 32).contains(&buckets.len()),
+        "{} buckets for {n} answers",
+        buckets.len()
+    );
+}
+
+#[tokio::test]
+async fn digests_that_differ_in_any_one_byte_are_two_requests() {
+    let env = TestEnv::new(&[]).await;
+    let claims = format!("{}:rq:{{7}}", env.config.redis_prefix);
+    let answers = env.keys("twins").results();
+    // Enough records first that the store has split into many buckets.
+    for i in 0..2_000u32 {
+        let t = tokens(&env, &format!("filler-{i}"), 1, 90_000);
+        assert_eq!(claim_raw(&env, &claims, &t.claim).await, 1);
+        assert_eq!(
+            remember(&env, &answers, &t.answer, ErrorCode::SoldOut).await,
+            None
         );
     }
-    let answer_buckets = encodings(&env, &format!("{store}:*")).await.len();
-    assert!(
-        answer_buckets <= n / 32,
-        "{answer_buckets} buckets for {n} answers"
-    );
-}
-
-#[tokio::test]
-async fn an_answer_lives_its_ttl_and_at_most_a_quarter_longer() {
-    let env = TestEnv::new(&[]).await;
-    let store = env.keys("ttl").results();
-    // TTL 4 s: slices of 1 s; an answer is kept 4 to 5 s.
-    let t = tokens(&env, "short-lived", 1, 4);
+    let digest: Vec<u8> = (0..16u8)
+        .map(|b| b.wrapping_mul(37).wrapping_add(11))
+        .collect();
+    let token = |d: &[u8], fp: u8| {
+        let mut t = b"90000::".to_vec();
+        t.extend_from_slice(d);
+        t.extend_from_slice(&[fp; 8]);
+        t
+    };
+    let base = token(&digest, 1);
+    assert_eq!(claim_raw(&env, &claims, &base).await, 1);
     assert_eq!(
-        remember(&env, &store, &t.answer, ErrorCode::SoldOut).await,
+        remember(&env, &answers, &base, ErrorCode::SoldOut).await,
         None
     );
-    tokio::time::sleep(Duration::from_millis(3_600)).await;
+    for at in 0..16 {
+        // A twin that agrees on 15 of the 16 bytes (same store, and for
+        // most bytes the same bucket) with other content.
+        let mut twin = digest.clone();
+        twin[at] ^= 0x80;
+        let t = token(&twin, 2);
+        assert_eq!(claim_raw(&env, &claims, &t).await, 1, "byte {at}");
+        assert_eq!(peek(&env, &answers, &t).await, None, "byte {at}");
+        assert_eq!(
+            remember(&env, &answers, &t, ErrorCode::PoolExhausted).await,
+            None,
+            "byte {at}"
+        );
+        assert_eq!(
+            peek(&env, &answers, &t).await.as_deref(),
+            Some(&b"!pool_exhausted"[..]),
+            "byte {at}"
+        );
+    }
+    // The original is untouched: its claim binds its own content, its
+    // answer is its own.
+    assert_eq!(claim_raw(&env, &claims, &base).await, 1);
+    assert_eq!(claim_raw(&env, &claims, &token(&digest, 2)).await, 0);
     assert_eq!(
-        remember(&env, &store, &t.answer, ErrorCode::PoolExhausted).await,
-        Some(ScriptReply::Refused(Refusal::new(ErrorCode::SoldOut))),
-        "kept for its whole TTL"
+        peek(&env, &answers, &base).await.as_deref(),
+        Some(&b"!sold_out"[..])
     );
-    tokio::time::sleep(Duration::from_millis(2_000)).await;
+}
+
+#[tokio::test]
+async fn a_changed_ttl_finds_every_answer_stored_before() {
+    let env = TestEnv::new(&[]).await;
+    let store = env.keys("ttl-change").results();
+    let mut redis = env.redis.clone();
+    // Workers with a long TTL, then workers with a short one, then both at
+    // once (a rolling deploy): each finds what every other stored.
+    for (i, (write, read)) in [(90_000, 30), (30, 90_000), (90_000, 7_200), (7_200, 90_000)]
+        .into_iter()
+        .enumerate()
+    {
+        let id = format!("ttl-{i}");
+        let mut first = tokens(&env, &id, 1, write);
+        assert_eq!(
+            answer::claim(&mut redis, &env.scripts, &mut first)
+                .await
+                .unwrap(),
+            Claim::Ours
+        );
+        assert_eq!(
+            remember(&env, &store, &first.answer, ErrorCode::SoldOut).await,
+            None
+        );
+        let mut retry = tokens(&env, &id, 1, read);
+        assert_eq!(
+            answer::claim(&mut redis, &env.scripts, &mut retry)
+                .await
+                .unwrap(),
+            Claim::Ours
+        );
+        assert_eq!(
+            answer::claim(&mut redis, &env.scripts, &mut tokens(&env, &id, 2, read))
+                .await
+                .unwrap(),
+            Claim::Reused,
+            "written with TTL {write}, read with {read}"
+        );
+        assert_eq!(
+            remember(&env, &store, &retry.answer, ErrorCode::PoolExhausted).await,
+            Some(ScriptReply::Refused(Refusal::new(ErrorCode::SoldOut))),
+            "written with TTL {write}, read with {read}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_answer_is_kept_through_the_next_epoch_and_forgotten_after() {
+    let env = TestEnv::new(&[]).await;
+    let store = env.keys("epochs").results();
+    // Epochs of 2 s.
+    let a = tokens(&env, "first", 1, 2);
     assert_eq!(
-        remember(&env, &store, &t.answer, ErrorCode::PoolExhausted).await,
+        remember(&env, &store, &a.answer, ErrorCode::SoldOut).await,
+        None
+    );
+    // Every bucket expires after two epochs (and the clock skew allowed).
+    let mut redis = env.redis.clone();
+    for key in keys(&env, &format!("{store}:*")).await {
+        let ttl: i64 = redis::cmd("TTL")
+            .arg(&key)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        assert!((2..=2 * 2 + 300).contains(&ttl), "{key}: {ttl}");
+    }
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    // A write opens the next epoch; the first answer is still found.
+    let b = tokens(&env, "second", 1, 2);
+    assert_eq!(
+        remember(&env, &store, &b.answer, ErrorCode::SoldOut).await,
+        None
+    );
+    assert_eq!(
+        peek(&env, &store, &a.answer).await.as_deref(),
+        Some(&b"!sold_out"[..]),
+        "kept through the epoch after its own"
+    );
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    let c = tokens(&env, "third", 1, 2);
+    assert_eq!(
+        remember(&env, &store, &c.answer, ErrorCode::SoldOut).await,
+        None
+    );
+    assert_eq!(
+        peek(&env, &store, &a.answer).await,
         None,
-        "forgotten at most a quarter of its TTL after"
+        "forgotten two epochs on"
+    );
+    assert_eq!(
+        peek(&env, &store, &b.answer).await.as_deref(),
+        Some(&b"!sold_out"[..])
     );
 }
 
 #[tokio::test]
-async fn answers_stored_one_key_each_are_still_replayed() {
+async fn a_long_answer_is_kept_whole_in_a_key_of_its_own() {
     let env = TestEnv::new(&[]).await;
+    let store = env.keys("long").results();
     let mut redis = env.redis.clone();
-    let store = env.keys("old").results();
-    let mine = fingerprint("draw", &[&"pool", &1, &1u32]);
-    // The layout before buckets: "<pool keys>r:<request id>" holding
-    // "<hex fingerprint>;<body>".
-    let legacy = format!("{}:{{old}}:r:before-upgrade", env.config.redis_prefix);
-    let _: () = redis::cmd("SET")
-        .arg(&legacy)
-        .arg(format!("{};!sold_out", mine.hex()))
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    let t = tokens(&env, "before-upgrade", 1, 90_000);
-    assert_eq!(
-        remember(&env, &store, &t.answer, ErrorCode::PoolExhausted).await,
-        Some(ScriptReply::Refused(Refusal::new(ErrorCode::SoldOut)))
-    );
-    let other = tokens(&env, "before-upgrade", 2, 90_000);
-    assert!(matches!(
-        answer::remember(
-            &mut redis,
-            &env.scripts,
-            &store,
-            &other.answer,
-            &Refusal::new(ErrorCode::SoldOut)
-        )
-        .await,
-        Err(prizepool::amqp::HandleError::Invalid(_))
-    ));
-}
-
-#[tokio::test]
-async fn answers_in_the_buckets_of_the_layout_before_are_still_replayed() {
-    let env = TestEnv::new(&[]).await;
-    let mut redis = env.redis.clone();
-    let store = env.keys("sized").results();
-    let t = tokens(&env, "before-linear-hashing", 1, 90_000);
-    // The layout before: per slice, bucket sizes doubling from `lo` to
-    // `hi`, a token's bucket being its selector modulo the size.
-    let text = t.answer.clone();
-    let mut parts = text.splitn(3, |b| *b == b':');
-    let ttl: u64 = std::str::from_utf8(parts.next().unwrap())
-        .unwrap()
-        .parse()
-        .unwrap();
-    let selector: u64 = std::str::from_utf8(parts.next().unwrap())
-        .unwrap()
-        .parse()
-        .unwrap();
-    let rest = parts.next().unwrap();
-    let (field, fp) = (&rest[..6], &rest[6..8]);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    // Stored in the slice before this one, in the smaller of two sizes.
-    let slice = now / ttl.div_ceil(4) - 1;
-    let _: () = redis::cmd("HSET")
-        .arg(&store)
-        .arg(format!("lo{slice}"))
-        .arg(2)
-        .arg(format!("hi{slice}"))
-        .arg(8)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    let mut value = fp.to_vec();
-    value.extend_from_slice(b"!sold_out");
-    let _: () = redis::cmd("HSET")
-        .arg(format!("{store}:{slice}:2:{}", selector % 2))
-        .arg(field)
-        .arg(value)
-        .query_async(&mut redis)
+    let t = tokens(&env, "long-1", 1, 90_000);
+    // A refusal detail long enough to leave the bucket.
+    let detail = format!("already_grabbed:{}:1", "9".repeat(300));
+    let (status, text, _): (String, String, u64) = env
+        .scripts
+        .remember_refusal
+        .key(&store)
+        .arg(&t.answer)
+        .arg(&detail)
+        .invoke_async(&mut redis)
         .await
         .unwrap();
     assert_eq!(
-        remember(&env, &store, &t.answer, ErrorCode::PoolExhausted).await,
-        Some(ScriptReply::Refused(Refusal::new(ErrorCode::SoldOut)))
+        (status.as_str(), text.as_str()),
+        ("refused", detail.as_str())
     );
-    let other = tokens(&env, "before-linear-hashing", 2, 90_000);
-    assert!(matches!(
-        answer::remember(
-            &mut redis,
-            &env.scripts,
-            &store,
-            &other.answer,
-            &Refusal::new(ErrorCode::SoldOut)
-        )
-        .await,
-        Err(prizepool::amqp::HandleError::Invalid(_))
-    ));
+    assert_eq!(
+        peek(&env, &store, &t.answer).await,
+        Some(format!("!{detail}").into_bytes())
+    );
+    assert_eq!(keys(&env, &format!("{store}:x:*")).await.len(), 1);
+    let (_, answer) = answer::stored(&mut redis, &env.scripts, &store, &t, true)
+        .await
+        .unwrap();
+    assert_eq!(answer, Some(format!("!{detail}").into_bytes()));
+    assert_eq!(peek(&env, &store, &t.answer).await, None);
+    assert!(keys(&env, &format!("{store}:x:*")).await.is_empty());
 }

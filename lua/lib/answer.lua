@@ -5,55 +5,78 @@
 -- asked, so an id reused with other content is refused instead of replaying
 -- or drawing.
 --
--- Where answers live. Millions of answers are kept for a day, so each costs
--- a few dozen bytes, not a key of its own: answers sit in small hashes
--- ("buckets", listpack-encoded by Redis while they hold at most 128 short
--- fields) that expire whole. Time is cut into slices of a quarter of the
--- answer TTL; an answer goes into a bucket of the current slice, and that
--- bucket expires a TTL after its slice ends, so an answer is kept at least
--- the TTL and at most a quarter longer. A lookup probes the current slice
--- and the four before it: one bucket each.
+-- Records. A request is known by a 16-byte digest (SHA-256, computed by
+-- src/kinds/answer.rs): of its id in a claim store, of its content
+-- fingerprint and id in an answer store. A record is the digest, one length
+-- byte and the value: the 8-byte content fingerprint in a claim store, the
+-- answer's body in an answer store (a kind's award, or "!<code>[:<detail>]"
+-- for a refusal). A body longer than INLINE bytes lives in a key of its own
+-- (`<store>:x:<hex digest>`, same expiry) and the record holds length 0.
+-- Digests are compared in full: two requests share an answer only if their
+-- ids (and contents) agree on 128 bits of SHA-256.
 --
--- A slice's buckets grow by linear hashing, so that a lookup reads exactly
--- one bucket per slice however the traffic grew: with n buckets (2^L <= n
--- < 2^(L+1)) a field whose hash is h lives in bucket h mod 2^(L+1), or
--- h mod 2^L when that is n or more. Once the slice holds more than
--- PER_BUCKET answers per bucket, bucket n - 2^L splits: the answers of it
--- whose h mod 2^(L+1) is n move to a new bucket n. One split of about
--- PER_BUCKET answers per PER_BUCKET answers stored keeps the load near
--- PER_BUCKET, and the buckets waiting for their split (up to twice that)
--- under Redis's listpack limit of 128. A slice starts with as many
--- buckets as the previous slice ended with. h is the first three bytes of
--- the field, so a split can compute it from what a bucket holds. The store
--- key (KEYS[n] of the script) keeps per slice its bucket count and its
--- answer count:
---   <store>               hash: b<slice>, c<slice>
---   <store>:<slice>:<i>   hash: <field> -> <value>
--- Buckets of the layout before (per slice sizes doubling, fields
--- n/lo/hi/c, buckets <store>:<slice>:<size>:<selector mod size>) are still
--- read until they expire.
+-- Buckets. Millions of records are kept for a day, so a record is not a key
+-- of its own: records are concatenated in string "buckets" that expire
+-- whole, read with one GET and rewritten with one SET, so a record costs its
+-- bytes and nothing else.
+--
+-- Epochs. Time is cut into epochs whose geometry is kept in the store's
+-- meta hash, never derived from a setting: the epoch's start `r.t` (which
+-- also names its buckets), its length `r.l` (the answer TTL of the writer
+-- that opened it), its bucket count `r.n`, and the same three of the epoch
+-- before (`r.pt`, `r.pl`, `r.pn`). A write at or after r.t + r.l opens a new
+-- epoch; every bucket of an epoch expires at r.t + 2 r.l + SKEW, so a record
+-- is kept at least its epoch's length, and a lookup reads the current and
+-- the previous epoch (one MGET). A fleet whose workers disagree on the TTL
+-- keeps every answer at least the shorter of the two; changing the TTL
+-- changes the length of the next epoch and loses nothing.
+--
+-- Growth. An epoch starts with one bucket and grows by linear hashing, so a
+-- lookup reads exactly one bucket per epoch: with n buckets (2^L <= n <
+-- 2^(L+1)) a record whose hash is h lives in bucket h mod 2^(L+1), or
+-- h mod 2^L when that is n or more. One new record in PER_BUCKET (chosen by
+-- other bits of its digest, so without a counter) splits bucket n - 2^L into
+-- itself and a new bucket n, which keeps about PER_BUCKET records a bucket.
+--
+-- Keys (`<store>` is KEYS[n] of the script; the meta hash is `<store>`
+-- unless the script passes another):
+--   <store>                     hash: r.t r.l r.n r.pt r.pl r.pn
+--   <store>:<epoch start>:<i>   string: records
+--   <store>:x:<hex digest>      string: a long body
 --
 -- A request comes as a token built by the Rust side (src/kinds/answer.rs):
---   "<ttl s>:<selector>:" .. field .. fingerprint .. request id
--- with field and fingerprint bytes of a hash of the request id and of its
--- content (6 and 2 bytes for answers: the claim, with 8 and 8, has told the
--- ids and contents apart already). An answer's value is
--- fingerprint .. body, where body is a kind's award or "!<code>[:<detail>]".
+--   "<ttl s>:<now s, or empty>:" .. digest (16 bytes) .. fingerprint (8 bytes)
+-- `now` is the Redis time the request's claim read (so the pool step needs
+-- no TIME of its own); empty, the script reads TIME.
 
-local PER_BUCKET = 40
-local SLICES_BACK = 4
--- The hash of a field has 24 bits: a slice has at most this many buckets.
+local PER_BUCKET = 64
+-- A record's hash has 24 bits: an epoch has at most this many buckets.
 local MAX_BUCKETS = 16777216
--- Bytes of the id hash and of the content fingerprint in an answer token.
-local ANSWER_FIELD, ANSWER_PRINT = 6, 2
+-- Longer bodies are stored in a key of their own.
+local INLINE = 200
+-- Clock skew tolerated between the nodes whose TIME names `now`.
+local SKEW = 300
+-- The fields of a store's meta hash, in the order store_open reads them.
+local STORE_FIELDS = {'r.t', 'r.l', 'r.n', 'r.pt', 'r.pl', 'r.pn'}
 
--- Where a field lives among a slice's buckets.
-local function hash_of(field)
-  local a, b, c = string.byte(field, 1, 3)
-  return ((a or 0) * 256 + (b or 0)) * 256 + (c or 0)
+-- An integer as decimal digits. Lua's tostring writes 1e+14 and above in
+-- exponent notation, which neither Redis nor the Rust side read as an integer.
+local function int(n)
+  return string.format('%d', n)
 end
 
--- 2^L for a slice of n buckets (2^L <= n < 2^(L+1)).
+local function hex(bytes)
+  return (string.gsub(bytes, '.', function(c) return string.format('%02x', string.byte(c)) end))
+end
+
+-- Where a record lives among an epoch's buckets: bytes 4-6 of its digest
+-- (bytes 1-2 pick a claim's store among the id groups).
+local function hash_at(b, at)
+  local x, y, z = string.byte(b, at + 3, at + 5)
+  return (x * 256 + y) * 256 + z
+end
+
+-- 2^L for an epoch of n buckets (2^L <= n < 2^(L+1)).
 local function level_of(n)
   local p = 1
   while p * 2 <= n do p = p * 2 end
@@ -68,141 +91,167 @@ local function index_of(h, n)
   return i
 end
 
--- The store of `key` for `token`, whose field is `flen` bytes and
--- fingerprint `plen` bytes.
-local function store_of(key, token, flen, plen)
-  local ttl, sel, rest = string.match(token, '^(%d+):(%d+):(.*)$')
-  ttl = tonumber(ttl)
-  local len = math.ceil(ttl / 4)
-  local field = string.sub(rest, 1, flen)
-  return {
-    key = key, ttl = ttl, sel = tonumber(sel), len = len,
-    cur = math.floor(tonumber(redis.call('TIME')[1]) / len),
-    field = field, h = hash_of(field),
-    fp = string.sub(rest, flen + 1, flen + plen),
-    id = string.sub(rest, flen + plen + 1),
-  }
-end
-
-local function bucket_at(s, slice, i)
-  return s.key .. ':' .. string.format('%d:%d', slice, i)
-end
-
--- The stored value of the store's field and the bucket holding it, if any.
-local function lookup(s)
-  local names = {}
-  for back = 0, SLICES_BACK do
-    local k = string.format('%d', s.cur - back)
-    names[#names + 1] = 'b' .. k
-    names[#names + 1] = 'lo' .. k
-    names[#names + 1] = 'hi' .. k
-  end
-  local m = redis.call('HMGET', s.key, unpack(names))
-  for back = 0, SLICES_BACK do
-    local slice = s.cur - back
-    local n = tonumber(m[3 * back + 1])
-    if n then
-      local bucket = bucket_at(s, slice, index_of(s.h, n))
-      local v = redis.call('HGET', bucket, s.field)
-      if v then return v, bucket end
+-- The record of digest `d` in bucket string `b`: its value, its first and
+-- its last byte; nil when there is none. The digest is searched with a
+-- plain find; a hit counts only where a record starts.
+local function record_in(b, d)
+  if not b or b == '' then return nil end
+  local from = 1
+  while true do
+    local at = string.find(b, d, from, true)
+    if not at then return nil end
+    local pos = 1
+    while pos < at do pos = pos + 17 + string.byte(b, pos + 16) end
+    if pos == at then
+      local len = string.byte(b, at + 16)
+      return string.sub(b, at + 17, at + 16 + len), at, at + 16 + len
     end
-    local lo, size = tonumber(m[3 * back + 2]), tonumber(m[3 * back + 3])
-    while lo and size and size >= lo do
-      local bucket = s.key .. ':' .. string.format('%d:%d:%d', slice, size, s.sel % size)
-      local v = redis.call('HGET', bucket, s.field)
-      if v then return v, bucket end
-      size = size / 2
+    from = at + 1
+  end
+end
+
+-- Opens the store `key` (meta hash `meta`, `key` itself when nil) for the
+-- request of `token`. `pre`, when given, holds the STORE_FIELDS values the
+-- caller read from `meta` already.
+local function store_open(key, token, meta, pre)
+  local ttl, now, rest = string.match(token, '^(%d+):(%d*):(.*)$')
+  if now == '' then now = tonumber(redis.call('TIME')[1]) else now = tonumber(now) end
+  local s = {key = key, meta = meta or key, ttl = tonumber(ttl), now = now,
+    d = string.sub(rest, 1, 16), fp = string.sub(rest, 17, 24)}
+  s.h = hash_at(s.d, 1)
+  local a, b = string.byte(s.d, 7, 8)
+  s.splits = (a * 256 + b) % PER_BUCKET == 0
+  local m = pre or redis.call('HMGET', s.meta, unpack(STORE_FIELDS))
+  s.t, s.l, s.n = tonumber(m[1]), tonumber(m[2]), tonumber(m[3])
+  s.pt, s.pl, s.pn = tonumber(m[4]), tonumber(m[5]), tonumber(m[6])
+  if s.t and now >= s.t + 2 * s.l + SKEW then s.t = nil end
+  if s.pt and now >= s.pt + 2 * s.pl + SKEW then s.pt = nil end
+  return s
+end
+
+local function bucket_of(s, t, i)
+  return s.key .. ':' .. int(t) .. ':' .. int(i)
+end
+
+local function expiry_of(t, l)
+  return t + 2 * l + SKEW
+end
+
+-- The value stored for the store's request, or nil. Keeps the current
+-- bucket's content for store_put.
+local function store_find(s)
+  local names = {}
+  if s.t then names[#names + 1] = bucket_of(s, s.t, index_of(s.h, s.n)) end
+  if s.pt then names[#names + 1] = bucket_of(s, s.pt, index_of(s.h, s.pn)) end
+  if #names == 0 then s.cur = '' return nil end
+  local got = redis.call('MGET', unpack(names))
+  s.cur = got[1] or ''
+  for k = 1, #names do
+    local v = record_in(got[k] or '', s.d)
+    if v then
+      if v == '' then
+        v = redis.call('GET', s.key .. ':x:' .. hex(s.d))
+        if not v then return nil end
+      end
+      return v
     end
   end
   return nil
 end
 
--- Splits bucket n - 2^L of slice `slice` (of n buckets) into itself and a
--- new bucket n.
-local function split(s, slice, n, expires)
+-- Splits bucket n - 2^L of the current epoch (of n buckets) into itself
+-- and a new bucket n.
+local function split(s)
+  local n = s.n
   local p = level_of(n)
-  local from = bucket_at(s, slice, n - p)
-  local all = redis.call('HGETALL', from)
-  local moved, gone = {}, {}
-  for i = 1, #all, 2 do
-    if hash_of(all[i]) % (2 * p) == n then
-      moved[#moved + 1] = all[i]
-      moved[#moved + 1] = all[i + 1]
-      gone[#gone + 1] = all[i]
+  local from = bucket_of(s, s.t, n - p)
+  local b = redis.call('GET', from) or ''
+  local keep, move = {}, {}
+  local pos = 1
+  while pos <= #b do
+    local last = pos + 16 + string.byte(b, pos + 16)
+    local rec = string.sub(b, pos, last)
+    if hash_at(b, pos) % (2 * p) == n then move[#move + 1] = rec else keep[#keep + 1] = rec end
+    pos = last + 1
+  end
+  local exp = expiry_of(s.t, s.l)
+  redis.call('SET', from, table.concat(keep), 'EXAT', exp)
+  redis.call('SET', bucket_of(s, s.t, n), table.concat(move), 'EXAT', exp)
+  s.n = n + 1
+  redis.call('HSET', s.meta, 'r.n', int(s.n))
+end
+
+-- Stores `value` as the store's record, after store_find (which read the
+-- current bucket). Opens a new epoch when the current one is over.
+local function store_put(s, value)
+  if s.cur == nil then store_find(s) end
+  if not s.t or s.now >= s.t + s.l then
+    -- A new epoch: the current one becomes the previous one.
+    if s.t then s.pt, s.pl, s.pn = s.t, s.l, s.n end
+    s.t, s.l, s.n, s.cur = s.now, s.ttl, 1, ''
+    local fields = {'r.t', int(s.t), 'r.l', int(s.l), 'r.n', '1'}
+    if s.pt then
+      fields[7], fields[8], fields[9], fields[10], fields[11], fields[12] =
+        'r.pt', int(s.pt), 'r.pl', int(s.pl), 'r.pn', int(s.pn)
+    end
+    redis.call('HSET', s.meta, unpack(fields))
+    if s.meta == s.key then
+      local exp = expiry_of(s.t, s.l)
+      if s.pt then exp = math.max(exp, expiry_of(s.pt, s.pl)) end
+      redis.call('EXPIREAT', s.meta, exp)
     end
   end
-  if #gone > 0 then
-    local to = bucket_at(s, slice, n)
-    redis.call('HSET', to, unpack(moved))
-    redis.call('EXPIREAT', to, expires)
-    redis.call('HDEL', from, unpack(gone))
-  end
-end
-
--- Stores `value` under the store's field in the current slice.
-local function store(s, value)
-  local k = string.format('%d', s.cur)
-  local expires = (s.cur + 1) * s.len + s.ttl
-  local m = redis.call('HMGET', s.key, 'b' .. k, 'c' .. k)
-  local n, held = tonumber(m[1]), tonumber(m[2]) or 0
-  if not n then
-    -- The slice's first answer: as many buckets as the previous slice
-    -- ended with (its answer count was n<slice> in the layout before).
-    local p = string.format('%d', s.cur - 1)
-    local before = redis.call('HMGET', s.key, 'n' .. p, 'c' .. p)
-    local prev = tonumber(before[1]) or tonumber(before[2]) or 0
-    n = math.max(1, math.min(MAX_BUCKETS, math.ceil(prev / PER_BUCKET)))
-    local gone = string.format('%d', s.cur - SLICES_BACK - 1)
-    redis.call('HDEL', s.key, 'b' .. gone, 'n' .. gone, 'lo' .. gone, 'hi' .. gone, 'c' .. gone)
-    redis.call('HSET', s.key, 'b' .. k, n, 'c' .. k, 1)
-    redis.call('EXPIRE', s.key, s.ttl + (SLICES_BACK + 2) * s.len)
-  elseif held + 1 > n * PER_BUCKET and n < MAX_BUCKETS then
-    split(s, s.cur, n, expires)
-    n = n + 1
-    redis.call('HSET', s.key, 'b' .. k, n, 'c' .. k, held + 1)
+  local exp = expiry_of(s.t, s.l)
+  local rec
+  if #value > INLINE then
+    redis.call('SET', s.key .. ':x:' .. hex(s.d), value, 'EXAT', exp)
+    rec = s.d .. '\0'
   else
-    redis.call('HINCRBY', s.key, 'c' .. k, 1)
+    rec = s.d .. string.char(#value) .. value
   end
-  local bucket = bucket_at(s, s.cur, index_of(s.h, n))
-  redis.call('HSET', bucket, s.field, value)
-  redis.call('EXPIREAT', bucket, expires)
+  redis.call('SET', bucket_of(s, s.t, index_of(s.h, s.n)), s.cur .. rec, 'EXAT', exp)
+  s.cur = nil
+  if s.splits and s.n < MAX_BUCKETS then split(s) end
 end
 
-local function hex(bytes)
-  return (string.gsub(bytes, '.', function(c) return string.format('%02x', string.byte(c)) end))
+-- Removes the store's record, wherever it is; says whether there was one.
+local function store_drop(s)
+  for _, e in ipairs({{s.t, s.n}, {s.pt, s.pn}}) do
+    if e[1] then
+      local name = bucket_of(s, e[1], index_of(s.h, e[2]))
+      local b = redis.call('GET', name)
+      local v, first, last = record_in(b, s.d)
+      if v then
+        redis.call('SET', name, string.sub(b, 1, first - 1) .. string.sub(b, last + 1), 'KEEPTTL')
+        if v == '' then redis.call('DEL', s.key .. ':x:' .. hex(s.d)) end
+        return true
+      end
+    end
+  end
+  return false
 end
 
--- The first answer of a request, if it has one: {"dup", body, 0}, or
--- {"reused", "", 0} when the id was first used for other content. `key` is
--- the pool's answer store, `token` the request's.
-local function replay(key, token)
-  local s = store_of(key, token, ANSWER_FIELD, ANSWER_PRINT)
-  local prev = lookup(s)
-  local fp, body
-  if prev then
-    fp, body = string.sub(prev, 1, ANSWER_PRINT), string.sub(prev, ANSWER_PRINT + 1)
-  else
-    -- An answer stored before answers moved into buckets: a key of its own,
-    -- the pool's "...:r:<request id>" (the store key minus its last letter,
-    -- then the id), holding "<hex fingerprint>;<body>". Such keys expire
-    -- one answer TTL after the upgrade; until then they are replayed.
-    local legacy = redis.call('GET', string.sub(key, 1, -2) .. ':' .. s.id)
-    if not legacy then return nil end
-    local at = string.find(legacy, ';', 1, true)
-    if not at then return {'reused', '', 0} end
-    fp, body = string.sub(legacy, 1, 2 * ANSWER_PRINT), string.sub(legacy, at + 1)
-    if fp ~= hex(s.fp) then return {'reused', '', 0} end
-    return {'dup', body, 0}
-  end
-  if fp ~= s.fp then return {'reused', '', 0} end
-  return {'dup', body, 0}
+-- The answer store of the step now running, kept between replay() and
+-- remember() of one request so its bucket is read once.
+local OPEN = {}
+
+-- The first answer of a request, if it has one: {"dup", body, 0}. `key` is
+-- the pool's answer store, `token` the request's; `pre` as for store_open.
+local function replay(key, token, meta, pre)
+  local s = store_open(key, token, meta, pre)
+  local body = store_find(s)
+  OPEN[key .. token] = s
+  if body then return {'dup', body, 0} end
+  return nil
 end
 
 -- Records the answer `body` of a request. (`ttl` is the token's; the
 -- argument stays for the scripts' sake.)
 local function remember(key, token, body, ttl)
-  local s = store_of(key, token, ANSWER_FIELD, ANSWER_PRINT)
-  store(s, s.fp .. body)
+  local s = OPEN[key .. token]
+  OPEN[key .. token] = nil
+  if not s then s = store_open(key, token) end
+  store_put(s, body)
 end
 
 -- Records and returns a refusal; `code` is an error code of the wire
@@ -210,12 +259,6 @@ end
 local function refuse(key, token, ttl, code)
   remember(key, token, '!' .. code, ttl)
   return {'refused', code, 0}
-end
-
--- An integer as decimal digits. Lua's tostring writes 1e+14 and above in
--- exponent notation, which neither Redis nor the Rust side read as an integer.
-local function int(n)
-  return string.format('%d', n)
 end
 
 -- Pushes `items` onto `key` with `cmd` (RPUSH or LPUSH) in chunks, in order:

@@ -1,13 +1,12 @@
 //! The Rust side of `lua/lib/answer.lua`: request fingerprints, id claims,
 //! stored answers and the replies every answering script gives.
 //!
-//! A request's answer is stored in its pool's answer store (small hashes
-//! that expire whole, so a remembered answer costs a few dozen bytes, not a
-//! key of its own; the layout is in `lua/lib/answer.lua`) as
-//! `fingerprint ‖ body`, where the body is the kind's award or
-//! `"!<code>[:<detail>]"` for a refusal. The fingerprint binds the id to the
-//! content it first asked for (Stripe's rule): the same id with other
-//! content is refused and moves nothing.
+//! A request's answer is stored in its pool's answer store (records packed
+//! in string buckets that expire whole, so a remembered answer costs a few
+//! dozen bytes, not a key of its own; the layout is in `lua/lib/answer.lua`):
+//! the body is the kind's award or `"!<code>[:<detail>]"` for a refusal.
+//! The fingerprint binds the id to the content it first asked for (Stripe's
+//! rule): the same id with other content is refused and moves nothing.
 //!
 //! Answers live in the pool's slot (the answer is written in the same
 //! atomic step as the draw), so they alone cannot see an id reused on
@@ -16,10 +15,13 @@
 //! set but whose pool step never ran (the worker died in between) is
 //! harmless: the redelivery finds the same fingerprint and runs the step.
 //!
-//! Both stores key an id by bytes of its SHA-256, not by the id itself: 8
-//! bytes in the claim store (plus the 12 bits that pick its group and the
-//! bucket selector), 6 bytes inside one pool's store, where the claim has
-//! already told ids apart.
+//! Both stores name a request by 16 bytes (128 bits) of SHA-256, compared
+//! in full: the claim store by a digest of the id, holding the 8-byte
+//! content fingerprint; the answer store by a digest of the fingerprint and
+//! the id, so an answer is found only for the id and the content it
+//! answered. Two requests share a record only if SHA-256 collides on them.
+//! Where a record lives depends on stored epochs, never on the TTL setting
+//! (`lua/lib/answer.lua`), so a changed `RESULT_TTL_S` forgets nothing.
 //!
 //! # Races and ordering
 //!
@@ -98,16 +100,24 @@ pub fn entry_id(scheme: &str, pool: &str, request_id: &str, serial: impl Display
 /// slots of a Redis Cluster).
 const CLAIM_GROUPS: u16 = 1024;
 
+/// Bytes of SHA-256 that name a request in a store: 128 bits, so two
+/// requests share a record only if SHA-256 collides on them.
+pub const DIGEST_BYTES: usize = 16;
+
 /// Where one request's claim and answer live, and what it asked: the
 /// tokens `lua/lib/answer.lua` reads.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tokens {
     /// The claim store of the id's group: `<prefix>:<space>:{<group>}`.
     pub claim_store: String,
-    /// `"<ttl>:<selector>:" ‖ 8 id-hash bytes ‖ 8 fingerprint bytes`.
+    /// `"<ttl>::" ‖ 16 bytes of SHA-256(id) ‖ 8 fingerprint bytes`.
     pub claim: Vec<u8>,
-    /// `"<ttl>:<selector>:" ‖ 6 id-hash bytes ‖ 2 fingerprint bytes ‖ id`.
+    /// `"<ttl>:<now>:" ‖ 16 bytes of SHA-256(fingerprint ‖ id) ‖ 8
+    /// fingerprint bytes`; `now` is empty until [`Tokens::at`] sets it.
     pub answer: Vec<u8>,
+    id: String,
+    ttl_s: u64,
+    fingerprint: Fingerprint,
 }
 
 impl Tokens {
@@ -117,20 +127,49 @@ impl Tokens {
     pub fn new(prefix: &str, space: &str, id: &str, fingerprint: Fingerprint, ttl_s: u64) -> Self {
         let h = Sha256::digest(id.as_bytes());
         let group = u16::from_be_bytes([h[0], h[1]]) % CLAIM_GROUPS;
-        let selector = u32::from_be_bytes([h[2], h[3], h[4], h[5]]);
-        let head = format!("{ttl_s}:{selector}:");
-        let mut claim = head.clone().into_bytes();
-        claim.extend_from_slice(&h[6..14]);
+        let mut claim = format!("{ttl_s}::").into_bytes();
+        claim.extend_from_slice(&h[..DIGEST_BYTES]);
         claim.extend_from_slice(&fingerprint.0);
-        let mut answer = head.into_bytes();
-        answer.extend_from_slice(&h[14..20]);
-        answer.extend_from_slice(&fingerprint.0[..2]);
-        answer.extend_from_slice(id.as_bytes());
-        Self {
+        let mut tokens = Self {
             claim_store: format!("{prefix}:{space}:{{{group}}}"),
             claim,
-            answer,
-        }
+            answer: Vec::new(),
+            id: id.to_owned(),
+            ttl_s,
+            fingerprint,
+        };
+        tokens.answer = tokens.answer_token(None);
+        tokens
+    }
+
+    /// The same request asking `fingerprint` instead.
+    pub fn with_fingerprint(&self, fingerprint: Fingerprint) -> Self {
+        let mut tokens = self.clone();
+        tokens
+            .claim
+            .truncate(self.claim.len() - fingerprint.0.len());
+        tokens.claim.extend_from_slice(&fingerprint.0);
+        tokens.fingerprint = fingerprint;
+        tokens.answer = tokens.answer_token(None);
+        tokens
+    }
+
+    /// Sets the time (unix seconds, Redis's clock) the answer token carries:
+    /// the time the request's claim read, so its pool step reads no clock.
+    pub fn at(&mut self, now: u64) {
+        self.answer = self.answer_token(Some(now));
+    }
+
+    fn answer_token(&self, now: Option<u64>) -> Vec<u8> {
+        let mut hash = Sha256::new();
+        hash.update(self.fingerprint.0);
+        hash.update(self.id.as_bytes());
+        let h = hash.finalize();
+        let now = now.map(|n| n.to_string()).unwrap_or_default();
+        let mut answer = format!("{}:{now}:", self.ttl_s).into_bytes();
+        answer.extend_from_slice(&h[..DIGEST_BYTES]);
+        answer.extend_from_slice(&self.fingerprint.0);
+        answer
     }
 }
 
@@ -144,19 +183,21 @@ pub enum Claim {
 }
 
 /// Binds the id of `tokens` to its fingerprint for the answer TTL, unless it
-/// is bound already; says whether the id may go on.
+/// is bound already; says whether the id may go on. The answer token then
+/// carries the time the claim read ([`Tokens::at`]).
 pub async fn claim<C: ConnectionLike + Send>(
     conn: &mut C,
     scripts: &Scripts,
-    tokens: &Tokens,
+    tokens: &mut Tokens,
 ) -> Result<Claim, HandleError> {
-    let ours: i64 = scripts
+    let (ours, now): (i64, u64) = scripts
         .claim
         .key(&tokens.claim_store)
         .arg(&tokens.claim)
         .arg("claim")
         .invoke_async(conn)
         .await?;
+    tokens.at(now);
     Ok(if ours == 1 {
         Claim::Ours
     } else {
@@ -173,7 +214,7 @@ pub async fn release<C: ConnectionLike + Send>(
     scripts: &Scripts,
     tokens: &Tokens,
 ) -> Result<(), HandleError> {
-    let _: i64 = scripts
+    let _: (i64, u64) = scripts
         .claim
         .key(&tokens.claim_store)
         .arg(&tokens.claim)
@@ -184,9 +225,10 @@ pub async fn release<C: ConnectionLike + Send>(
 }
 
 /// What the stores hold for a request: its claim's fingerprint and its
-/// answer (fingerprint bytes, then the body) in the answer store `results`.
-/// With `forget`, both are removed, as their expiry would a day later: for
-/// operators and tests.
+/// answer's body in the answer store `results`. The answer is looked up for
+/// the content the claim binds (for the fingerprint of `tokens` when there is
+/// no claim). With `forget`, both are removed, as their expiry would a day
+/// later: for operators and tests.
 pub async fn stored<C: ConnectionLike + Send>(
     conn: &mut C,
     scripts: &Scripts,
@@ -203,10 +245,14 @@ pub async fn stored<C: ConnectionLike + Send>(
         .arg(how)
         .invoke_async(conn)
         .await?;
+    let bound = claim
+        .as_deref()
+        .and_then(|fp| <[u8; 8]>::try_from(fp).ok())
+        .map(|fp| tokens.with_fingerprint(Fingerprint(fp)));
     let answer: Option<Vec<u8>> = scripts
         .forget
         .key(results)
-        .arg(&tokens.answer)
+        .arg(&bound.as_ref().unwrap_or(tokens).answer)
         .arg("answer")
         .arg(how)
         .invoke_async(conn)
@@ -383,28 +429,46 @@ mod tests {
     }
 
     #[test]
-    fn tokens_carry_the_ttl_hash_bytes_fingerprint_and_id() {
+    fn tokens_carry_the_ttl_full_digests_and_the_fingerprint() {
         let fp = fingerprint("draw", &[&"p", &1, &1]);
         let t = Tokens::new("pp", "rq", "req-1", fp, 90_000);
         let h = Sha256::digest(b"req-1");
         let group = u16::from_be_bytes([h[0], h[1]]) % CLAIM_GROUPS;
         assert_eq!(t.claim_store, format!("pp:rq:{{{group}}}"));
-        let selector = u32::from_be_bytes([h[2], h[3], h[4], h[5]]);
-        let head = format!("90000:{selector}:").into_bytes();
+        let head = b"90000::";
         assert_eq!(t.claim[..head.len()], head[..]);
-        assert_eq!(t.claim[head.len()..head.len() + 8], h[6..14]);
-        assert_eq!(t.claim[head.len() + 8..], fp.0);
+        assert_eq!(t.claim[head.len()..head.len() + 16], h[..16]);
+        assert_eq!(t.claim[head.len() + 16..], fp.0);
+        // The answer's digest covers the fingerprint and the id.
+        let mut both = fp.0.to_vec();
+        both.extend_from_slice(b"req-1");
+        let a = Sha256::digest(&both);
         assert_eq!(t.answer[..head.len()], head[..]);
-        assert_eq!(t.answer[head.len()..head.len() + 6], h[14..20]);
-        assert_eq!(t.answer[head.len() + 6..head.len() + 8], fp.0[..2]);
-        assert_eq!(&t.answer[head.len() + 8..], b"req-1");
-        // Another id, another field; another content, another fingerprint.
-        assert_ne!(Tokens::new("pp", "rq", "req-2", fp, 90_000).claim, t.claim);
-        let other = fingerprint("draw", &[&"p", &1, &2]);
-        assert_ne!(
-            Tokens::new("pp", "rq", "req-1", other, 90_000).claim,
-            t.claim
+        assert_eq!(t.answer[head.len()..head.len() + 16], a[..16]);
+        assert_eq!(t.answer[head.len() + 16..], fp.0);
+        // The claim's time rides in the answer token only.
+        let mut timed = t.clone();
+        timed.at(1_700_000_000);
+        assert!(timed.answer.starts_with(b"90000:1700000000:"));
+        assert_eq!(
+            timed.answer[b"90000:1700000000:".len()..],
+            t.answer[head.len()..]
         );
+        assert_eq!(timed.claim, t.claim);
+        // Another id, another digest; another content, another fingerprint
+        // and another answer digest.
+        let other_id = Tokens::new("pp", "rq", "req-2", fp, 90_000);
+        assert_ne!(other_id.claim, t.claim);
+        assert_ne!(other_id.answer, t.answer);
+        let other = fingerprint("draw", &[&"p", &1, &2]);
+        let changed = Tokens::new("pp", "rq", "req-1", other, 90_000);
+        assert_eq!(changed.claim[..head.len() + 16], t.claim[..head.len() + 16]);
+        assert_ne!(changed.claim, t.claim);
+        assert_ne!(
+            changed.answer[..head.len() + 16],
+            t.answer[..head.len() + 16]
+        );
+        assert_eq!(t.with_fingerprint(other), changed);
     }
 
     #[test]

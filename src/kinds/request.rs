@@ -90,9 +90,9 @@ impl Kinds {
     /// `ttl` seconds.
     pub async fn open(&self, req: DrawRequest, ttl: u64) -> Result<Opened, HandleError> {
         let fingerprint = fingerprint("draw", &[&req.pool, &req.user_id, &req.count]);
-        let tokens = Tokens::new(&self.prefix, "rq", &req.request_id, fingerprint, ttl);
+        let mut tokens = Tokens::new(&self.prefix, "rq", &req.request_id, fingerprint, ttl);
         let mut conn = self.redis();
-        if answer::claim(&mut conn, self.scripts(), &tokens).await? == Claim::Reused {
+        if answer::claim(&mut conn, self.scripts(), &mut tokens).await? == Claim::Reused {
             return Err(answer::reused("request_id", &req.request_id));
         }
         match self.route(&req.pool, req.user_id).await? {
@@ -190,7 +190,7 @@ impl Kinds {
     /// chances once ([`lottery::grant`]). The request must be valid.
     pub async fn grant(&self, grant: GrantRequest) -> Result<GrantResult, HandleError> {
         let fingerprint = fingerprint("grant", &[&grant.activity, &grant.user_id, &grant.chances]);
-        let tokens = Tokens::new(
+        let mut tokens = Tokens::new(
             &self.prefix,
             "gr",
             &grant.grant_id,
@@ -198,7 +198,7 @@ impl Kinds {
             lottery::GRANT_TTL_S,
         );
         let mut conn = self.redis();
-        if answer::claim(&mut conn, self.scripts(), &tokens).await? == Claim::Reused {
+        if answer::claim(&mut conn, self.scripts(), &mut tokens).await? == Claim::Reused {
             return Err(answer::reused("grant_id", &grant.grant_id));
         }
         let keys = self.keys(&grant.activity);

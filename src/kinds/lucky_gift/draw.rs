@@ -154,32 +154,18 @@ pub async fn stored_award<C: ConnectionLike + Send>(
     result_ttl_s: u64,
 ) -> Result<Option<Drawn>, HandleError> {
     let fingerprint = crate::kinds::fingerprint("draw", &[&pool, &user, &count]);
-    let print = fingerprint.0;
     let tokens = Tokens::new(prefix, "rq", request_id, fingerprint, result_ttl_s);
-    let (_, answer) =
+    let (claim, answer) =
         crate::kinds::answer::stored(conn, scripts, &keys.results(), &tokens, false).await?;
+    // An answer is looked up for the content the claim binds: another
+    // content's answer is not this request's.
+    if claim.is_some_and(|bound| bound[..] != fingerprint.0[..]) {
+        return Ok(None);
+    }
     let Some(answer) = answer else {
         return Ok(None);
     };
-    // The answer is the token's fingerprint bytes, then the body
-    // (lua/lib/answer.lua); the token is "<ttl>:<selector>:", 6 id-hash
-    // bytes, the fingerprint bytes, the id ([`Tokens`]).
-    let head = tokens
-        .answer
-        .iter()
-        .enumerate()
-        .filter(|(_, b)| **b == b':')
-        .nth(1)
-        .map_or(0, |(i, _)| i + 1);
-    let kept = tokens
-        .answer
-        .len()
-        .saturating_sub(head + 6 + request_id.len())
-        .min(print.len());
-    if answer.len() < kept || answer[..kept] != print[..kept] {
-        return Ok(None);
-    }
-    let body = String::from_utf8_lossy(&answer[kept..]);
+    let body = String::from_utf8_lossy(&answer);
     // The stored form "<serial>|<version>|<trigger or nothing>|<codes>"
     // (lua/lib/award.lua), or a full body stored before answers were
     // compacted. Price and asset are not checked here.
