@@ -26,6 +26,14 @@ for _, share in ipairs(left) do sum = sum + tonumber(string.match(share, ':(%d+)
 redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[1], 'closed', 1, 'refunded', sum)
 local retention = tonumber(ARGV[2])
-redis.call('EXPIRE', KEYS[1], retention)
+-- The meta hash also keeps the epochs of the packet's answer store
+-- (lib/answer.lua): it stays until their buckets are gone.
+local until_s = math.floor(tonumber(ARGV[1]) / 1000) + retention
+local e = redis.call('HMGET', KEYS[1], 'r.t', 'r.l', 'r.pt', 'r.pl')
+for i = 1, 3, 2 do
+  local t, l = tonumber(e[i]), tonumber(e[i + 1])
+  if t and l then until_s = math.max(until_s, t + 2 * l + 300) end
+end
+redis.call('EXPIREAT', KEYS[1], until_s)
 redis.call('EXPIRE', KEYS[3], retention)
 return {'closed', sum, #left}

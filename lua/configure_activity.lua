@@ -18,6 +18,8 @@ local kind = redis.call('HGET', KEYS[1], 'kind')
 if kind and kind ~= 'lottery' then return {'kind', kind} end
 local version = tonumber(redis.call('HGET', KEYS[1], 'version')) or 0
 if version > tonumber(ARGV[1]) then return {'stale', tostring(version)} end
+-- A meta hash made by a remembered refusal (lib/answer.lua) is the activity's now.
+redis.call('PERSIST', KEYS[1])
 redis.call('HSET', KEYS[1], 'kind', 'lottery', 'version', ARGV[1], 'strategy', ARGV[2],
   'starts_at', ARGV[3], 'ends_at', ARGV[4], 'prizes', ARGV[5], 'consolation', ARGV[6])
 for i = 7, #ARGV, 2 do

@@ -5,12 +5,13 @@
 -- KEYS[2]: prize list `q`; the first `visible` elements are drawable, the tail
 --          behind them is a batch being stocked and must not be touched
 -- KEYS[3]: `held` list: gated jackpots waiting, first in line
--- KEYS[4]: today's consumption counter (sum of count * unit_price, saturating)
+-- KEYS[4]: today's consumption counter of an earlier version (its name ends
+--          in the day; read on a day's first draw only)
 -- KEYS[5]: result key of this request (idempotency)
 -- ARGV[1]: count
 -- ARGV[2]: result TTL in seconds
--- ARGV[3]: consumption counter TTL in seconds
--- ARGV[4]: fingerprint of the request
+-- ARGV[3]: unused (the day's consumption lives in meta's `spent`)
+-- ARGV[4]: the request's answer token (lib/answer.lua)
 -- Returns: always three elements {status, text, number}:
 --          {"dup", body, 0}           the request was answered before; its first answer
 --          {"reused", "", 0}          the request id was first used for another request
@@ -29,26 +30,26 @@
 -- pops the prizes it reads and, for a short answer, pushes them back before
 -- anything else is written, so a step either completes or changes nothing.
 
-local seen = replay_award(KEYS[1], KEYS[5], ARGV[4])
-if seen then return seen end
-
+-- One read of meta: the pool, the positions and the answer store's epochs.
 local m = redis.call('HMGET', KEYS[1], 'kind', 'visible', 'unit_price',
   'jackpot_threshold', 'jackpot_codes', 'max_count', 'gen', 'version', 'asset', 'storage', 'due',
-  'qhead', 'hgen')
-if m[1] ~= 'lucky_gift' or m[10] == 'sparse' then return refuse(KEYS[5], ARGV[4], ARGV[2], 'unknown_pool') end
+  'qhead', 'hgen', 'drawn', 'spent', 'held_n', 'hs', 'ns', unpack(STORE_FIELDS))
+local seen = replay_award(KEYS[1], KEYS[5], ARGV[4], m, 19)
+if seen then return seen end
+if m[1] ~= 'lucky_gift' or m[10] == 'sparse' then return refuse_unknown(KEYS[5], ARGV[4], ARGV[2], m[1]) end
 local count = tonumber(ARGV[1])
 local max_count = tonumber(m[6])
 if max_count and count > max_count then return {'too_many', int(max_count), 0} end
 
 local unit_price = tonumber(m[3])
-local held_len = redis.call('LLEN', KEYS[3])
+local held_len = held_count(KEYS[3], m[16])
 -- No jackpot rule, or today's consumption (this draw included) reached it.
-local spent, open = gate(KEYS[4], count, unit_price, m[4])
+local _, open, spent = gate(m[15], KEYS[4], count, unit_price, m[4])
 local gen = tonumber(m[7]) or 0
 -- Positions count the pops of `q`.
 local qhead = tonumber(m[12]) or 0
 local hgen0 = tonumber(m[13]) or 0
-local track = positions(KEYS[1], hgen0)
+local track = positions(KEYS[1], hgen0, gen, m[17], m[18])
 
 -- The list's reader for the jackpot rule: pops from the head of `q`,
 -- keeping the elements popped for the undo and the refill flag.
@@ -78,13 +79,13 @@ for _, v in ipairs(popped) do
   local flagged = tonumber(string.match(v, '^%d+f(%d+)$'))
   if flagged and flagged > trigger then trigger = flagged end
 end
--- (Lua 5.1 prints -0 as "-0", which Redis refuses: skip a zero move.)
+local fields = {}
 if plan.used > 0 then
-  redis.call('HINCRBY', KEYS[1], 'visible', -plan.used)
-  redis.call('HSET', KEYS[1], 'qhead', int(qhead + plan.used))
+  fields = {'visible', int((tonumber(m[2]) or 0) - plan.used), 'qhead', int(qhead + plan.used)}
 end
 return draw_award({meta = KEYS[1], result = KEYS[5], spent_key = KEYS[4], token = ARGV[4],
-  result_ttl = ARGV[2], spent_ttl = ARGV[3], version = m[8], asset = m[9], due = m[11],
+  result_ttl = ARGV[2], version = m[8], asset = m[9], due = m[11], drawn = m[14],
   unit_price = unit_price, count = count, spent = spent, trigger = trigger,
+  held_n = held_len - plan.from_held + #plan.parked, held_was = m[16],
   codes = codes, origins = origins, parked_at = plan.parked_at,
-  track = track, hgen0 = hgen0, next_pos = qhead + plan.used})
+  track = track, hgen0 = hgen0, next_pos = qhead + plan.used, fields = fields})

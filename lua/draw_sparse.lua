@@ -13,11 +13,11 @@
 -- KEYS[3]: `seg` sorted set of combo runs
 -- KEYS[4]: `flags` sorted set (score = flagged index, member = batch number)
 -- KEYS[5]: `held` list of gated jackpots
--- KEYS[6]: today's consumption counter
+-- KEYS[6]: today's consumption counter of an earlier version (lib/jackpot.lua, gate)
 -- KEYS[7]: result key of this request
 -- ARGV[1]: count
 -- ARGV[2]: result TTL, seconds
--- ARGV[3]: consumption counter TTL, seconds
+-- ARGV[3]: unused (the day's consumption lives in meta's `spent`)
 -- ARGV[4]: bucket size
 -- ARGV[5]: fingerprint of the request
 -- Returns: the same three-element replies as draw_lucky_gift.lua (positions
@@ -27,11 +27,12 @@
 -- everything is read and checked before the first write: a step either
 -- completes or changes nothing.
 
-local seen = replay_award(KEYS[1], KEYS[7], ARGV[5])
-if seen then return seen end
 local m = redis.call('HMGET', KEYS[1], 'kind', 'storage', 'max_index', 'cur', 'unit_price',
-  'jackpot_threshold', 'jackpot_codes', 'max_count', 'gen', 'version', 'asset', 'due', 'hgen')
-if m[1] ~= 'lucky_gift' or m[2] ~= 'sparse' then return refuse(KEYS[7], ARGV[5], ARGV[2], 'unknown_pool') end
+  'jackpot_threshold', 'jackpot_codes', 'max_count', 'gen', 'version', 'asset', 'due', 'hgen',
+  'drawn', 'spent', 'held_n', 'hs', 'ns', unpack(STORE_FIELDS))
+local seen = replay_award(KEYS[1], KEYS[7], ARGV[5], m, 19)
+if seen then return seen end
+if m[1] ~= 'lucky_gift' or m[2] ~= 'sparse' then return refuse_unknown(KEYS[7], ARGV[5], ARGV[2], m[1]) end
 local count = tonumber(ARGV[1])
 local max_count = tonumber(m[8])
 if max_count and count > max_count then return {'too_many', int(max_count), 0} end
@@ -40,12 +41,12 @@ local max_index = tonumber(m[3]) or 0
 local cur = tonumber(m[4]) or 0
 local unit_price = tonumber(m[5])
 local gen = tonumber(m[9]) or 0
-local held_len = redis.call('LLEN', KEYS[5])
+local held_len = held_count(KEYS[5], m[16])
 -- No jackpot rule, or today's consumption (this draw included) reached it.
-local spent, open = gate(KEYS[6], count, unit_price, m[6])
+local _, open, spent = gate(m[15], KEYS[6], count, unit_price, m[6])
 -- Positions count indices.
 local hgen0 = tonumber(m[13]) or 0
-local track = positions(KEYS[1], hgen0)
+local track = positions(KEYS[1], hgen0, gen, m[17], m[18])
 
 -- Reading prizes by index, one bucket and one combo run at a time.
 local buckets = {}
@@ -100,6 +101,7 @@ end
 local codes, origins = jackpot_take(KEYS[5], plan)
 local new_cur = cur + plan.used
 local trigger = -1
+local fields = {}
 if new_cur > cur then
   -- The refill flag of any index passed, parked jackpots included.
   for _, g in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], int(cur), int(new_cur - 1))) do
@@ -110,10 +112,11 @@ if new_cur > cur then
   for b = math.floor(cur / B), math.floor(new_cur / B) - 1 do redis.call('HDEL', KEYS[2], int(b)) end
   local s = redis.call('ZREVRANGEBYSCORE', KEYS[3], int(new_cur), '-inf', 'LIMIT', 0, 1)
   if s[1] then redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. string.match(s[1], '^(%d+):')) end
-  redis.call('HSET', KEYS[1], 'cur', int(new_cur))
+  fields = {'cur', int(new_cur)}
 end
 return draw_award({meta = KEYS[1], result = KEYS[7], spent_key = KEYS[6], token = ARGV[5],
-  result_ttl = ARGV[2], spent_ttl = ARGV[3], version = m[10], asset = m[11], due = m[12],
+  result_ttl = ARGV[2], version = m[10], asset = m[11], due = m[12], drawn = m[14],
   unit_price = unit_price, count = count, spent = spent, trigger = trigger,
+  held_n = held_len - plan.from_held + #plan.parked, held_was = m[16],
   codes = codes, origins = origins, parked_at = plan.parked_at,
-  track = track, hgen0 = hgen0, next_pos = new_cur})
+  track = track, hgen0 = hgen0, next_pos = new_cur, fields = fields})

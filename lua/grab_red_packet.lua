@@ -8,7 +8,7 @@
 -- ARGV[1]: user id
 -- ARGV[2]: now, unix milliseconds
 -- ARGV[3]: result TTL in seconds
--- ARGV[4]: fingerprint of the request
+-- ARGV[4]: the request's answer token (lib/answer.lua)
 -- Returns: {status, text, 0}:
 --          {"ok", "<share>:<amount>:<asset>", 0}  a share, now
 --          {"dup", body, 0}                       the request's first answer
@@ -16,23 +16,31 @@
 --          {"refused", code, 0}                   pool_closed (expired or closed), sold_out,
 --                                                 unknown_pool, already_grabbed:<share>:<amount>
 
-local seen = replay(KEYS[4], ARGV[4])
+local m = redis.call('HMGET', KEYS[1], 'kind', 'closed', 'expires_at', 'asset', 'grabbed',
+  'grabbed_count', unpack(STORE_FIELDS))
+local seen = replay(KEYS[4], ARGV[4], m, 7)
 if seen then return seen end
-local m = redis.call('HMGET', KEYS[1], 'kind', 'closed', 'expires_at', 'asset')
-if m[1] ~= 'red_packet' then return refuse(KEYS[4], ARGV[4], ARGV[3], 'unknown_pool') end
+if m[1] ~= 'red_packet' then return refuse_unknown(KEYS[4], ARGV[4], ARGV[3], m[1]) end
 -- The deadline is checked here, not only by the expiry job, so nobody grabs
 -- after expires_at even if the job runs late.
 if m[2] == '1' or tonumber(ARGV[2]) >= tonumber(m[3]) then
   return refuse(KEYS[4], ARGV[4], ARGV[3], 'pool_closed')
 end
-local mine = redis.call('HGET', KEYS[3], ARGV[1])
-if mine then return refuse(KEYS[4], ARGV[4], ARGV[3], 'already_grabbed:' .. mine) end
+-- A share is taken, then bound to the user unless the user holds one (then
+-- it goes back where it was): one write each on the way every grab takes.
 local share = redis.call('LPOP', KEYS[2])
-if not share then return refuse(KEYS[4], ARGV[4], ARGV[3], 'sold_out') end
+if not share then
+  local mine = redis.call('HGET', KEYS[3], ARGV[1])
+  if mine then return refuse(KEYS[4], ARGV[4], ARGV[3], 'already_grabbed:' .. mine) end
+  return refuse(KEYS[4], ARGV[4], ARGV[3], 'sold_out')
+end
+if redis.call('HSETNX', KEYS[3], ARGV[1], share) == 0 then
+  redis.call('LPUSH', KEYS[2], share)
+  return refuse(KEYS[4], ARGV[4], ARGV[3], 'already_grabbed:' .. redis.call('HGET', KEYS[3], ARGV[1]))
+end
 local amount = tonumber(string.match(share, ':(%d+)$'))
-redis.call('HSET', KEYS[3], ARGV[1], share)
-redis.call('HINCRBY', KEYS[1], 'grabbed', amount)
-redis.call('HINCRBY', KEYS[1], 'grabbed_count', 1)
+redis.call('HSET', KEYS[1], 'grabbed', int((tonumber(m[5]) or 0) + amount),
+  'grabbed_count', int((tonumber(m[6]) or 0) + 1))
 local body = share .. ':' .. (m[4] or 'coin')
 remember(KEYS[4], ARGV[4], body, ARGV[3])
 return {'ok', body, 0}

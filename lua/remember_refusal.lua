@@ -10,4 +10,6 @@
 
 local seen = replay(KEYS[1], ARGV[1])
 if seen then return seen end
+-- For a pool that is not there, the store's meta hash expires with it.
+if not redis.call('HGET', meta_of(KEYS[1]), 'kind') then OPEN[KEYS[1] .. ARGV[1]].ephemeral = true end
 return refuse(KEYS[1], ARGV[1], 0, ARGV[2])

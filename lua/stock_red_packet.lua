@@ -12,6 +12,8 @@
 local kind = redis.call('HGET', KEYS[1], 'kind')
 if kind == 'red_packet' then return {'exists', 0} end
 if kind then return {'kind', 0} end
+-- A meta hash made by a remembered refusal (lib/answer.lua) is the packet's now.
+redis.call('PERSIST', KEYS[1])
 redis.call('HSET', KEYS[1], 'kind', 'red_packet', 'sender', ARGV[1], 'total', ARGV[2],
   'expires_at', ARGV[3], 'asset', ARGV[4], 'grabbed', 0, 'grabbed_count', 0,
   'refunded', 0, 'closed', 0)

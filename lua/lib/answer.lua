@@ -38,11 +38,17 @@
 -- other bits of its digest, so without a counter) splits bucket n - 2^L into
 -- itself and a new bucket n, which keeps about PER_BUCKET records a bucket.
 --
--- Keys (`<store>` is KEYS[n] of the script; the meta hash is `<store>`
--- unless the script passes another):
---   <store>                     hash: r.t r.l r.n r.pt r.pl r.pn
+-- Keys (`<store>` is KEYS[n] of the script). A pool's answer store
+-- (`<pool keys>rs`) keeps its epochs in the pool's meta hash
+-- (`<pool keys>meta`), which its draw step reads anyway, so a draw reads
+-- its pool and its answer store's geometry in one HMGET; a claim store keeps
+-- them in its own hash:
+--   <meta>                      hash: r.t r.l r.n r.pt r.pl r.pn
 --   <store>:<epoch start>:<i>   string: records
 --   <store>:x:<hex digest>      string: a long body
+-- A meta hash that holds only a store's fields (a refusal remembered for a
+-- pool that does not exist) expires with the store; loading the pool keeps
+-- it for good (PERSIST in the loaders).
 --
 -- A request comes as a token built by the Rust side (src/kinds/answer.rs):
 --   "<ttl s>:<now s, or empty>:" .. digest (16 bytes) .. fingerprint (8 bytes)
@@ -110,20 +116,28 @@ local function record_in(b, d)
   end
 end
 
--- Opens the store `key` (meta hash `meta`, `key` itself when nil) for the
--- request of `token`. `pre`, when given, holds the STORE_FIELDS values the
--- caller read from `meta` already.
-local function store_open(key, token, meta, pre)
+-- The meta hash of store `key`: the pool's meta hash for a pool's answer
+-- store, the store itself for a claim store.
+local function meta_of(key)
+  if string.sub(key, -3) == ':rs' then return string.sub(key, 1, -3) .. 'meta' end
+  return key
+end
+
+-- Opens the store `key` for the request of `token`. `pre`, when given,
+-- holds the STORE_FIELDS values the caller read from the store's meta hash
+-- already (from index `at` on).
+local function store_open(key, token, pre, at)
   local ttl, now, rest = string.match(token, '^(%d+):(%d*):(.*)$')
   if now == '' then now = tonumber(redis.call('TIME')[1]) else now = tonumber(now) end
-  local s = {key = key, meta = meta or key, ttl = tonumber(ttl), now = now,
+  local s = {key = key, meta = meta_of(key), ttl = tonumber(ttl), now = now,
     d = string.sub(rest, 1, 16), fp = string.sub(rest, 17, 24)}
   s.h = hash_at(s.d, 1)
   local a, b = string.byte(s.d, 7, 8)
   s.splits = (a * 256 + b) % PER_BUCKET == 0
-  local m = pre or redis.call('HMGET', s.meta, unpack(STORE_FIELDS))
-  s.t, s.l, s.n = tonumber(m[1]), tonumber(m[2]), tonumber(m[3])
-  s.pt, s.pl, s.pn = tonumber(m[4]), tonumber(m[5]), tonumber(m[6])
+  local m, o = pre, (at or 1) - 1
+  if not m then m, o = redis.call('HMGET', s.meta, unpack(STORE_FIELDS)), 0 end
+  s.t, s.l, s.n = tonumber(m[o + 1]), tonumber(m[o + 2]), tonumber(m[o + 3])
+  s.pt, s.pl, s.pn = tonumber(m[o + 4]), tonumber(m[o + 5]), tonumber(m[o + 6])
   if s.t and now >= s.t + 2 * s.l + SKEW then s.t = nil end
   if s.pt and now >= s.pt + 2 * s.pl + SKEW then s.pt = nil end
   return s
@@ -195,7 +209,7 @@ local function store_put(s, value)
         'r.pt', int(s.pt), 'r.pl', int(s.pl), 'r.pn', int(s.pn)
     end
     redis.call('HSET', s.meta, unpack(fields))
-    if s.meta == s.key then
+    if s.meta == s.key or s.ephemeral then
       local exp = expiry_of(s.t, s.l)
       if s.pt then exp = math.max(exp, expiry_of(s.pt, s.pl)) end
       redis.call('EXPIREAT', s.meta, exp)
@@ -236,9 +250,10 @@ end
 local OPEN = {}
 
 -- The first answer of a request, if it has one: {"dup", body, 0}. `key` is
--- the pool's answer store, `token` the request's; `pre` as for store_open.
-local function replay(key, token, meta, pre)
-  local s = store_open(key, token, meta, pre)
+-- the pool's answer store, `token` the request's; `pre` and `at` as for
+-- store_open.
+local function replay(key, token, pre, at)
+  local s = store_open(key, token, pre, at)
   local body = store_find(s)
   OPEN[key .. token] = s
   if body then return {'dup', body, 0} end
@@ -259,6 +274,15 @@ end
 local function refuse(key, token, ttl, code)
   remember(key, token, '!' .. code, ttl)
   return {'refused', code, 0}
+end
+
+-- The refusal of a request naming a pool that is not there (`kind` is the
+-- kind its meta hash names, nil when there is none): if storing it creates
+-- the meta hash, that hash expires with the store.
+local function refuse_unknown(key, token, ttl, kind)
+  local s = OPEN[key .. token]
+  if s and not kind then s.ephemeral = true end
+  return refuse(key, token, ttl, 'unknown_pool')
 end
 
 -- Pushes `items` onto `key` with `cmd` (RPUSH or LPUSH) in chunks, in order:

@@ -17,29 +17,45 @@ local function draw_short(meta_key, gen, due, in_pool)
 end
 
 -- The last writes of an awarded draw, after the storage's own: the
--- fairness record, the serial, the refill point taken, the day's
--- consumption; then the answer is stored and returned. `d` holds:
+-- fairness record, then one HSET of the pool's meta (the serial, the refill
+-- point taken, the day's consumption, the `held` count, the batch pointer
+-- and the storage's own fields); then the answer is stored and returned.
+-- `d` holds:
 --   meta, result, spent_key     KEYS: meta hash, answer store, day counter
---   token, result_ttl, spent_ttl    the request's fingerprint and the TTLs
+--   token, result_ttl           the request's token and answer TTL
 --   version, asset, due         meta's `version`, `asset`, `due` (raw)
---   unit_price, count, spent    the price, the prizes drawn, gate()'s total
+--   drawn                       meta's `drawn` before this draw
+--   unit_price, count, spent    the price, the prizes drawn, gate()'s field
+--   held_n, held_was            `held` after the draw; meta's `held_n` (raw)
 --   trigger                     the batch whose refill flag was taken, or -1
 --   codes, origins, parked_at   jackpot_take()'s answer and the plan's parks
 --   track, hgen0, next_pos      the positions() tracker, meta's `hgen`, and
 --                               the running position after the draw
+--   fields                      the storage's meta writes (name, value, ...)
 local function draw_award(d)
-  local record = fair_record(d.meta, d.track, d.hgen0, d.origins, d.parked_at, d.next_pos)
-  local serial = redis.call('HINCRBY', d.meta, 'drawn', d.count)
+  local fields = d.fields
+  local record = fair_record(d.meta, d.track, d.hgen0, d.origins, d.parked_at, d.next_pos, fields)
+  local serial = (tonumber(d.drawn) or 0) + d.count
+  fields[#fields + 1] = 'drawn'
+  fields[#fields + 1] = int(serial)
+  fields[#fields + 1] = 'spent'
+  fields[#fields + 1] = d.spent
   -- The batch whose refill point this draw took is due for its successor:
   -- a refill request for any later batch is refused.
-  if d.trigger > (tonumber(d.due) or -1) then redis.call('HSET', d.meta, 'due', int(d.trigger)) end
-  redis.call('SET', d.spent_key, int(d.spent), 'EX', tonumber(d.spent_ttl))
+  if d.trigger > (tonumber(d.due) or -1) then
+    fields[#fields + 1] = 'due'
+    fields[#fields + 1] = int(d.trigger)
+  end
+  if tonumber(d.held_was) ~= d.held_n then
+    fields[#fields + 1] = 'held_n'
+    fields[#fields + 1] = int(d.held_n)
+  end
+  redis.call('HSET', d.meta, unpack(fields))
   local version, asset = d.version or '0', d.asset or 'coin'
-  local codes = table.concat(d.codes, ',') .. record
+  local codes = codes_text(d.codes) .. record
   local body = int(serial) .. '|' .. version .. '|' .. int(d.unit_price) .. '|' .. int(d.trigger) .. '|'
     .. codes .. '|' .. asset
   -- The fairness record travels inside the codes field of the stored form.
-  remember(d.result, d.token, award_stored(d.meta, serial, version, d.unit_price, d.trigger,
-    codes, asset), d.result_ttl)
+  remember(d.result, d.token, award_stored(serial, version, d.trigger, codes), d.result_ttl)
   return {'ok', body, 0}
 end

@@ -36,11 +36,25 @@ local function jackpot_set(field)
 end
 
 -- Today's consumption with this draw's (capped, so it stays exact) and
--- whether it opens the gate; an empty threshold means no rule.
-local function gate(spent_key, count, unit_price, threshold_field)
-  local spent = math.min((tonumber(redis.call('GET', spent_key)) or 0) + count * unit_price, SPENT_CAP)
+-- whether it opens the gate; an empty threshold means no rule. The day's
+-- consumption lives in meta's `spent` as "<day>:<amount>"; `spent_key` (the
+-- day's key, whose name ends in the day) is read only on a day's first draw,
+-- for a total kept there by an earlier version. Returns the total, the
+-- verdict and the field's new value.
+local function gate(field, spent_key, count, unit_price, threshold_field)
+  local day = string.match(spent_key, ':(%d+)$') or ''
+  local fday, amount = string.match(field or '', '^(%d+):(%d+)$')
+  local before
+  if fday == day then before = tonumber(amount) else before = tonumber(redis.call('GET', spent_key)) or 0 end
+  local spent = math.min(before + count * unit_price, SPENT_CAP)
   local threshold = tonumber(threshold_field)
-  return spent, (threshold == nil) or (spent >= threshold)
+  return spent, (threshold == nil) or (spent >= threshold), day .. ':' .. int(spent)
+end
+
+-- How many prizes wait in `held`: meta's `held_n` (kept by the draws), or
+-- the list's length for a pool whose draws have not kept it yet.
+local function held_count(held_key, field)
+  return tonumber(field) or redis.call('LLEN', held_key)
 end
 
 -- How many of the first `count` prizes in `held` are freed (no jackpot
@@ -89,18 +103,33 @@ end
 -- jackpots waits in `held`. The reveal travels in that draw's answer.
 
 -- A tracker of positions for one draw: reads only, so a step that ends
--- `short` after using it has written nothing.
-local function positions(meta_key, hgen)
-  local t = {hgen = hgen, done = {}}
+-- `short` after using it has written nothing. `gen` is meta's `gen` (the
+-- last batch committed: a later batch has no start yet); `hs` and `ns` are
+-- meta's cached starts of batches hgen and hgen + 1 ("<g>:<start>", kept by
+-- the draws, trusted only for the batch they name), so a draw within one
+-- batch reads no start of its own.
+local function positions(meta_key, hgen, gen, hs, ns)
+  local t = {hgen = hgen, done = {}, cached = {}}
   local starts = {}
+  for _, f in ipairs({hs or '', ns or ''}) do
+    local g, v = string.match(f, '^(%d+):(%d+)$')
+    if g then t.cached[tonumber(g)] = tonumber(v) end
+  end
   local function start(g)
     local s = starts[g]
     if s == nil then
-      s = tonumber(redis.call('HGET', meta_key, 'bstart:' .. int(g))) or false
+      if g > gen then
+        s = false
+      elseif t.cached[g] then
+        s = t.cached[g]
+      else
+        s = tonumber(redis.call('HGET', meta_key, 'bstart:' .. int(g))) or false
+      end
       starts[g] = s
     end
     return s
   end
+  t.start = start
   -- Moves past every batch that starts at or before position `i`.
   function t.advance(i)
     while true do
@@ -121,6 +150,16 @@ local function positions(meta_key, hgen)
     if s then return {t.hgen, i - s} end
     return {0, 0}
   end
+  -- Meta fields to write after the draw: the batch pointer and the cached
+  -- starts, where they changed.
+  function t.fields(out, hgen0)
+    if t.hgen ~= hgen0 then out[#out + 1] = 'hgen'; out[#out + 1] = int(t.hgen) end
+    for k, f in ipairs({'hs', 'ns'}) do
+      local g = t.hgen + k - 1
+      local s = start(g)
+      if s and t.cached[g] ~= s then out[#out + 1] = f; out[#out + 1] = int(g) .. ':' .. int(s) end
+    end
+  end
   return t
 end
 
@@ -131,14 +170,14 @@ local function held_element(code, origin)
 end
 
 -- The writes of a draw's fairness record, after every check: held counts,
--- the batch pointer, reveals. `origins` lists the origins of the answer's
+-- reveals (the batch pointer goes to `fields`, the draw's one meta write). `origins` lists the origins of the answer's
 -- prizes in answer order (a third element `true` when taken from `held`),
 -- `parked` the origins of the jackpots this draw parked, `next_pos` the
 -- running position after the draw. Returns the answer's suffix
 -- "/<runs>/<parked>/<reveals>": runs "g.p.n" (n prizes at positions
 -- p..p+n-1 of batch g, in answer order), parked "g.p", reveals
 -- "g.<version>.<seed hex>".
-local function fair_record(meta_key, t, hgen0, origins, parked, next_pos)
+local function fair_record(meta_key, t, hgen0, origins, parked, next_pos, fields)
   t.advance(next_pos)
   local delta, order = {}, {}
   local function add(g, d)
@@ -164,7 +203,7 @@ local function fair_record(meta_key, t, hgen0, origins, parked, next_pos)
     if g > 0 then redis.call('HDEL', meta_key, 'bstart:' .. int(g)) end
     candidate(g)
   end
-  if t.hgen ~= hgen0 then redis.call('HSET', meta_key, 'hgen', int(t.hgen)) end
+  t.fields(fields, hgen0)
   table.sort(candidates)
   local reveals = {}
   for _, g in ipairs(candidates) do

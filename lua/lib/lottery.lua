@@ -14,10 +14,11 @@ end
 -- activity's meta {kind, starts_at, ends_at, prizes, consolation}, or nil and
 -- the reply to give (a replay, or a remembered refusal).
 local function lottery_gate()
-  local seen = replay(KEYS[5], ARGV[6])
+  local m = redis.call('HMGET', KEYS[1], 'kind', 'starts_at', 'ends_at', 'prizes', 'consolation',
+    unpack(STORE_FIELDS))
+  local seen = replay(KEYS[5], ARGV[6], m, 6)
   if seen then return nil, seen end
-  local m = redis.call('HMGET', KEYS[1], 'kind', 'starts_at', 'ends_at', 'prizes', 'consolation')
-  if m[1] ~= 'lottery' then return nil, refuse(KEYS[5], ARGV[6], ARGV[4], 'unknown_pool') end
+  if m[1] ~= 'lottery' then return nil, refuse_unknown(KEYS[5], ARGV[6], ARGV[4], m[1]) end
   local now = tonumber(ARGV[2])
   local refusal = nil
   if now < tonumber(m[2]) then

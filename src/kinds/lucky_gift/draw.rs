@@ -66,8 +66,7 @@ impl Drawn {
         let unit_price = number()?;
         let trigger = number()?;
         let mut record = parts.next().ok_or_else(bad)?.split('/');
-        let codes: Vec<u32> =
-            list(record.next().unwrap_or_default(), |s| s.parse().ok()).ok_or_else(bad)?;
+        let codes = expand_codes(record.next().unwrap_or_default()).ok_or_else(bad)?;
         let positions = list(record.next().unwrap_or_default(), |s| {
             let [generation, position, count] = numbers(s)?;
             Some(PrizeRun {
@@ -115,6 +114,27 @@ impl Drawn {
             revealed,
         })
     }
+}
+
+/// The codes of an award written as runs (`lua/lib/award.lua`): each item
+/// `<code>` or `<code>*<n>` (n of that code in a row); `None` if an item
+/// does not read or the runs add up to more than a draw can hold.
+fn expand_codes(text: &str) -> Option<Vec<u32>> {
+    let mut codes: Vec<u32> = Vec::new();
+    for item in text.split(',').filter(|s| !s.is_empty()) {
+        let (code, n) = match item.split_once('*') {
+            Some((code, n)) => (
+                code.parse::<u32>().ok()?,
+                n.parse::<usize>().ok().filter(|n| *n >= 2)?,
+            ),
+            None => (item.parse::<u32>().ok()?, 1),
+        };
+        if codes.len() + n > crate::messages::MAX_DRAW_COUNT as usize {
+            return None;
+        }
+        codes.extend(std::iter::repeat_n(code, n));
+    }
+    Some(codes)
 }
 
 /// The comma-separated items of `text`, each read by `item`; `None` if one
@@ -538,6 +558,15 @@ mod tests {
         assert_eq!(d.codes, vec![1, 2, 3]);
         assert_eq!(d.asset, "item:a|b");
         assert_eq!(Drawn::parse("1|1|1|4||coin").unwrap().trigger, Some(4));
+        // Runs of equal codes, as the scripts store them.
+        let d = Drawn::parse("9|3|100|-1|1*3,2,0*2|coin").unwrap();
+        assert_eq!(d.codes, vec![1, 1, 1, 2, 0, 0]);
+        for bad in ["1*1", "1*", "*2", "1*x", "1*10001", "0*5000,1*5001"] {
+            assert!(
+                Drawn::parse(&format!("9|3|100|-1|{bad}|coin")).is_err(),
+                "{bad}"
+            );
+        }
         let seed = "ab".repeat(32);
         let d = Drawn::parse(&format!(
             "5|2|10|-1|7,8,9/3.10.2,0.0.1/3.12/2.1.{seed}|coin"
