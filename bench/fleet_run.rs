@@ -67,6 +67,9 @@ pub(crate) async fn fleet_run(
     )
     .await;
 
+    let mut redis = svc.redis.clone();
+    // A server that refuses CONFIG (a managed one) leaves the count out.
+    let counted = stats::reset_redis_stats(&mut redis).await.is_ok();
     let cpu_before = fleet.cpu();
     let services_before = stats::service_cpu();
     let own_before = stats::cpu_time(std::process::id()).unwrap_or_default();
@@ -81,6 +84,11 @@ pub(crate) async fn fleet_run(
         .zip(messages_before)
         .map(|(after, before)| after.saturating_sub(before));
     let cpu_after = fleet.cpu();
+    let redis_commands = if counted {
+        stats::redis_commands(&mut redis).await.ok()
+    } else {
+        None
+    };
     let services: Vec<report::ServiceCpu> = stats::service_cpu_since(&services_before)
         .into_iter()
         .map(|(name, cpu_s)| report::ServiceCpu { name, cpu_s })
@@ -149,6 +157,10 @@ pub(crate) async fn fleet_run(
         services,
         broker_cpu_per_draw_us,
         cpu_budget,
+        redis_commands_per_draw: redis_commands
+            .as_ref()
+            .map(|c| c.iter().map(|(_, n)| *n).sum::<u64>() as f64 / max.ok.max(1) as f64),
+        redis_commands: redis_commands.unwrap_or_default(),
         draw_workers: workers,
         cpu_per_draw_us: worker_cpu * 1e6 / max.ok.max(1) as f64,
         load_generator_cpu_s: own.as_secs_f64(),

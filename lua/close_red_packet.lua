@@ -29,10 +29,10 @@ local retention = tonumber(ARGV[2])
 -- The meta hash also keeps the epochs of the packet's answer store
 -- (lib/answer.lua): it stays until their buckets are gone.
 local until_s = math.floor(tonumber(ARGV[1]) / 1000) + retention
-local e = redis.call('HMGET', KEYS[1], 'r.t', 'r.l', 'r.pt', 'r.pl')
-for i = 1, 3, 2 do
-  local t, l = tonumber(e[i]), tonumber(e[i + 1])
-  if t and l then until_s = math.max(until_s, t + 2 * l + 300) end
+-- (`r.e`: "<start>:<length>:<buckets>;...", whose buckets expire 5 lengths
+-- and 300 s after their start.)
+for t, l in string.gmatch(redis.call('HGET', KEYS[1], 'r.e') or '', '(%d+):(%d+):%d+') do
+  until_s = math.max(until_s, tonumber(t) + 5 * tonumber(l) + 300)
 end
 redis.call('EXPIREAT', KEYS[1], until_s)
 redis.call('EXPIRE', KEYS[3], retention)

@@ -15,7 +15,7 @@
 -- ARGV[3]: random integers in [0, 2^52) from the caller, comma-separated
 -- ARGV[4]: result TTL, seconds
 -- ARGV[5]: PV/UV TTL, seconds
--- ARGV[6]: fingerprint of the request
+-- ARGV[6]: the request's answer token (lib/answer.lua)
 -- Returns: {status, text, 0}:
 --          {"ok", "<serial>~<value>;<prize>:<weight>,...|<prize>|<chances left>", 0}
 --          (the random value used and the weights it was read against),
@@ -35,12 +35,18 @@ if not m then return reply end
 -- Candidates: prizes with stock left (a sold-out prize's weight drops out),
 -- then the consolation prize. One pass, no retries.
 local ids, weights, total = {}, {}, 0
+local listed, listed_w = {}, {}
 for id, w in string.gmatch(m[4], '([^,:]+):(%d+)') do
-  local left = tonumber(redis.call('HGET', KEYS[3], id)) or 0
-  if left > 0 then
+  listed[#listed + 1] = id
+  listed_w[#listed_w + 1] = tonumber(w)
+end
+local lefts = {}
+if #listed > 0 then lefts = redis.call('HMGET', KEYS[3], unpack(listed)) end
+for i, id in ipairs(listed) do
+  if (tonumber(lefts[i]) or 0) > 0 then
     ids[#ids + 1] = id
-    weights[#weights + 1] = tonumber(w)
-    total = total + tonumber(w)
+    weights[#weights + 1] = listed_w[i]
+    total = total + listed_w[i]
   end
 end
 local finite = #ids

@@ -191,3 +191,51 @@ async fn a_red_packet_grab_costs_at_most_twelve_commands() {
     );
     env.stop_workers().await;
 }
+
+#[tokio::test]
+async fn a_lottery_draw_costs_what_it_is_pinned_at() {
+    let (_server, mut env, mut conn) = private_env().await;
+    let now = chrono::Utc::now();
+    env.load_activities(&common::activity_toml(
+        "act-cmd",
+        now - chrono::Duration::hours(1),
+        now + chrono::Duration::hours(1),
+        "{ id = \"x\", weight = 1, stock = 1000 }, { id = \"y\", weight = 3, stock = 1000 }",
+    ))
+    .await;
+    env.start_draw_worker().await;
+    let client = env.client().await;
+    let n = 50;
+    for user in 0..n as i64 {
+        let g = client
+            .call(
+                "draw",
+                &json!({"type": "lottery.grant", "grant_id": format!("g-{user}"), "activity": "act-cmd", "user_id": user, "chances": 2}),
+                T,
+            )
+            .await
+            .unwrap();
+        assert_eq!(g["status"], "ok", "{g}");
+    }
+    let (total, stats) = count_draws(
+        &env,
+        &mut conn,
+        "lottery",
+        |i| draw_as(&format!("lot-{i}"), "act-cmd", (i % n) as i64, 1),
+        n,
+    )
+    .await;
+    let per = total as f64 / n as f64;
+    println!("lottery draw: {per:.2} commands a draw: {stats:?}");
+    // The claim (5) and the draw: EVALSHA, HMGET of meta, MGET, HGET of
+    // the user's chances, HMGET of the stock, INCR of the day's visits,
+    // PFADD of its visitors, four HINCRBY (awards, stock, awarded, chances)
+    // and SET of the answer's bucket: 17, above the 12 of a lucky gift.
+    assert!(per <= 17.5, "{per:.2} commands a draw: {stats:?}");
+    assert_eq!(
+        stats.get("evalsha").copied().unwrap_or(0),
+        2 * n as u64,
+        "{stats:?}"
+    );
+    env.stop_workers().await;
+}

@@ -215,6 +215,29 @@ impl Report {
                 );
             }
         }
+        if self
+            .runs
+            .iter()
+            .any(|r| r.redis_commands_per_draw.is_some())
+        {
+            let _ = writeln!(
+                md,
+                "\nRedis commands per draw in the full-speed phase (`INFO commandstats`, scripts' inner calls, refills and settling included):\n\n| draw workers (draws per message) | commands per draw | most called (calls per draw) |\n|---|---|---|"
+            );
+            for r in &self.runs {
+                let Some(per) = r.redis_commands_per_draw else {
+                    continue;
+                };
+                let draws = r.max.ok.max(1) as f64;
+                let top: Vec<String> = r
+                    .redis_commands
+                    .iter()
+                    .take(8)
+                    .map(|(name, n)| format!("{name} {:.2}", *n as f64 / draws))
+                    .collect();
+                let _ = writeln!(md, "| {} | {per:.2} | {} |", r.label(), top.join(", "));
+            }
+        }
         self.batch_markdown(&mut md);
         let _ = writeln!(md, "\n### Ratios\n");
         let _ = writeln!(md, "| measure | value | target |\n|---|---|---|");

@@ -108,6 +108,12 @@ pub(super) struct Run {
     /// ceiling's per-message figure, it depends on the rate).
     pub(crate) broker_cpu_per_draw_us: Option<f64>,
     pub(crate) cpu_budget: CpuBudget,
+    /// Redis commands per draw in the full-speed phase (`INFO
+    /// commandstats`, scripts' inner calls included; refills and settling
+    /// included), when the server allows `CONFIG RESETSTAT`.
+    pub(crate) redis_commands_per_draw: Option<f64>,
+    /// Calls per Redis command in that phase, most called first.
+    pub(crate) redis_commands: Vec<(String, u64)>,
 }
 
 impl Run {
@@ -267,6 +273,8 @@ mod tests {
             processes: Vec::new(),
             services: Vec::new(),
             broker_cpu_per_draw_us: None,
+            redis_commands_per_draw: None,
+            redis_commands: Vec::new(),
             cpu_budget: CpuBudget::new(
                 [("draw-worker".to_owned(), 1.0)],
                 (draws_per_s * 10.0) as u64,

@@ -21,13 +21,14 @@
 -- bytes and nothing else.
 --
 -- Epochs. Time is cut into epochs whose geometry is kept in the store's
--- meta hash, never derived from a setting: the epoch's start `r.t` (which
--- also names its buckets), its length `r.l` (the answer TTL of the writer
--- that opened it), its bucket count `r.n`, and the same three of the epoch
--- before (`r.pt`, `r.pl`, `r.pn`). A write at or after r.t + r.l opens a new
--- epoch; every bucket of an epoch expires at r.t + 2 r.l + SKEW, so a record
--- is kept at least its epoch's length, and a lookup reads the current and
--- the previous epoch (one MGET). A fleet whose workers disagree on the TTL
+-- meta hash, never derived from a setting: field `r.e` lists the live
+-- epochs, newest first, as "<start>:<length>:<buckets>;..." (the start also
+-- names the epoch's buckets; the length is a quarter of the answer TTL of
+-- the writer that opened it). A write at or after start + length opens a
+-- new epoch; an epoch's buckets expire 5 lengths (and SKEW) after it
+-- starts, and a lookup reads the current epoch and the EPOCHS - 1 before it
+-- in one MGET, so a record is kept at least 4 lengths (its opener's TTL)
+-- and at most a quarter more. A fleet whose workers disagree on the TTL
 -- keeps every answer at least the shorter of the two; changing the TTL
 -- changes the length of the next epoch and loses nothing.
 --
@@ -43,7 +44,7 @@
 -- (`<pool keys>meta`), which its draw step reads anyway, so a draw reads
 -- its pool and its answer store's geometry in one HMGET; a claim store keeps
 -- them in its own hash:
---   <meta>                      hash: r.t r.l r.n r.pt r.pl r.pn
+--   <meta>                      hash: r.e
 --   <store>:<epoch start>:<i>   string: records
 --   <store>:x:<hex digest>      string: a long body
 -- A meta hash that holds only a store's fields (a refusal remembered for a
@@ -62,8 +63,10 @@ local MAX_BUCKETS = 16777216
 local INLINE = 200
 -- Clock skew tolerated between the nodes whose TIME names `now`.
 local SKEW = 300
+-- Epochs a lookup reads: the current one and those before it.
+local EPOCHS = 5
 -- The fields of a store's meta hash, in the order store_open reads them.
-local STORE_FIELDS = {'r.t', 'r.l', 'r.n', 'r.pt', 'r.pl', 'r.pn'}
+local STORE_FIELDS = {'r.e'}
 
 -- An integer as decimal digits. Lua's tostring writes 1e+14 and above in
 -- exponent notation, which neither Redis nor the Rust side read as an integer.
@@ -123,23 +126,31 @@ local function meta_of(key)
   return key
 end
 
+-- When the buckets of an epoch that starts at `t` and lasts `l` expire.
+local function expiry_of(t, l)
+  return t + EPOCHS * l + SKEW
+end
+
 -- Opens the store `key` for the request of `token`. `pre`, when given,
 -- holds the STORE_FIELDS values the caller read from the store's meta hash
--- already (from index `at` on).
+-- already (from index `at` on). `s.epochs` lists the live epochs, newest
+-- first, each {start, length, buckets}.
 local function store_open(key, token, pre, at)
   local ttl, now, rest = string.match(token, '^(%d+):(%d*):(.*)$')
   if now == '' then now = tonumber(redis.call('TIME')[1]) else now = tonumber(now) end
-  local s = {key = key, meta = meta_of(key), ttl = tonumber(ttl), now = now,
-    d = string.sub(rest, 1, 16), fp = string.sub(rest, 17, 24)}
+  local s = {key = key, meta = meta_of(key), len = math.max(1, math.ceil(tonumber(ttl) / (EPOCHS - 1))),
+    now = now, d = string.sub(rest, 1, 16), fp = string.sub(rest, 17, 24), epochs = {}}
   s.h = hash_at(s.d, 1)
   local a, b = string.byte(s.d, 7, 8)
   s.splits = (a * 256 + b) % PER_BUCKET == 0
-  local m, o = pre, (at or 1) - 1
-  if not m then m, o = redis.call('HMGET', s.meta, unpack(STORE_FIELDS)), 0 end
-  s.t, s.l, s.n = tonumber(m[o + 1]), tonumber(m[o + 2]), tonumber(m[o + 3])
-  s.pt, s.pl, s.pn = tonumber(m[o + 4]), tonumber(m[o + 5]), tonumber(m[o + 6])
-  if s.t and now >= s.t + 2 * s.l + SKEW then s.t = nil end
-  if s.pt and now >= s.pt + 2 * s.pl + SKEW then s.pt = nil end
+  local field
+  if pre then field = pre[at or 1] else field = redis.call('HGET', s.meta, 'r.e') end
+  for t, l, n in string.gmatch(field or '', '(%d+):(%d+):(%d+)') do
+    t, l, n = tonumber(t), tonumber(l), tonumber(n)
+    -- An epoch is read until EPOCHS lengths from its start (its buckets
+    -- stay SKEW longer, for a node whose clock runs behind).
+    if now < t + EPOCHS * l and #s.epochs < EPOCHS then s.epochs[#s.epochs + 1] = {t, l, n} end
+  end
   return s
 end
 
@@ -147,16 +158,11 @@ local function bucket_of(s, t, i)
   return s.key .. ':' .. int(t) .. ':' .. int(i)
 end
 
-local function expiry_of(t, l)
-  return t + 2 * l + SKEW
-end
-
 -- The value stored for the store's request, or nil. Keeps the current
 -- bucket's content for store_put.
 local function store_find(s)
   local names = {}
-  if s.t then names[#names + 1] = bucket_of(s, s.t, index_of(s.h, s.n)) end
-  if s.pt then names[#names + 1] = bucket_of(s, s.pt, index_of(s.h, s.pn)) end
+  for _, e in ipairs(s.epochs) do names[#names + 1] = bucket_of(s, e[1], index_of(s.h, e[3])) end
   if #names == 0 then s.cur = '' return nil end
   local got = redis.call('MGET', unpack(names))
   s.cur = got[1] or ''
@@ -173,12 +179,20 @@ local function store_find(s)
   return nil
 end
 
+-- The `r.e` field of the store's epochs.
+local function epochs_text(s)
+  local out = {}
+  for _, e in ipairs(s.epochs) do out[#out + 1] = int(e[1]) .. ':' .. int(e[2]) .. ':' .. int(e[3]) end
+  return table.concat(out, ';')
+end
+
 -- Splits bucket n - 2^L of the current epoch (of n buckets) into itself
 -- and a new bucket n.
 local function split(s)
-  local n = s.n
+  local e = s.epochs[1]
+  local n = e[3]
   local p = level_of(n)
-  local from = bucket_of(s, s.t, n - p)
+  local from = bucket_of(s, e[1], n - p)
   local b = redis.call('GET', from) or ''
   local keep, move = {}, {}
   local pos = 1
@@ -188,34 +202,33 @@ local function split(s)
     if hash_at(b, pos) % (2 * p) == n then move[#move + 1] = rec else keep[#keep + 1] = rec end
     pos = last + 1
   end
-  local exp = expiry_of(s.t, s.l)
+  local exp = expiry_of(e[1], e[2])
   redis.call('SET', from, table.concat(keep), 'EXAT', exp)
-  redis.call('SET', bucket_of(s, s.t, n), table.concat(move), 'EXAT', exp)
-  s.n = n + 1
-  redis.call('HSET', s.meta, 'r.n', int(s.n))
+  redis.call('SET', bucket_of(s, e[1], n), table.concat(move), 'EXAT', exp)
+  e[3] = n + 1
+  redis.call('HSET', s.meta, 'r.e', epochs_text(s))
 end
 
 -- Stores `value` as the store's record, after store_find (which read the
 -- current bucket). Opens a new epoch when the current one is over.
 local function store_put(s, value)
   if s.cur == nil then store_find(s) end
-  if not s.t or s.now >= s.t + s.l then
-    -- A new epoch: the current one becomes the previous one.
-    if s.t then s.pt, s.pl, s.pn = s.t, s.l, s.n end
-    s.t, s.l, s.n, s.cur = s.now, s.ttl, 1, ''
-    local fields = {'r.t', int(s.t), 'r.l', int(s.l), 'r.n', '1'}
-    if s.pt then
-      fields[7], fields[8], fields[9], fields[10], fields[11], fields[12] =
-        'r.pt', int(s.pt), 'r.pl', int(s.pl), 'r.pn', int(s.pn)
-    end
-    redis.call('HSET', s.meta, unpack(fields))
+  local e = s.epochs[1]
+  if not e or s.now >= e[1] + e[2] then
+    -- A new epoch, before the others; the oldest beyond EPOCHS is dropped
+    -- (its buckets expire on their own).
+    e = {s.now, s.len, 1}
+    table.insert(s.epochs, 1, e)
+    s.epochs[EPOCHS + 1] = nil
+    s.cur = ''
+    redis.call('HSET', s.meta, 'r.e', epochs_text(s))
     if s.meta == s.key or s.ephemeral then
-      local exp = expiry_of(s.t, s.l)
-      if s.pt then exp = math.max(exp, expiry_of(s.pt, s.pl)) end
+      local exp = 0
+      for _, x in ipairs(s.epochs) do exp = math.max(exp, expiry_of(x[1], x[2])) end
       redis.call('EXPIREAT', s.meta, exp)
     end
   end
-  local exp = expiry_of(s.t, s.l)
+  local exp = expiry_of(e[1], e[2])
   local rec
   if #value > INLINE then
     redis.call('SET', s.key .. ':x:' .. hex(s.d), value, 'EXAT', exp)
@@ -223,23 +236,21 @@ local function store_put(s, value)
   else
     rec = s.d .. string.char(#value) .. value
   end
-  redis.call('SET', bucket_of(s, s.t, index_of(s.h, s.n)), s.cur .. rec, 'EXAT', exp)
+  redis.call('SET', bucket_of(s, e[1], index_of(s.h, e[3])), s.cur .. rec, 'EXAT', exp)
   s.cur = nil
-  if s.splits and s.n < MAX_BUCKETS then split(s) end
+  if s.splits and e[3] < MAX_BUCKETS then split(s) end
 end
 
 -- Removes the store's record, wherever it is; says whether there was one.
 local function store_drop(s)
-  for _, e in ipairs({{s.t, s.n}, {s.pt, s.pn}}) do
-    if e[1] then
-      local name = bucket_of(s, e[1], index_of(s.h, e[2]))
-      local b = redis.call('GET', name)
-      local v, first, last = record_in(b, s.d)
-      if v then
-        redis.call('SET', name, string.sub(b, 1, first - 1) .. string.sub(b, last + 1), 'KEEPTTL')
-        if v == '' then redis.call('DEL', s.key .. ':x:' .. hex(s.d)) end
-        return true
-      end
+  for _, e in ipairs(s.epochs) do
+    local name = bucket_of(s, e[1], index_of(s.h, e[3]))
+    local b = redis.call('GET', name)
+    local v, first, last = record_in(b, s.d)
+    if v then
+      redis.call('SET', name, string.sub(b, 1, first - 1) .. string.sub(b, last + 1), 'KEEPTTL')
+      if v == '' then redis.call('DEL', s.key .. ':x:' .. hex(s.d)) end
+      return true
     end
   end
   return false

@@ -1,12 +1,15 @@
 -- Prelude of every lottery strategy's draw script, after lib/answer.lua
 -- (prepended by scripts.rs). KEYS and ARGV as draw_wheel.lua lists them.
 
--- Counts today's visit (PV) and visitor (UV HyperLogLog).
+-- Counts today's visit (PV) and visitor (UV HyperLogLog). The day's first
+-- visit creates both keys and sets their expiry.
 local function count_visit()
-  redis.call('INCR', KEYS[6])
-  redis.call('EXPIRE', KEYS[6], tonumber(ARGV[5]))
+  local first = redis.call('INCR', KEYS[6]) == 1
   redis.call('PFADD', KEYS[7], ARGV[1])
-  redis.call('EXPIRE', KEYS[7], tonumber(ARGV[5]))
+  if first then
+    redis.call('EXPIRE', KEYS[6], tonumber(ARGV[5]))
+    redis.call('EXPIRE', KEYS[7], tonumber(ARGV[5]))
+  end
 end
 
 -- The checks every strategy shares, before its pick: the request's stored
