@@ -117,29 +117,6 @@ pub(super) fn service_cpu_since(before: &[(&'static str, Duration)]) -> Vec<(&'s
         .collect()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn percentiles_of_a_known_sample() {
-        let mut l = Latencies::default();
-        for ms in 1..=100 {
-            l.record(Duration::from_millis(ms));
-        }
-        let p = l.percentiles();
-        assert_eq!(
-            (p.p50_ms, p.p90_ms, p.p99_ms, p.max_ms),
-            (50.0, 90.0, 99.0, 100.0)
-        );
-    }
-
-    #[test]
-    fn own_cpu_time_is_readable() {
-        assert!(cpu_time(std::process::id()).is_some());
-    }
-}
-
 /// Calls per Redis command since the server's last `CONFIG RESETSTAT`
 /// (`INFO commandstats`), the bench's own INFO and RESETSTAT left out; on
 /// a Redis Cluster, the node the connection reports on.
@@ -174,4 +151,27 @@ pub(super) async fn reset_redis_stats(
         .query_async(conn)
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_of_a_known_sample() {
+        let mut l = Latencies::default();
+        for ms in 1..=100 {
+            l.record(Duration::from_millis(ms));
+        }
+        let p = l.percentiles();
+        assert_eq!(
+            (p.p50_ms, p.p90_ms, p.p99_ms, p.max_ms),
+            (50.0, 90.0, 99.0, 100.0)
+        );
+    }
+
+    #[test]
+    fn own_cpu_time_is_readable() {
+        assert!(cpu_time(std::process::id()).is_some());
+    }
 }
