@@ -357,3 +357,47 @@ async fn a_long_answer_is_kept_whole_in_a_key_of_its_own() {
     assert_eq!(peek(&env, &store, &t.answer).await, None);
     assert!(keys(&env, &format!("{store}:x:*")).await.is_empty());
 }
+
+#[tokio::test]
+async fn a_refusal_for_a_missing_pool_expires_unless_the_pool_is_loaded() {
+    let env = TestEnv::new(&[]).await;
+    let mut redis = env.redis.clone();
+    for (pool, load) in [("ghost", false), ("later", true)] {
+        let store = env.keys(pool).results();
+        let meta = env.keys(pool).meta();
+        let t = tokens(&env, &format!("{pool}-1"), 1, 90_000);
+        assert_eq!(
+            remember(&env, &store, &t.answer, ErrorCode::UnknownPool).await,
+            None
+        );
+        // The meta hash holds the store's epochs only, and expires with them.
+        let fields: Vec<String> = redis::cmd("HKEYS")
+            .arg(&meta)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        assert_eq!(fields, vec!["r.e".to_owned()], "{pool}");
+        let ttl: i64 = redis::cmd("TTL")
+            .arg(&meta)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        assert!(ttl > 90_000, "{pool}: {ttl}");
+        if load {
+            env.load(&common::pool_toml(pool, "", &[("a", &[(1, 10)])]))
+                .await;
+            let ttl: i64 = redis::cmd("TTL")
+                .arg(&meta)
+                .query_async(&mut redis)
+                .await
+                .unwrap();
+            assert_eq!(ttl, -1, "a loaded pool's meta hash is kept");
+        }
+        // Either way the refusal is still the request's answer.
+        assert_eq!(
+            remember(&env, &store, &t.answer, ErrorCode::PoolExhausted).await,
+            Some(ScriptReply::Refused(Refusal::new(ErrorCode::UnknownPool))),
+            "{pool}"
+        );
+    }
+}
