@@ -9,6 +9,10 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub mod prize_codes;
+
+pub use prize_codes::{PrizeCodes, PRIZE_LIST_MAX};
+
 /// Largest message body accepted, in bytes.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 /// Largest `count` a single draw may ask for, whatever the pool allows.
@@ -496,6 +500,11 @@ pub struct DrawResult {
     pub user_id: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub prizes: Vec<Prize>,
+    /// Lucky gift, a draw of more than [`PRIZE_LIST_MAX`] prizes: its
+    /// prizes in compact form, in place of `prizes`
+    /// ([`prize_codes`]; [`DrawResult::expand_prizes`] turns it into the list).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prize_codes: Option<PrizeCodes>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total_multiplier: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -529,6 +538,30 @@ pub struct DrawResult {
     /// Lottery with a random pick: what the pick used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pick: Option<LotteryPick>,
+    /// A `draw_result.batch` entry shortened to keep the batch reply within
+    /// 64 KiB: its prizes (and fairness record, or refusal details) were
+    /// left out. Sending the entry again alone, with the same id and
+    /// content, replays its whole answer; nothing is drawn or paid again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub omitted: bool,
+}
+
+impl DrawResult {
+    /// Turns a compact `prize_codes` into the `prizes` list it stands for
+    /// (a result without one is left as it is), so a reader sees the same
+    /// result whichever form the draw was answered in.
+    pub fn expand_prizes(&mut self) -> Result<(), prize_codes::Malformed> {
+        if let Some(codes) = self.prize_codes.take() {
+            match codes.expand() {
+                Ok(prizes) => self.prizes = prizes,
+                Err(e) => {
+                    self.prize_codes = Some(codes);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The random pick of a lottery draw: `value` (uniform in `[0, 2^52)`,

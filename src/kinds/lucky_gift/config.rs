@@ -19,8 +19,9 @@ pub const MAX_MULTIPLIER: u64 = 1_000_000;
 /// Highest jackpot threshold: the day's consumption counter saturates at
 /// 2^52 (see `lua/lib/answer.lua`), so every threshold up to it is reachable.
 pub const MAX_DAILY_THRESHOLD: i64 = 1 << 52;
-/// Room a draw reply and its event need besides the prizes: type, ids (at
-/// most 128 bytes each), status, user, totals and asset, generously.
+/// Room a draw reply and its event need besides the prizes and the
+/// fairness record: type, ids (at most 128 bytes each), status, user,
+/// totals, asset, serial, version and the event's seal, generously.
 const REPLY_OVERHEAD_BYTES: usize = 1024;
 /// Most sub-pools a hot pool may be split into (`shards`).
 pub const MAX_SHARDS: u32 = 64;
@@ -421,8 +422,9 @@ fn validate(raw: RawPool) -> Result<PoolConfig, ConfigError> {
 
 /// Refuses a pool whose largest draw could not be paid exactly or answered
 /// within the wire limit: `max_count × highest multiplier × unit_price` must
-/// stay below 2^53, and a reply of `max_count` of the longest prizes must fit
-/// in [`crate::messages::MAX_MESSAGE_BYTES`].
+/// stay below 2^53 (a money rule), and the largest reply the pool can give
+/// must fit in [`crate::messages::MAX_MESSAGE_BYTES`] with its event's seal:
+/// see [`max_reply_len`].
 fn check_draw_bounds(config: &PoolConfig) -> Result<(), (&'static str, String)> {
     let highest = config
         .combos
@@ -440,28 +442,89 @@ fn check_draw_bounds(config: &PoolConfig) -> Result<(), (&'static str, String)> 
             ),
         ));
     }
-    let longest_prize = config
-        .combos
-        .iter()
-        .map(|c| {
-            let combo = serde_json::to_string(&c.id).map_or(c.id.len() + 2, |s| s.len());
-            r#"{"multiplier":,"combo":},"#.len() + highest.to_string().len() + combo
-        })
-        .max()
-        .unwrap_or(0);
-    let reply = REPLY_OVERHEAD_BYTES + config.max_count as usize * longest_prize;
-    if reply > crate::messages::MAX_MESSAGE_BYTES {
-        let fits = (crate::messages::MAX_MESSAGE_BYTES - REPLY_OVERHEAD_BYTES) / longest_prize;
+    let limit = crate::messages::MAX_MESSAGE_BYTES;
+    // A pool that allows big draws also answers small ones, whose prizes
+    // are listed one by one.
+    let list_max = crate::messages::PRIZE_LIST_MAX as u32;
+    let worst =
+        |count: u32| max_reply_len(config, count).max(max_reply_len(config, count.min(list_max)));
+    let reply = worst(config.max_count);
+    if reply > limit {
+        // The worst reply grows with the count, so the largest count that
+        // fits is found by bisection.
+        let (mut fits, mut over) = (0u32, config.max_count);
+        while over - fits > 1 {
+            let mid = fits + (over - fits) / 2;
+            if worst(mid) <= limit {
+                fits = mid;
+            } else {
+                over = mid;
+            }
+        }
         return Err((
             "max_count",
             format!(
-                "a reply to a draw of {} prizes could take {reply} bytes, above the {} byte message limit; at most {fits} prizes of this pool fit",
-                config.max_count,
-                crate::messages::MAX_MESSAGE_BYTES
+                "a reply to a draw of {} prizes could take {reply} bytes, above the {limit} byte message limit; at most {fits} prizes of this pool fit",
+                config.max_count
             ),
         ));
     }
     Ok(())
+}
+
+/// Bytes of the fairness record per run of positions, parked jackpot and
+/// revealed seed, with generations of up to 10 digits and positions of 8
+/// (a batch holds at most [`MAX_BATCH_SIZE`] prizes).
+const RUN_JSON_BYTES: usize = r#"{"generation":,"position":,"count":},"#.len() + 10 + 8 + 5;
+const PARKED_JSON_BYTES: usize = r#"{"generation":,"position":},"#.len() + 10 + 8;
+const REVEAL_JSON_BYTES: usize = r#"{"generation":,"version":,"seed":""},"#.len() + 10 + 10 + 64;
+/// Field names and brackets of `positions`, `held_back` and `revealed`.
+const FAIRNESS_FRAME_BYTES: usize = r#","positions":[],"held_back":[],"revealed":[]"#.len();
+
+/// The most bytes a reply (and its sealed `draw.completed` event) to a
+/// draw of `count` prizes of `config` can take: the fixed fields
+/// ([`REPLY_OVERHEAD_BYTES`]), the prizes (listed one by one up to
+/// [`PRIZE_LIST_MAX`](crate::messages::PRIZE_LIST_MAX), else in the
+/// compact form of [`crate::messages::prize_codes`]), and the fairness
+/// record of the batches a draw of `count` can touch: a run of positions
+/// and a revealed seed per batch, and for each jackpot of those batches a
+/// parked position and the run it can split or add. (Jackpots parked by
+/// earlier draws and won all at once by one draw add a run each beyond
+/// this: a pool that parks thousands of them can answer past it.)
+pub fn max_reply_len(config: &PoolConfig, count: u32) -> usize {
+    use crate::messages::prize_codes;
+    let count = count as usize;
+    let entries: Vec<usize> = config
+        .combos
+        .iter()
+        .flat_map(|c| {
+            c.stock
+                .iter()
+                .map(|(m, _)| prize_codes::prize_json_len(&c.id, *m))
+        })
+        .collect();
+    let prizes = if count <= crate::messages::PRIZE_LIST_MAX {
+        prize_codes::max_list_len(count, entries.iter().copied().max().unwrap_or(0))
+    } else {
+        prize_codes::max_len(count, &entries)
+    };
+    let size = config.batch_size().max(1) as usize;
+    let batches = count.div_ceil(size) + 1;
+    let jackpots_per_batch = config
+        .combos
+        .iter()
+        .flat_map(|c| c.stock.iter())
+        .filter(|(m, _)| config.is_jackpot(*m))
+        .map(|(_, n)| *n as usize)
+        .sum::<usize>();
+    let jackpots = jackpots_per_batch.saturating_mul(batches).min(count);
+    // A jackpot met while gated is parked (and splits a run of positions);
+    // one the draw may win comes from the pool's head as a run of its own.
+    let fairness = FAIRNESS_FRAME_BYTES
+        + (batches + jackpots) * RUN_JSON_BYTES
+        + jackpots * PARKED_JSON_BYTES
+        + batches * REVEAL_JSON_BYTES;
+    REPLY_OVERHEAD_BYTES + prizes + fairness
 }
 
 #[cfg(test)]
@@ -516,5 +579,78 @@ stock = { "0" = 29994, "10" = 293, "50" = 139, "500" = 27, "5000" = 1 }
         assert!(error_of(&dup_combo).contains("duplicate combo id"));
         let dup_pool = format!("{GOOD}\n{GOOD}");
         assert!(error_of(&dup_pool).contains("duplicate pool id"));
+    }
+
+    /// A pool file of one pool with `combos` combos of 64-byte ids, each
+    /// `stock` (TOML inline table), and `max_count`.
+    fn big_pool(combos: usize, stock: &str, max_count: u32, extra: &str) -> String {
+        let mut text = format!(
+            "[[pools]]\nid = \"big\"\nkind = \"lucky_gift\"\nunit_price = 1\nmax_count = {max_count}\n{extra}\n"
+        );
+        for i in 0..combos {
+            text.push_str(&format!(
+                "[[pools.combos]]\nid = \"{i:0>64}\"\nstock = {stock}\n"
+            ));
+        }
+        text
+    }
+
+    /// Issue 25, point 4: pools of `max_count = 10000` with 64-byte combo
+    /// ids load, and the bound they are held to is below the message limit.
+    #[test]
+    fn pools_of_ten_thousand_prizes_load() {
+        let stock =
+            r#"{ "0" = 9000, "1" = 600, "10" = 300, "100" = 90, "1000" = 9, "100000" = 1 }"#;
+        for combos in [1, 2, 5, 16] {
+            let text = big_pool(
+                combos,
+                stock,
+                10_000,
+                "jackpot = { min_multiplier = 100000, daily_consumption_threshold = 1000 }",
+            );
+            let pool = parse_file(&text).unwrap_or_else(|e| panic!("{combos} combos: {e}"));
+            assert_eq!(pool[0].max_count, 10_000);
+            let worst = max_reply_len(&pool[0], 10_000);
+            assert!(
+                worst <= crate::messages::MAX_MESSAGE_BYTES,
+                "{combos}: {worst}"
+            );
+        }
+        // Small batches: a draw of 10,000 spans many of them, and still fits.
+        let text = big_pool(3, r#"{ "0" = 80, "5" = 15, "50" = 5 }"#, 10_000, "");
+        parse_file(&text).unwrap();
+    }
+
+    /// The money rule stays: a big draw that could pay 2^53 or more is
+    /// refused, whatever its size on the wire.
+    #[test]
+    fn exactness_is_still_checked() {
+        let text = big_pool(1, r#"{ "0" = 10, "1000000" = 1 }"#, 10_000, "")
+            .replace("unit_price = 1", "unit_price = 1000000");
+        assert!(
+            error_of(&text).contains("above 2^53"),
+            "{}",
+            error_of(&text)
+        );
+    }
+
+    /// A pool whose largest draw could not be answered in 64 KiB even in the
+    /// compact form (thousands of distinct prizes with long combo ids) is
+    /// refused, naming how many of its prizes fit.
+    #[test]
+    fn pools_whose_replies_cannot_fit_are_refused() {
+        let stock: Vec<String> = (1..=60).map(|m| format!("\"{m}\" = 1")).collect();
+        let text = big_pool(50, &format!("{{ {} }}", stock.join(", ")), 10_000, "");
+        let e = error_of(&text);
+        assert!(e.contains("message limit") && e.contains("at most"), "{e}");
+        let fits: u32 = e
+            .rsplit("at most ")
+            .next()
+            .and_then(|t| t.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap();
+        let pool =
+            parse_file(&text.replace("max_count = 10000", &format!("max_count = {fits}"))).unwrap();
+        assert_eq!(pool[0].max_count, fits);
     }
 }
