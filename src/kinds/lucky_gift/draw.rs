@@ -647,7 +647,7 @@ mod tests {
         assert_eq!(d.codes.len(), 10_000);
         assert_eq!(d.positions.iter().map(|r| r.count).sum::<u64>(), 10_000);
         // The same prizes written out one by one read the same.
-        let plain = vec!["1"; 3].join(",");
+        let plain = ["1"; 3].join(",");
         assert_eq!(
             Drawn::parse(&format!("9|3|100|-1|{plain}|coin"))
                 .unwrap()
