@@ -478,6 +478,13 @@ fn check_draw_bounds(config: &PoolConfig) -> Result<(), (&'static str, String)> 
 const RUN_JSON_BYTES: usize = r#"{"generation":,"position":,"count":},"#.len() + 10 + 8 + 5;
 const PARKED_JSON_BYTES: usize = r#"{"generation":,"position":},"#.len() + 10 + 8;
 const REVEAL_JSON_BYTES: usize = r#"{"generation":,"version":,"seed":""},"#.len() + 10 + 10 + 64;
+/// Batches whose fairness record the load bound makes room for. A draw
+/// spans two batches when a batch holds at least `count` prizes; a pool of
+/// smaller batches has only the batches stocked so far to draw from, one
+/// more per refill request (a short draw waits for them a bounded time), so
+/// a draw that spans more than this is a pool of tiny batches answering a
+/// draw far bigger than them, and may answer past the bound.
+const SPANNED_BATCHES: usize = 8;
 /// Field names and brackets of `positions`, `held_back` and `revealed`.
 const FAIRNESS_FRAME_BYTES: usize = r#","positions":[],"held_back":[],"revealed":[]"#.len();
 
@@ -486,8 +493,8 @@ const FAIRNESS_FRAME_BYTES: usize = r#","positions":[],"held_back":[],"revealed"
 /// ([`REPLY_OVERHEAD_BYTES`]), the prizes (listed one by one up to
 /// [`PRIZE_LIST_MAX`](crate::messages::PRIZE_LIST_MAX), else in the
 /// compact form of [`crate::messages::prize_codes`]), and the fairness
-/// record of the batches a draw of `count` can touch: a run of positions
-/// and a revealed seed per batch, and for each jackpot of those batches a
+/// record of the batches a draw of `count` can touch (at most
+/// [`SPANNED_BATCHES`]): a run of positions and a revealed seed per batch, and for each jackpot of those batches a
 /// parked position and the run it can split or add. (Jackpots parked by
 /// earlier draws and won all at once by one draw add a run each beyond
 /// this: a pool that parks thousands of them can answer past it.)
@@ -509,7 +516,7 @@ pub fn max_reply_len(config: &PoolConfig, count: u32) -> usize {
         prize_codes::max_len(count, &entries)
     };
     let size = config.batch_size().max(1) as usize;
-    let batches = count.div_ceil(size) + 1;
+    let batches = (count.div_ceil(size) + 1).min(SPANNED_BATCHES);
     let jackpots_per_batch = config
         .combos
         .iter()
@@ -619,6 +626,8 @@ stock = { "0" = 29994, "10" = 293, "50" = 139, "500" = 27, "5000" = 1 }
         // Small batches: a draw of 10,000 spans many of them, and still fits.
         let text = big_pool(3, r#"{ "0" = 80, "5" = 15, "50" = 5 }"#, 10_000, "");
         parse_file(&text).unwrap();
+        // A pool of one prize, too.
+        parse_file(&big_pool(1, r#"{ "7" = 1 }"#, 10_000, "")).unwrap();
     }
 
     /// The money rule stays: a big draw that could pay 2^53 or more is
@@ -652,5 +661,82 @@ stock = { "0" = 29994, "10" = 293, "50" = 139, "500" = 27, "5000" = 1 }
         let pool =
             parse_file(&text.replace("max_count = 10000", &format!("max_count = {fits}"))).unwrap();
         assert_eq!(pool[0].max_count, fits);
+    }
+
+    proptest::proptest! {
+        /// The load bound is sound: for any pool that loads, a reply to a
+        /// draw of `max_count` prizes in the worst order (every prize unlike
+        /// its neighbour, cycling through every distinct prize), with the
+        /// longest ids and numbers and the fairness record of every batch
+        /// it can span, sealed as its event, takes no more than
+        /// [`max_reply_len`], which is within 64 KiB.
+        #[test]
+        fn the_load_bound_covers_the_worst_reply(
+            combos in proptest::collection::vec(
+                (1usize..=64, proptest::collection::btree_map(0u64..=1_000_000, 1i64..400, 1..12)),
+                1..12,
+            ),
+            max_count in 1u32..=10_000,
+        ) {
+            let mut text = format!(
+                "[[pools]]\nid = \"{}\"\nkind = \"lucky_gift\"\nunit_price = 1\nmax_count = {max_count}\n",
+                "p".repeat(crate::messages::MAX_ID_LEN)
+            );
+            for (n, (len, stock)) in combos.iter().enumerate() {
+                let id = format!("{n}{}", "q".repeat(64)).chars().take(*len.max(&(n.to_string().len()))).collect::<String>();
+                let items: Vec<String> = stock.iter().map(|(m, k)| format!("\"{m}\" = {k}")).collect();
+                text.push_str(&format!("[[pools.combos]]\nid = \"{id}\"\nstock = {{ {} }}\n", items.join(", ")));
+            }
+            let Ok(mut pools) = parse_file(&text) else {
+                // Refused (too big a reply, or unpayable): nothing to answer.
+                return Ok(());
+            };
+            let config = pools.remove(0);
+            let bound = max_reply_len(&config, config.max_count);
+            proptest::prop_assert!(bound <= crate::messages::MAX_MESSAGE_BYTES);
+            let pairs: Vec<(&str, u64)> = config
+                .combos
+                .iter()
+                .flat_map(|c| c.stock.iter().map(move |(m, _)| (c.id.as_str(), *m)))
+                .collect();
+            let count = config.max_count as usize;
+            let prizes: Vec<(&str, u64)> = (0..count).map(|k| pairs[k % pairs.len()]).collect();
+            let batches = (count.div_ceil(config.batch_size() as usize) + 1).min(SPANNED_BATCHES);
+            let big = 9_999_999_999u64;
+            let result = crate::messages::DrawResult {
+                request_id: "r".repeat(crate::messages::MAX_ID_LEN),
+                status: crate::messages::Status::Ok,
+                pool: Some(config.id.clone()),
+                shard: Some(MAX_SHARDS - 1),
+                user_id: Some(i64::MAX),
+                total_multiplier: Some(big),
+                reward: Some(crate::messages::MAX_EXACT - 1),
+                asset: Some("a".repeat(crate::messages::MAX_ID_LEN)),
+                serial: Some(big as i64),
+                version: Some(big as i64),
+                prize_codes: (count > crate::messages::PRIZE_LIST_MAX)
+                    .then(|| crate::messages::PrizeCodes::encode(prizes.iter().copied())),
+                prizes: if count > crate::messages::PRIZE_LIST_MAX {
+                    Vec::new()
+                } else {
+                    prizes
+                        .iter()
+                        .map(|(c, m)| crate::messages::Prize::Multiplier { multiplier: *m, combo: (*c).to_owned() })
+                        .collect()
+                },
+                positions: (0..batches)
+                    .map(|_| crate::messages::PrizeRun { generation: big, position: 49_999_999, count: 10_000 })
+                    .collect(),
+                revealed: (0..batches)
+                    .map(|_| crate::messages::Reveal { generation: big, version: big as i64, seed: "f".repeat(64) })
+                    .collect(),
+                ..crate::messages::DrawResult::default()
+            };
+            let fields = serde_json::to_vec(&result).unwrap();
+            let event = crate::messages::retype("draw.completed", &fields).len()
+                + r#","seal":""#.len()
+                + 64;
+            proptest::prop_assert!(event <= bound, "event {} > bound {}", event, bound);
+        }
     }
 }
