@@ -158,6 +158,7 @@ async fn draws_of_ten_thousand_prizes_fit_one_message() {
         "a reply of {} bytes",
         first.len()
     );
+    eprintln!("a reply of 10,000 prizes: {} bytes", first.len());
     let raw: Value = serde_json::from_slice(&first).unwrap();
     assert_eq!(raw["status"], "ok", "{raw}");
     assert!(raw.get("prizes").is_none(), "a big draw lists no prizes");
@@ -357,6 +358,7 @@ async fn batch_replies_stay_within_64_kib() {
     let body = serde_json::to_vec(&serde_json::json!({"type": "draw.batch", "requests": entries}))
         .unwrap();
     let reply = rpc.request("draw", &body, T).await.unwrap();
+    eprintln!("a batch reply of 40 × 1,000 prizes: {} bytes", reply.len());
     assert!(reply.len() <= MAX_MESSAGE_BYTES, "{} bytes", reply.len());
     let batch: Value = serde_json::from_slice(&reply).unwrap();
     let results = batch["results"].as_array().unwrap();
@@ -395,6 +397,7 @@ async fn batch_replies_stay_within_64_kib() {
             Some(pairs(&whole.prizes).iter().map(|(_, m)| m).sum())
         );
     }
+    eprintln!("{omitted} of 40 entries shortened");
     assert!(
         omitted > 0,
         "40 compact answers of 1,000 prizes share 64 KiB"
