@@ -173,6 +173,21 @@ async fn draws_of_ten_thousand_prizes_fit_one_message() {
     let covered: u64 = result.positions.iter().map(|r| r.count).sum();
     assert_eq!(covered, 10_000, "the positions cover every prize");
 
+    // The answer kept in Redis is compact too: the pool's prize codes, a
+    // run of equal codes written once.
+    let (_, stored) = env.stored_answer("big", &first_id).await;
+    let stored = stored.expect("the answer is kept");
+    eprintln!("the stored answer of 10,000 prizes: {} bytes", stored.len());
+    assert!(
+        stored.len() <= MAX_MESSAGE_BYTES / 2,
+        "{} bytes kept",
+        stored.len()
+    );
+    assert!(
+        String::from_utf8_lossy(&stored).contains('*'),
+        "equal codes in a row are kept as runs"
+    );
+
     // A retry of the same request replays the identical answer.
     let again = rpc
         .request("draw", &draw_body(&first_id, "big", 42, 10_000), T)
