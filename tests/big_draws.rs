@@ -457,3 +457,37 @@ async fn batch_replies_stay_within_64_kib() {
     rpc.close().await;
     env.stop_workers().await;
 }
+
+/// A sparse pool (only non-zero prizes stored) answers a draw of 10,000
+/// prizes the same way: one compact reply within 64 KiB, paid as promised.
+#[tokio::test]
+async fn sparse_pools_answer_big_draws_compactly() {
+    let mut env = TestEnv::new(&[]).await;
+    env.load(&big_pool("sparse", 2, "storage = \"sparse\""))
+        .await;
+    env.start_fleet().await;
+    let rpc = env.client().await;
+    let id = ulid::Ulid::new().to_string();
+    let reply = rpc
+        .request("draw", &draw_body(&id, "sparse", 9, 10_000), T)
+        .await
+        .unwrap();
+    assert!(reply.len() <= MAX_MESSAGE_BYTES, "{} bytes", reply.len());
+    let result = expanded(&reply);
+    assert_eq!(result.status, prizepool::messages::Status::Ok, "{result:?}");
+    assert_eq!(result.prizes.len(), 10_000);
+    let total: u64 = pairs(&result.prizes).iter().map(|(_, m)| m).sum();
+    assert_eq!(result.total_multiplier, Some(total));
+    let again = rpc
+        .request("draw", &draw_body(&id, "sparse", 9, 10_000), T)
+        .await
+        .unwrap();
+    assert_eq!(again, reply);
+    let promised = result.reward.unwrap();
+    assert_eq!(env.wait_ledger("sparse", promised).await, promised);
+    let status = env.status("sparse").await;
+    assert_eq!(status.drawn, 10_000);
+    assert_eq!(status.stocked, status.drawn + status.in_pool, "{status:?}");
+    rpc.close().await;
+    env.stop_workers().await;
+}
