@@ -192,8 +192,17 @@ struct Reply {
     status: String,
     #[serde(default)]
     prizes: Vec<serde::de::IgnoredAny>,
+    /// A draw of more than 100 prizes lists them in the compact form.
+    #[serde(default)]
+    prize_codes: Option<PrizeCount>,
     #[serde(default)]
     reward: i64,
+}
+
+/// The prize count of a compact `prize_codes` (its table and codes skipped).
+#[derive(serde::Deserialize)]
+struct PrizeCount {
+    count: u64,
 }
 
 /// A draw of `count` prizes from `pool` for `user`.
@@ -237,7 +246,7 @@ impl Driver {
                 let r: Reply = serde_json::from_slice(&reply)?;
                 Ok(Answer {
                     ok: r.status == "ok",
-                    prizes: r.prizes.len() as u64,
+                    prizes: r.prizes.len() as u64 + r.prize_codes.map_or(0, |c| c.count),
                     reward: r.reward,
                 })
             }

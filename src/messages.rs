@@ -9,6 +9,10 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub mod prize_codes;
+
+pub use prize_codes::{PrizeCodes, PRIZE_LIST_MAX};
+
 /// Largest message body accepted, in bytes.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 /// Largest `count` a single draw may ask for, whatever the pool allows.
@@ -215,6 +219,33 @@ impl DrawBatch {
         Ok(())
     }
 
+    /// Refuses a batch whose reply could pass [`MAX_MESSAGE_BYTES`] even with
+    /// every entry shortened to its id, status and error code
+    /// ([`bounded_batch_reply`]): many entries with long ids.
+    pub fn check_reply_room(&self) -> Result<(), Invalid> {
+        let mut bytes = 0;
+        for i in 0..self.requests.len() {
+            let longest = rejected_reply(
+                Some(&self.entry_message(i)),
+                ErrorCode::InsufficientFunds,
+                "",
+            );
+            bytes += shorten(
+                &serde_json::to_vec(&longest).unwrap_or_default(),
+                Shorten::Stub,
+            )
+            .len();
+        }
+        let reply = batch_reply_len(self.requests.len(), bytes);
+        if reply > MAX_MESSAGE_BYTES {
+            return Err(Invalid::new(format!(
+                "a draw.batch whose {} answers could take {reply} bytes even shortened, above the {MAX_MESSAGE_BYTES} byte message limit; send fewer requests",
+                self.requests.len()
+            )));
+        }
+        Ok(())
+    }
+
     /// Entry `i` as a single draw request, or why it is not one.
     pub fn entry(&self, i: usize) -> Result<DrawRequest, Invalid> {
         let Some(Value::Object(fields)) = self.requests.get(i) else {
@@ -280,6 +311,82 @@ pub fn batch_reply(results: &[Vec<u8>]) -> Vec<u8> {
     }
     out.extend_from_slice(b"]}");
     out
+}
+
+/// Fields an entry of a `draw_result.batch` loses first when the reply
+/// would pass [`MAX_MESSAGE_BYTES`]: the prizes and the records that grow
+/// with them. The totals stay, so the entry still says what it pays.
+const DETAIL_FIELDS: [&str; 7] = [
+    "prizes",
+    "prize_codes",
+    "positions",
+    "held_back",
+    "revealed",
+    "pick",
+    "previous",
+];
+
+/// How far an entry of a batch reply is shortened.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shorten {
+    /// Without [`DETAIL_FIELDS`] and refusal messages.
+    Detail,
+    /// Only `type`, the id, `status` and the error code.
+    Stub,
+}
+
+/// `result` (one serialised `draw_result`) shortened as `how` says and
+/// marked `"omitted":true`; a result that does not read is kept as it is.
+fn shorten(result: &[u8], how: Shorten) -> Vec<u8> {
+    let Ok(Value::Object(mut fields)) = serde_json::from_slice::<Value>(result) else {
+        return result.to_vec();
+    };
+    match how {
+        Shorten::Detail => fields.retain(|k, _| !DETAIL_FIELDS.contains(&k.as_str())),
+        Shorten::Stub => fields.retain(|k, _| {
+            matches!(k.as_str(), "type" | "status" | "error") || ID_FIELDS.contains(&k.as_str())
+        }),
+    }
+    if let Some(Value::Object(error)) = fields.get_mut("error") {
+        error.retain(|k, _| k == "code");
+        error.insert("message".into(), Value::String(String::new()));
+    }
+    fields.insert("omitted".into(), Value::Bool(true));
+    serde_json::to_vec(&Value::Object(fields)).unwrap_or_else(|_| result.to_vec())
+}
+
+/// Bytes [`batch_reply`] makes of results of `bytes` bytes in all.
+fn batch_reply_len(results: usize, bytes: usize) -> usize {
+    r#"{"type":"draw_result.batch","results":[]}"#.len() + bytes + results.saturating_sub(1)
+}
+
+/// The `draw_result.batch` reply made of `results` (each one entry's
+/// serialised `draw_result`), held to [`MAX_MESSAGE_BYTES`]: while it would
+/// be larger, the largest entries are shortened, first to their totals
+/// (the prizes and fairness record left out), then, if that is not enough,
+/// to their id, status and error code, each marked `"omitted":true` (sent
+/// again alone, such an entry replays its whole answer). A batch whose
+/// entries all fit shortened is guaranteed by [`DrawBatch::check_reply_room`].
+pub fn bounded_batch_reply(mut results: Vec<Vec<u8>>) -> Vec<u8> {
+    let mut bytes: usize = results.iter().map(Vec::len).sum();
+    if batch_reply_len(results.len(), bytes) <= MAX_MESSAGE_BYTES {
+        return batch_reply(&results);
+    }
+    let mut largest: Vec<usize> = (0..results.len()).collect();
+    largest.sort_by_key(|&i| std::cmp::Reverse(results[i].len()));
+    for how in [Shorten::Detail, Shorten::Stub] {
+        for &i in &largest {
+            if batch_reply_len(results.len(), bytes) <= MAX_MESSAGE_BYTES {
+                return batch_reply(&results);
+            }
+            let short = shorten(&results[i], how);
+            if short.len() < results[i].len() {
+                bytes = bytes - results[i].len() + short.len();
+                results[i] = short;
+            }
+        }
+    }
+    batch_reply(&results)
 }
 
 /// `{"type":"draw", ...}`: draw `count` prizes from `pool` for `user_id`.
@@ -496,6 +603,11 @@ pub struct DrawResult {
     pub user_id: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub prizes: Vec<Prize>,
+    /// Lucky gift, a draw of more than [`PRIZE_LIST_MAX`] prizes: its
+    /// prizes in compact form, in place of `prizes`
+    /// ([`prize_codes`]; [`DrawResult::expand_prizes`] turns it into the list).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prize_codes: Option<PrizeCodes>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total_multiplier: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -529,6 +641,30 @@ pub struct DrawResult {
     /// Lottery with a random pick: what the pick used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pick: Option<LotteryPick>,
+    /// A `draw_result.batch` entry shortened to keep the batch reply within
+    /// 64 KiB: its prizes (and fairness record, or refusal details) were
+    /// left out. Sending the entry again alone, with the same id and
+    /// content, replays its whole answer; nothing is drawn or paid again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub omitted: bool,
+}
+
+impl DrawResult {
+    /// Turns a compact `prize_codes` into the `prizes` list it stands for
+    /// (a result without one is left as it is), so a reader sees the same
+    /// result whichever form the draw was answered in.
+    pub fn expand_prizes(&mut self) -> Result<(), prize_codes::Malformed> {
+        if let Some(codes) = self.prize_codes.take() {
+            match codes.expand() {
+                Ok(prizes) => self.prizes = prizes,
+                Err(e) => {
+                    self.prize_codes = Some(codes);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The random pick of a lottery draw: `value` (uniform in `[0, 2^52)`,
@@ -1362,5 +1498,102 @@ mod tests {
                 "{kind}"
             );
         }
+    }
+
+    /// Issue 26, point 8: a batch reply never passes 64 KiB. Twenty draws
+    /// of a thousand prizes each would take about 600 KB listed; the reply
+    /// keeps every entry in order, with its id, status and totals, and
+    /// leaves out the prizes of as few entries as it must.
+    #[test]
+    fn batch_replies_are_held_to_64_kib() {
+        let big = |i: usize| {
+            let result = DrawResult {
+                request_id: format!("req-{i}"),
+                status: Status::Ok,
+                pool: Some("gift".into()),
+                user_id: Some(7),
+                prizes: (0..1000)
+                    .map(|k| Prize::Multiplier {
+                        multiplier: k % 7,
+                        combo: format!("{:0>64}", k % 3),
+                    })
+                    .collect(),
+                total_multiplier: Some(2997),
+                reward: Some(299_700),
+                asset: Some("coin".into()),
+                serial: Some(i as i64 + 1),
+                version: Some(1),
+                ..DrawResult::default()
+            };
+            typed_json("draw_result", &result)
+        };
+        let small = typed_json(
+            "draw_result",
+            &DrawResult {
+                request_id: "req-small".into(),
+                status: Status::Ok,
+                reward: Some(5),
+                prizes: vec![Prize::Multiplier {
+                    multiplier: 5,
+                    combo: "c".into(),
+                }],
+                ..DrawResult::default()
+            },
+        );
+        let mut results: Vec<Vec<u8>> = (0..20).map(big).collect();
+        results.insert(3, small.clone());
+        assert!(results.iter().map(Vec::len).sum::<usize>() > 10 * MAX_MESSAGE_BYTES);
+        let reply = bounded_batch_reply(results);
+        assert!(reply.len() <= MAX_MESSAGE_BYTES, "{}", reply.len());
+        let batch: DrawResultBatch = serde_json::from_slice(&reply).unwrap();
+        assert_eq!(batch.results.len(), 21);
+        let read: Vec<DrawResult> = batch
+            .results
+            .iter()
+            .map(|v| serde_json::from_value(v.clone()).unwrap())
+            .collect();
+        assert_eq!(
+            read[3],
+            serde_json::from_slice::<DrawResult>(&small).unwrap()
+        );
+        let mut whole = 0;
+        for (k, r) in read.iter().enumerate().filter(|(k, _)| *k != 3) {
+            let i = if k < 3 { k } else { k - 1 };
+            assert_eq!(r.request_id, format!("req-{i}"));
+            assert_eq!(r.status, Status::Ok);
+            if r.omitted {
+                assert!(r.prizes.is_empty() && r.prize_codes.is_none());
+                assert_eq!(
+                    r.reward,
+                    Some(299_700),
+                    "a shortened entry keeps its totals"
+                );
+            } else {
+                assert_eq!(r.prizes.len(), 1000);
+                whole += 1;
+            }
+        }
+        // As many whole entries as fit: one of ~90 KB fits none, so the
+        // small one alone stays whole; then the reply is the shortened rest.
+        assert_eq!(whole, 0);
+        // A batch that fits is the plain concatenation.
+        let fits = vec![small.clone(), small.clone()];
+        assert_eq!(bounded_batch_reply(fits.clone()), batch_reply(&fits));
+    }
+
+    /// A batch reply that would not fit even with every entry cut to its
+    /// id, status and code is refused at the envelope, before any draw.
+    #[test]
+    fn batches_whose_answers_cannot_fit_are_refused_whole() {
+        let entry = |i: usize| serde_json::json!({"request_id": format!("{i:0>120}"), "pool": "p", "user_id": 1, "count": 1});
+        let ok = DrawBatch {
+            requests: (0..100).map(entry).collect(),
+        };
+        ok.check_reply_room().unwrap();
+        let too_many = DrawBatch {
+            requests: (0..400).map(entry).collect(),
+        };
+        let e = too_many.check_reply_room().unwrap_err();
+        assert!(e.message.contains("message limit"), "{}", e.message);
     }
 }

@@ -290,14 +290,22 @@ fn pool_files_refuse_key_syntax_and_unpayable_draws() {
         (base.replace("id = \"a\"", "id = \"a}\""), "id"),
         (base.replace("unit_price = 10", "unit_price = 1000000001"), "unit_price"),
         (base.replace("\"10\" = 10", "\"1000001\" = 10"), "stock"),
-        // 10,000 prizes × 10 × unit price 10^9 passes 2^53.
+        // 10,000 prizes × 1,000 × unit price 10^9 passes 2^53 (with the
+        // highest multiplier 10 it would be 10^14: payable, and a reply of
+        // 10,000 prizes fits in the compact form of big draws).
         (
-            base.replace("unit_price = 10", "unit_price = 1000000000\nmax_count = 10000"),
+            base.replace("unit_price = 10", "unit_price = 1000000000\nmax_count = 10000")
+                .replace("\"10\" = 10", "\"1000\" = 10"),
             "max_count",
         ),
-        // 10,000 prizes of a long combo id do not fit a 64 KiB reply.
+        // 10,000 prizes of 400 distinct prizes with a long combo id do not
+        // fit a 64 KiB reply, even in the compact form of big draws.
         (
-            pool_toml("fat", "max_count = 10000", &[(&"c".repeat(100), &[(1, 10)])]),
+            pool_toml(
+                "fat",
+                "max_count = 10000",
+                &[(&"c".repeat(100), &(1..=400).map(|m| (m, 10)).collect::<Vec<_>>())],
+            ),
             "max_count",
         ),
         (

@@ -157,7 +157,7 @@ struct Rows<'a> {
     request_ids: Vec<&'a str>,
     users: Vec<i64>,
     versions: Vec<i64>,
-    prizes: Vec<Json<&'a [crate::messages::Prize]>>,
+    prizes: Vec<Json<PrizesRecord<'a>>>,
     positions: Vec<Json<&'a [crate::messages::PrizeRun]>>,
     held_back: Vec<Json<&'a [crate::messages::BatchPosition]>>,
 }
@@ -185,11 +185,25 @@ impl<'a> Rows<'a> {
             self.request_ids.push(&result.request_id);
             self.users.push(user);
             self.versions.push(version);
-            self.prizes.push(Json(&result.prizes));
+            self.prizes.push(Json(match &result.prize_codes {
+                Some(codes) => PrizesRecord::Codes(codes),
+                None => PrizesRecord::List(&result.prizes),
+            }));
             self.positions.push(Json(&result.positions));
             self.held_back.push(Json(&result.held_back));
         }
     }
+}
+
+/// A draw's prizes as the trail keeps them (`fair_draws.prizes`): the
+/// form the draw was answered in, a list or, for a big draw, the compact
+/// `prize_codes` object, so a draw of 10,000 prizes is one small value and
+/// not a row per prize. The verifier reads both ([`verify`]).
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum PrizesRecord<'a> {
+    List(&'a [crate::messages::Prize]),
+    Codes(&'a crate::messages::PrizeCodes),
 }
 
 /// The pool, user, serial and config version of a draw the trail records

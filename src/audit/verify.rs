@@ -8,7 +8,7 @@ use sqlx::{types::Json, PgPool};
 
 use crate::{
     fairness::{lucky_gift_order, ComboStock, Seed},
-    messages::{BatchPosition, Prize, PrizeRun},
+    messages::{BatchPosition, Prize, PrizeCodes, PrizeRun},
 };
 
 /// The verdict on one pool: one entry per batch checked.
@@ -86,10 +86,19 @@ impl std::fmt::Display for Mismatch {
     }
 }
 
+/// `fair_draws.prizes`: the prizes as the draw was answered, a list or
+/// the compact form of a big draw (`docs/protocol.md`, "Big draws").
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum RecordedPrizes {
+    List(Vec<Prize>),
+    Codes(PrizeCodes),
+}
+
 type DrawRow = (
     i64,
     String,
-    Json<Vec<Prize>>,
+    Json<RecordedPrizes>,
     Json<Vec<PrizeRun>>,
     Json<Vec<BatchPosition>>,
 );
@@ -259,8 +268,24 @@ async fn verify_batch(db: &PgPool, pool: &str, g: u64) -> Result<BatchVerdict, s
     .await?;
     let mut drawn: HashSet<u64> = HashSet::new();
     let mut parked: HashSet<u64> = HashSet::new();
-    for (serial, request_id, Json(prizes), Json(runs), Json(held_back)) in draws {
+    for (serial, request_id, Json(recorded), Json(runs), Json(held_back)) in draws {
         verdict.draws_checked += 1;
+        let prizes = match recorded {
+            RecordedPrizes::List(prizes) => prizes,
+            RecordedPrizes::Codes(codes) => match codes.expand() {
+                Ok(prizes) => prizes,
+                Err(e) => {
+                    return fail(
+                        verdict,
+                        Mismatch {
+                            request_id: Some(request_id),
+                            serial: Some(serial),
+                            ..Mismatch::about(format!("the draw's prizes do not read: {e}"))
+                        },
+                    )
+                }
+            },
+        };
         let at = |position: u64, reason: &str, found: Option<(String, u64)>| Mismatch {
             reason: reason.to_owned(),
             request_id: Some(request_id.clone()),

@@ -113,6 +113,13 @@ pub(crate) fn decode_reply(
             got.request_id
         )));
     }
+    // A big draw's compact prizes are expanded here, so every caller sees
+    // the list whichever form its draw was answered in.
+    let mut results = results;
+    for r in &mut results {
+        r.expand_prizes()
+            .map_err(|e| ReplyError::Protocol(format!("result for {}: {e}", r.request_id)))?;
+    }
     Ok(results)
 }
 

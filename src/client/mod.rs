@@ -43,6 +43,14 @@
 //! comma-separated URL ([`crate::amqp::connect`]). A publisher confirm that
 //! does not come within the timeout counts as a lost connection: a node that
 //! is stopping can keep the TCP connection open and answer nothing.
+//!
+//! **Big draws.** A lucky-gift draw of more than
+//! [`PRIZE_LIST_MAX`](crate::messages::PRIZE_LIST_MAX) prizes is answered in
+//! the compact `prize_codes` form; the client expands it, so every result it
+//! hands out lists its prizes in `prizes`. Such a draw travels alone (its
+//! reply may take most of a message), and an entry the worker shortened to
+//! keep a batch reply within 64 KiB (`omitted`) is sent again alone with
+//! the same `request_id`: the worker replays its whole answer.
 
 mod batch;
 mod session;
@@ -321,12 +329,31 @@ impl Client {
             )));
         }
         let id: Arc<str> = request.request_id.into();
+        // A big draw's reply can take most of a message: it goes alone.
+        let big = request.count as usize > crate::messages::PRIZE_LIST_MAX;
+        let result = self.send(&id, &body, big).await?;
+        if !result.omitted {
+            return Ok(result);
+        }
+        // The batch reply had no room for this entry's whole answer: ask
+        // again alone, which replays it (nothing is drawn twice).
+        self.send(&id, &body, true).await
+    }
+
+    /// Sends one draw (in a batch, or `alone`) until it is answered or the
+    /// retries are spent.
+    async fn send(
+        &self,
+        id: &Arc<str>,
+        body: &Arc<[u8]>,
+        alone: bool,
+    ) -> Result<DrawResult, ClientError> {
         let first = std::sync::atomic::AtomicBool::new(true);
         let attempt = || async {
             if !first.swap(false, Ordering::Relaxed) {
                 self.stats.retries.fetch_add(1, Ordering::Relaxed);
             }
-            self.attempt(id.clone(), body.clone()).await
+            self.attempt(id.clone(), body.clone(), alone).await
         };
         attempt
             .retry(self.config.backoff())
@@ -338,13 +365,19 @@ impl Client {
     }
 
     /// One attempt: queue the draw, wait for its answer.
-    async fn attempt(&self, id: Arc<str>, body: Arc<[u8]>) -> Result<DrawResult, ClientError> {
+    async fn attempt(
+        &self,
+        id: Arc<str>,
+        body: Arc<[u8]>,
+        alone: bool,
+    ) -> Result<DrawResult, ClientError> {
         let timeout = self.config.timeout;
         let attempt = async {
             let (reply, answer) = oneshot::channel();
             let job = session::Job {
                 request_id: id,
                 body,
+                alone,
                 reply,
             };
             self.jobs.send(job).await.map_err(|_| ClientError::Closed)?;

@@ -41,6 +41,9 @@ pub(super) struct Job {
     pub(super) request_id: Arc<str>,
     /// The `draw` message's JSON, serialised by the caller.
     pub(super) body: Arc<[u8]>,
+    /// Goes out as a plain `draw`, in no batch: a big draw, or an entry
+    /// whose batch reply had no room for its answer.
+    pub(super) alone: bool,
     pub(super) reply: oneshot::Sender<Answer>,
 }
 
@@ -334,11 +337,12 @@ impl Batcher {
     ) -> Result<(), String> {
         let mut next = Some(job);
         while let Some(job) = next.take() {
-            if !self.fits(&job) {
+            let alone = job.alone;
+            if alone || !self.fits(&job) {
                 self.flush(session, confirms).await?;
             }
             self.gather(job);
-            if self.full() {
+            if alone || self.full() {
                 self.flush(session, confirms).await?;
             }
             // Calls already queued join now rather than one wake-up each.

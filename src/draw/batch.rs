@@ -6,7 +6,7 @@ use crate::{
     amqp::{self, HandleError, Outgoing, Publisher},
     kinds::{Opened, Prepared},
     ledger::Unsealed,
-    messages::{batch_reply, rejected_reply, DrawBatch, DrawRequest, ErrorCode},
+    messages::{bounded_batch_reply, rejected_reply, DrawBatch, DrawRequest, ErrorCode},
 };
 
 impl DrawWorker {
@@ -28,6 +28,7 @@ impl DrawWorker {
         publisher: &Publisher,
     ) -> Result<Unsealed, HandleError> {
         batch.validate(self.config.max_batch)?;
+        batch.check_reply_room()?;
         let n = batch.requests.len();
         let mut answers: Vec<Option<Result<Unsealed, HandleError>>> = Vec::with_capacity(n);
         let mut by_pool: Vec<(String, Vec<(usize, DrawRequest)>)> = Vec::new();
@@ -93,7 +94,9 @@ impl DrawWorker {
                 &why,
             ));
         }
-        outcome.reply = Some(batch_reply(&replies));
+        // Held to 64 KiB: entries too big to share it are shortened (and
+        // marked `omitted`); their callers fetch them alone.
+        outcome.reply = Some(bounded_batch_reply(replies));
         Ok(outcome)
     }
 }

@@ -19,8 +19,9 @@ pub const MAX_MULTIPLIER: u64 = 1_000_000;
 /// Highest jackpot threshold: the day's consumption counter saturates at
 /// 2^52 (see `lua/lib/answer.lua`), so every threshold up to it is reachable.
 pub const MAX_DAILY_THRESHOLD: i64 = 1 << 52;
-/// Room a draw reply and its event need besides the prizes: type, ids (at
-/// most 128 bytes each), status, user, totals and asset, generously.
+/// Room a draw reply and its event need besides the prizes and the
+/// fairness record: type, ids (at most 128 bytes each), status, user,
+/// totals, asset, serial, version and the event's seal, generously.
 const REPLY_OVERHEAD_BYTES: usize = 1024;
 /// Most sub-pools a hot pool may be split into (`shards`).
 pub const MAX_SHARDS: u32 = 64;
@@ -421,8 +422,9 @@ fn validate(raw: RawPool) -> Result<PoolConfig, ConfigError> {
 
 /// Refuses a pool whose largest draw could not be paid exactly or answered
 /// within the wire limit: `max_count × highest multiplier × unit_price` must
-/// stay below 2^53, and a reply of `max_count` of the longest prizes must fit
-/// in [`crate::messages::MAX_MESSAGE_BYTES`].
+/// stay below 2^53 (a money rule), and the largest reply the pool can give
+/// must fit in [`crate::messages::MAX_MESSAGE_BYTES`] with its event's seal:
+/// see [`max_reply_len`].
 fn check_draw_bounds(config: &PoolConfig) -> Result<(), (&'static str, String)> {
     let highest = config
         .combos
@@ -440,28 +442,96 @@ fn check_draw_bounds(config: &PoolConfig) -> Result<(), (&'static str, String)> 
             ),
         ));
     }
-    let longest_prize = config
-        .combos
-        .iter()
-        .map(|c| {
-            let combo = serde_json::to_string(&c.id).map_or(c.id.len() + 2, |s| s.len());
-            r#"{"multiplier":,"combo":},"#.len() + highest.to_string().len() + combo
-        })
-        .max()
-        .unwrap_or(0);
-    let reply = REPLY_OVERHEAD_BYTES + config.max_count as usize * longest_prize;
-    if reply > crate::messages::MAX_MESSAGE_BYTES {
-        let fits = (crate::messages::MAX_MESSAGE_BYTES - REPLY_OVERHEAD_BYTES) / longest_prize;
+    let limit = crate::messages::MAX_MESSAGE_BYTES;
+    // A pool that allows big draws also answers small ones, whose prizes
+    // are listed one by one.
+    let list_max = crate::messages::PRIZE_LIST_MAX as u32;
+    let worst =
+        |count: u32| max_reply_len(config, count).max(max_reply_len(config, count.min(list_max)));
+    let reply = worst(config.max_count);
+    if reply > limit {
+        // The worst reply grows with the count, so the largest count that
+        // fits is found by bisection.
+        let (mut fits, mut over) = (0u32, config.max_count);
+        while over - fits > 1 {
+            let mid = fits + (over - fits) / 2;
+            if worst(mid) <= limit {
+                fits = mid;
+            } else {
+                over = mid;
+            }
+        }
         return Err((
             "max_count",
             format!(
-                "a reply to a draw of {} prizes could take {reply} bytes, above the {} byte message limit; at most {fits} prizes of this pool fit",
-                config.max_count,
-                crate::messages::MAX_MESSAGE_BYTES
+                "a reply to a draw of {} prizes could take {reply} bytes, above the {limit} byte message limit; at most {fits} prizes of this pool fit",
+                config.max_count
             ),
         ));
     }
     Ok(())
+}
+
+/// Bytes of the fairness record per run of positions, parked jackpot and
+/// revealed seed, with generations of up to 10 digits and positions of 8
+/// (a batch holds at most [`MAX_BATCH_SIZE`] prizes).
+const RUN_JSON_BYTES: usize = r#"{"generation":,"position":,"count":},"#.len() + 10 + 8 + 5;
+const PARKED_JSON_BYTES: usize = r#"{"generation":,"position":},"#.len() + 10 + 8;
+const REVEAL_JSON_BYTES: usize = r#"{"generation":,"version":,"seed":""},"#.len() + 10 + 10 + 64;
+/// Batches whose fairness record the load bound makes room for. A draw
+/// spans two batches when a batch holds at least `count` prizes; a pool of
+/// smaller batches has only the batches stocked so far to draw from, one
+/// more per refill request (a short draw waits for them a bounded time), so
+/// a draw that spans more than this is a pool of tiny batches answering a
+/// draw far bigger than them, and may answer past the bound.
+const SPANNED_BATCHES: usize = 8;
+/// Field names and brackets of `positions`, `held_back` and `revealed`.
+const FAIRNESS_FRAME_BYTES: usize = r#","positions":[],"held_back":[],"revealed":[]"#.len();
+
+/// The most bytes a reply (and its sealed `draw.completed` event) to a
+/// draw of `count` prizes of `config` can take: the fixed fields
+/// ([`REPLY_OVERHEAD_BYTES`]), the prizes (listed one by one up to
+/// [`PRIZE_LIST_MAX`](crate::messages::PRIZE_LIST_MAX), else in the
+/// compact form of [`crate::messages::prize_codes`]), and the fairness
+/// record of the batches a draw of `count` can touch (at most
+/// [`SPANNED_BATCHES`]): a run of positions and a revealed seed per batch, and for each jackpot of those batches a
+/// parked position and the run it can split or add. (Jackpots parked by
+/// earlier draws and won all at once by one draw add a run each beyond
+/// this: a pool that parks thousands of them can answer past it.)
+pub fn max_reply_len(config: &PoolConfig, count: u32) -> usize {
+    use crate::messages::prize_codes;
+    let count = count as usize;
+    let entries: Vec<usize> = config
+        .combos
+        .iter()
+        .flat_map(|c| {
+            c.stock
+                .iter()
+                .map(|(m, _)| prize_codes::prize_json_len(&c.id, *m))
+        })
+        .collect();
+    let prizes = if count <= crate::messages::PRIZE_LIST_MAX {
+        prize_codes::max_list_len(count, entries.iter().copied().max().unwrap_or(0))
+    } else {
+        prize_codes::max_len(count, &entries)
+    };
+    let size = config.batch_size().max(1) as usize;
+    let batches = (count.div_ceil(size) + 1).min(SPANNED_BATCHES);
+    let jackpots_per_batch = config
+        .combos
+        .iter()
+        .flat_map(|c| c.stock.iter())
+        .filter(|(m, _)| config.is_jackpot(*m))
+        .map(|(_, n)| *n as usize)
+        .sum::<usize>();
+    let jackpots = jackpots_per_batch.saturating_mul(batches).min(count);
+    // A jackpot met while gated is parked (and splits a run of positions);
+    // one the draw may win comes from the pool's head as a run of its own.
+    let fairness = FAIRNESS_FRAME_BYTES
+        + (batches + jackpots) * RUN_JSON_BYTES
+        + jackpots * PARKED_JSON_BYTES
+        + batches * REVEAL_JSON_BYTES;
+    REPLY_OVERHEAD_BYTES + prizes + fairness
 }
 
 #[cfg(test)]
@@ -516,5 +586,157 @@ stock = { "0" = 29994, "10" = 293, "50" = 139, "500" = 27, "5000" = 1 }
         assert!(error_of(&dup_combo).contains("duplicate combo id"));
         let dup_pool = format!("{GOOD}\n{GOOD}");
         assert!(error_of(&dup_pool).contains("duplicate pool id"));
+    }
+
+    /// A pool file of one pool with `combos` combos of 64-byte ids, each
+    /// `stock` (TOML inline table), and `max_count`.
+    fn big_pool(combos: usize, stock: &str, max_count: u32, extra: &str) -> String {
+        let mut text = format!(
+            "[[pools]]\nid = \"big\"\nkind = \"lucky_gift\"\nunit_price = 1\nmax_count = {max_count}\n{extra}\n"
+        );
+        for i in 0..combos {
+            text.push_str(&format!(
+                "[[pools.combos]]\nid = \"{i:0>64}\"\nstock = {stock}\n"
+            ));
+        }
+        text
+    }
+
+    /// Issue 25, point 4: pools of `max_count = 10000` with 64-byte combo
+    /// ids load, and the bound they are held to is below the message limit.
+    #[test]
+    fn pools_of_ten_thousand_prizes_load() {
+        let stock =
+            r#"{ "0" = 9000, "1" = 600, "10" = 300, "100" = 90, "1000" = 9, "100000" = 1 }"#;
+        for combos in [1, 2, 5, 16] {
+            let text = big_pool(
+                combos,
+                stock,
+                10_000,
+                "jackpot = { min_multiplier = 100000, daily_consumption_threshold = 1000 }",
+            );
+            let pool = parse_file(&text).unwrap_or_else(|e| panic!("{combos} combos: {e}"));
+            assert_eq!(pool[0].max_count, 10_000);
+            let worst = max_reply_len(&pool[0], 10_000);
+            assert!(
+                worst <= crate::messages::MAX_MESSAGE_BYTES,
+                "{combos}: {worst}"
+            );
+        }
+        // Small batches: a draw of 10,000 spans many of them, and still fits.
+        let text = big_pool(3, r#"{ "0" = 80, "5" = 15, "50" = 5 }"#, 10_000, "");
+        parse_file(&text).unwrap();
+        // A pool of one prize, too.
+        parse_file(&big_pool(1, r#"{ "7" = 1 }"#, 10_000, "")).unwrap();
+    }
+
+    /// The money rule stays: a big draw that could pay 2^53 or more is
+    /// refused, whatever its size on the wire.
+    #[test]
+    fn exactness_is_still_checked() {
+        let text = big_pool(1, r#"{ "0" = 10, "1000000" = 1 }"#, 10_000, "")
+            .replace("unit_price = 1", "unit_price = 1000000");
+        assert!(
+            error_of(&text).contains("above 2^53"),
+            "{}",
+            error_of(&text)
+        );
+    }
+
+    /// A pool whose largest draw could not be answered in 64 KiB even in the
+    /// compact form (thousands of distinct prizes with long combo ids) is
+    /// refused, naming how many of its prizes fit.
+    #[test]
+    fn pools_whose_replies_cannot_fit_are_refused() {
+        let stock: Vec<String> = (1..=60).map(|m| format!("\"{m}\" = 1")).collect();
+        let text = big_pool(50, &format!("{{ {} }}", stock.join(", ")), 10_000, "");
+        let e = error_of(&text);
+        assert!(e.contains("message limit") && e.contains("at most"), "{e}");
+        let fits: u32 = e
+            .rsplit("at most ")
+            .next()
+            .and_then(|t| t.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap();
+        let pool =
+            parse_file(&text.replace("max_count = 10000", &format!("max_count = {fits}"))).unwrap();
+        assert_eq!(pool[0].max_count, fits);
+    }
+
+    proptest::proptest! {
+        /// The load bound is sound: for any pool that loads, a reply to a
+        /// draw of `max_count` prizes in the worst order (every prize unlike
+        /// its neighbour, cycling through every distinct prize), with the
+        /// longest ids and numbers and the fairness record of every batch
+        /// it can span, sealed as its event, takes no more than
+        /// [`max_reply_len`], which is within 64 KiB.
+        #[test]
+        fn the_load_bound_covers_the_worst_reply(
+            combos in proptest::collection::vec(
+                (1usize..=64, proptest::collection::btree_map(0u64..=1_000_000, 1i64..400, 1..12)),
+                1..12,
+            ),
+            max_count in 1u32..=10_000,
+        ) {
+            let mut text = format!(
+                "[[pools]]\nid = \"{}\"\nkind = \"lucky_gift\"\nunit_price = 1\nmax_count = {max_count}\n",
+                "p".repeat(crate::messages::MAX_ID_LEN)
+            );
+            for (n, (len, stock)) in combos.iter().enumerate() {
+                let id = format!("{n}{}", "q".repeat(64)).chars().take(*len.max(&(n.to_string().len()))).collect::<String>();
+                let items: Vec<String> = stock.iter().map(|(m, k)| format!("\"{m}\" = {k}")).collect();
+                text.push_str(&format!("[[pools.combos]]\nid = \"{id}\"\nstock = {{ {} }}\n", items.join(", ")));
+            }
+            let Ok(mut pools) = parse_file(&text) else {
+                // Refused (too big a reply, or unpayable): nothing to answer.
+                return Ok(());
+            };
+            let config = pools.remove(0);
+            let bound = max_reply_len(&config, config.max_count);
+            proptest::prop_assert!(bound <= crate::messages::MAX_MESSAGE_BYTES);
+            let pairs: Vec<(&str, u64)> = config
+                .combos
+                .iter()
+                .flat_map(|c| c.stock.iter().map(move |(m, _)| (c.id.as_str(), *m)))
+                .collect();
+            let count = config.max_count as usize;
+            let prizes: Vec<(&str, u64)> = (0..count).map(|k| pairs[k % pairs.len()]).collect();
+            let batches = (count.div_ceil(config.batch_size() as usize) + 1).min(SPANNED_BATCHES);
+            let big = 9_999_999_999u64;
+            let result = crate::messages::DrawResult {
+                request_id: "r".repeat(crate::messages::MAX_ID_LEN),
+                status: crate::messages::Status::Ok,
+                pool: Some(config.id.clone()),
+                shard: Some(MAX_SHARDS - 1),
+                user_id: Some(i64::MAX),
+                total_multiplier: Some(big),
+                reward: Some(crate::messages::MAX_EXACT - 1),
+                asset: Some("a".repeat(crate::messages::MAX_ID_LEN)),
+                serial: Some(big as i64),
+                version: Some(big as i64),
+                prize_codes: (count > crate::messages::PRIZE_LIST_MAX)
+                    .then(|| crate::messages::PrizeCodes::encode(prizes.iter().copied())),
+                prizes: if count > crate::messages::PRIZE_LIST_MAX {
+                    Vec::new()
+                } else {
+                    prizes
+                        .iter()
+                        .map(|(c, m)| crate::messages::Prize::Multiplier { multiplier: *m, combo: (*c).to_owned() })
+                        .collect()
+                },
+                positions: (0..batches)
+                    .map(|_| crate::messages::PrizeRun { generation: big, position: 49_999_999, count: 10_000 })
+                    .collect(),
+                revealed: (0..batches)
+                    .map(|_| crate::messages::Reveal { generation: big, version: big as i64, seed: "f".repeat(64) })
+                    .collect(),
+                ..crate::messages::DrawResult::default()
+            };
+            let fields = serde_json::to_vec(&result).unwrap();
+            let event = crate::messages::retype("draw.completed", &fields).len()
+                + r#","seal":""#.len()
+                + 64;
+            proptest::prop_assert!(event <= bound, "event {} > bound {}", event, bound);
+        }
     }
 }

@@ -24,7 +24,7 @@ use crate::{
     kinds::{answer::Tokens, Ask, Award, ScriptReply, Step},
     messages::{
         BatchPosition, DrawResult, EntryRef, Prize, PrizeRun, RefillRequest, Reveal, SettleRequest,
-        Status,
+        Status, PRIZE_LIST_MAX,
     },
     scripts::{PoolKeys, Scripts},
 };
@@ -32,6 +32,10 @@ use crate::{
 /// An award as stored in Redis:
 /// `"<serial>|<version>|<unit_price>|<trigger>|<codes>[/<runs>/<parked>/<reveals>]|<asset>"`
 /// (answers stored before batches were committed lack the fairness record).
+/// `<codes>` are the prizes' codes in draw order, comma-separated, each
+/// `<code>` or a run `<code>*<n>` of `n` equal codes in a row
+/// ([`crate::messages::prize_codes::parse_runs`]); a list that expands past
+/// [`crate::messages::MAX_DRAW_COUNT`] prizes is malformed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Drawn {
     /// The pool's `drawn` counter after this draw: names the draw for ever.
@@ -117,24 +121,12 @@ impl Drawn {
 }
 
 /// The codes of an award written as runs (`lua/lib/award.lua`): each item
-/// `<code>` or `<code>*<n>` (n of that code in a row); `None` if an item
-/// does not read or the runs add up to more than a draw can hold.
+/// `<code>` or `<code>*<n>` (n ≥ 2 of that code in a row); `None` if an item
+/// does not read or the runs add up to more than a draw can hold. The same
+/// syntax as the `codes` of a big draw's reply
+/// ([`crate::messages::prize_codes::parse_runs`]).
 fn expand_codes(text: &str) -> Option<Vec<u32>> {
-    let mut codes: Vec<u32> = Vec::new();
-    for item in text.split(',').filter(|s| !s.is_empty()) {
-        let (code, n) = match item.split_once('*') {
-            Some((code, n)) => (
-                code.parse::<u32>().ok()?,
-                n.parse::<usize>().ok().filter(|n| *n >= 2)?,
-            ),
-            None => (item.parse::<u32>().ok()?, 1),
-        };
-        if codes.len() + n > crate::messages::MAX_DRAW_COUNT as usize {
-            return None;
-        }
-        codes.extend(std::iter::repeat_n(code, n));
-    }
-    Some(codes)
+    crate::messages::prize_codes::parse_runs(text, crate::messages::MAX_DRAW_COUNT as usize)
 }
 
 /// The comma-separated items of `text`, each read by `item`; `None` if one
@@ -475,7 +467,12 @@ fn award(
     table: &CodeTable,
     replayed: bool,
 ) -> Result<Award, HandleError> {
-    let mut prizes = Vec::with_capacity(drawn.codes.len());
+    // Up to PRIZE_LIST_MAX prizes the reply lists them one by one; past it,
+    // in the compact form, built from the pool's codes without a string per
+    // prize (docs/protocol.md, "Big draws").
+    let compact = drawn.codes.len() > PRIZE_LIST_MAX;
+    let mut prizes = Vec::with_capacity(if compact { 0 } else { drawn.codes.len() });
+    let mut builder = crate::messages::prize_codes::Builder::default();
     let mut total: u64 = 0;
     for &code in &drawn.codes {
         let (combo, multiplier) = table.decode(code).ok_or_else(|| {
@@ -487,11 +484,16 @@ fn award(
         total = total
             .checked_add(multiplier)
             .ok_or_else(|| HandleError::internal("total multiplier overflows"))?;
-        prizes.push(Prize::Multiplier {
-            multiplier,
-            combo: combo.to_owned(),
-        });
+        if compact {
+            builder.push(code, combo, multiplier);
+        } else {
+            prizes.push(Prize::Multiplier {
+                multiplier,
+                combo: combo.to_owned(),
+            });
+        }
     }
+    let prize_codes = compact.then(|| builder.finish());
     let reward = i64::try_from(total)
         .ok()
         .and_then(|t| t.checked_mul(drawn.unit_price))
@@ -518,7 +520,11 @@ fn award(
         trigger,
         urgent: false,
     });
-    let prizes_drawn = if replayed { 0 } else { prizes.len() as u64 };
+    let prizes_drawn = if replayed {
+        0
+    } else {
+        drawn.codes.len() as u64
+    };
     Ok(Award {
         result: DrawResult {
             request_id: ask.request_id.to_owned(),
@@ -527,6 +533,7 @@ fn award(
             shard,
             user_id: Some(ask.user),
             prizes,
+            prize_codes,
             total_multiplier: Some(total),
             reward: Some(reward),
             asset: Some(drawn.asset),
@@ -620,6 +627,44 @@ mod tests {
             "1|1|1|1|1/3.0.1/x/|coin",
             "1|1|1|1|1/3.0.1//2.1.zz|coin",
             "1|1|1|1|1/3.0.1///|coin",
+        ] {
+            assert!(
+                matches!(Drawn::parse(bad), Err(HandleError::Internal(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    /// Codes stored as runs (`<code>*<n>`) expand to the prizes they stand
+    /// for, mixed with single codes and with the fairness record; a run
+    /// that does not read, or that would hold more than a draw may, is a
+    /// malformed answer.
+    #[test]
+    fn stored_runs_expand() {
+        let d = Drawn::parse("9|3|100|-1|4*3,2,0*2|coin").unwrap();
+        assert_eq!(d.codes, vec![4, 4, 4, 2, 0, 0]);
+        let d = Drawn::parse("9|3|100|-1|1*10000/7.0.10000//|coin").unwrap();
+        assert_eq!(d.codes.len(), 10_000);
+        assert_eq!(d.positions.iter().map(|r| r.count).sum::<u64>(), 10_000);
+        // The same prizes written out one by one read the same.
+        let plain = ["1"; 3].join(",");
+        assert_eq!(
+            Drawn::parse(&format!("9|3|100|-1|{plain}|coin"))
+                .unwrap()
+                .codes,
+            Drawn::parse("9|3|100|-1|1*3|coin").unwrap().codes
+        );
+        for bad in [
+            "1|1|1|1|1*10001|coin",
+            "1|1|1|1|1*5000,2*5001|coin",
+            "1|1|1|1|1*0|coin",
+            "1|1|1|1|1*|coin",
+            "1|1|1|1|*2|coin",
+            "1|1|1|1|1*2*2|coin",
+            "1|1|1|1|1*x|coin",
+            "1|1|1|1|1*99999999999999999999|coin",
+            // a run the positions do not cover
+            "1|1|1|1|1*3/3.0.2//|coin",
         ] {
             assert!(
                 matches!(Drawn::parse(bad), Err(HandleError::Internal(_))),
