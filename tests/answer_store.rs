@@ -401,3 +401,95 @@ async fn a_refusal_for_a_missing_pool_expires_unless_the_pool_is_loaded() {
         );
     }
 }
+
+/// One step of the model test: claim a request and remember an answer
+/// for it, with the TTL a worker of the fleet might have.
+#[derive(Clone, Debug)]
+struct Op {
+    /// The request's digest: bytes 0 or 1 only, so requests share
+    /// prefixes, stores and buckets and differ in a byte or two.
+    digest: [u8; 16],
+    content: u8,
+    ttl: u64,
+    code: ErrorCode,
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    (
+        proptest::array::uniform16(0u8..2),
+        0u8..3,
+        prop_oneof![Just(90_000u64), Just(86_400), Just(400_000)],
+        prop_oneof![
+            Just(ErrorCode::SoldOut),
+            Just(ErrorCode::PoolExhausted),
+            Just(ErrorCode::UnknownPool)
+        ],
+    )
+        .prop_map(|(digest, content, ttl, code)| Op {
+            digest,
+            content,
+            ttl,
+            code,
+        })
+}
+
+/// Claims and answers driven by generated requests on the real Redis
+/// agree with a model that compares ids and contents in full: an id is
+/// bound to its first content, an answer is the first stored for its id
+/// and content, whatever the TTL each step was run with.
+#[test]
+fn the_store_agrees_with_a_model_of_exact_ids() {
+    use std::collections::HashMap;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let env = rt.block_on(TestEnv::new(&[]));
+    let n = std::sync::atomic::AtomicUsize::new(0);
+    let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+        cases: 12,
+        failure_persistence: None,
+        ..proptest::test_runner::Config::default()
+    });
+    runner
+        .run(&proptest::collection::vec(op(), 1..300), |ops| {
+            let case = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            rt.block_on(async {
+                let claims = format!("{}:model{case}:{{1}}", env.config.redis_prefix);
+                let answers = env.keys(&format!("model{case}")).results();
+                let mut bound: HashMap<[u8; 16], u8> = HashMap::new();
+                let mut answered: HashMap<([u8; 16], u8), ErrorCode> = HashMap::new();
+                for op in ops {
+                    let mut claim = format!("{}::", op.ttl).into_bytes();
+                    claim.extend_from_slice(&op.digest);
+                    claim.extend_from_slice(&[op.content; 8]);
+                    let first = *bound.entry(op.digest).or_insert(op.content);
+                    let ours = claim_raw(&env, &claims, &claim).await;
+                    proptest::prop_assert_eq!(ours, i64::from(first == op.content), "{:?}", op);
+                    if first != op.content {
+                        continue;
+                    }
+                    // The answer's digest covers the content: another
+                    // content of the same id is another record.
+                    let mut digest = op.digest;
+                    digest[15] ^= op.content.wrapping_mul(16);
+                    let mut answer = format!("{}::", op.ttl).into_bytes();
+                    answer.extend_from_slice(&digest);
+                    answer.extend_from_slice(&[op.content; 8]);
+                    let stored = remember(&env, &answers, &answer, op.code).await;
+                    match answered.get(&(op.digest, op.content)) {
+                        None => {
+                            proptest::prop_assert_eq!(stored, None, "{:?}", op);
+                            answered.insert((op.digest, op.content), op.code);
+                        }
+                        Some(code) => proptest::prop_assert_eq!(
+                            stored,
+                            Some(ScriptReply::Refused(Refusal::new(*code))),
+                            "{:?}",
+                            op
+                        ),
+                    }
+                }
+                Ok(())
+            })
+        })
+        .unwrap();
+}
