@@ -31,6 +31,7 @@ const ID_TWINS: &[(&str, &str, usize, usize)] = &[
     ("twin-0000986eb557ad84", "twin-00009f02a7519df6", 6, 14),
     ("twin-000073cf561a6cee", "twin-0000756fb4a6d0eb", 6, 26),
     ("twin-c3991c76cbe1f5d8", "twin-1966bca43dbf1c41", 8, 0),
+    ("twin-4d3b21ff2f857e87", "twin-adcd3dae3e93223b", 8, 8),
 ];
 
 /// Ids whose SHA-256 of `fingerprint ‖ id` agree on 6 bytes at offset 0,
