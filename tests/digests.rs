@@ -311,3 +311,65 @@ async fn twin_ids_are_two_red_packet_grabs() {
     }
     env.stop_workers().await;
 }
+
+#[tokio::test]
+async fn a_retry_under_another_result_ttl_replays_its_answer() {
+    let mut env = TestEnv::new(&[("RESULT_TTL_S", "400000")]).await;
+    env.load(&pool_toml(
+        "ttl",
+        "",
+        &[("a", &[(0, 300), (1, 300), (5, 100)])],
+    ))
+    .await;
+    env.start_fleet().await;
+    let client = env.client().await;
+    let mut first = Vec::new();
+    for i in 0..20 {
+        let reply = client
+            .call("draw", &draw_as(&format!("ttl-{i}"), "ttl", i, 10), T)
+            .await
+            .unwrap();
+        assert_eq!(reply["status"], "ok", "{reply}");
+        first.push(reply);
+    }
+    env.stop_workers().await;
+    // The fleet restarts with a shorter TTL: every answer is still found.
+    let mut shorter = env.sharing(|c| c.result_ttl = Duration::from_secs(86_400));
+    shorter.start_fleet().await;
+    for (i, reply) in first.iter().enumerate() {
+        let again = client
+            .call(
+                "draw",
+                &draw_as(&format!("ttl-{i}"), "ttl", i as i64, 10),
+                T,
+            )
+            .await
+            .unwrap();
+        assert_eq!(&again, reply, "ttl-{i} under RESULT_TTL_S=86400");
+    }
+    // And one more draw, then back to the longer TTL beside it (a rollout
+    // with two values): each finds what the other stored.
+    let late = client
+        .call("draw", &draw_as("ttl-late", "ttl", 99, 10), T)
+        .await
+        .unwrap();
+    assert_eq!(late["status"], "ok", "{late}");
+    let mut longer = env.sharing(|c| c.result_ttl = Duration::from_secs(400_000));
+    longer.start_draw_worker().await;
+    for _ in 0..6 {
+        let again = client
+            .call("draw", &draw_as("ttl-late", "ttl", 99, 10), T)
+            .await
+            .unwrap();
+        assert_eq!(again, late);
+    }
+    let promised: i64 = first
+        .iter()
+        .chain([&late])
+        .map(|r| r["reward"].as_i64().unwrap())
+        .sum();
+    assert_eq!(env.wait_ledger("ttl", promised).await, promised);
+    assert_eq!(env.status("ttl").await.drawn, 21 * 10);
+    longer.stop_workers().await;
+    shorter.stop_workers().await;
+}
