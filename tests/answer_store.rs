@@ -493,3 +493,56 @@ fn the_store_agrees_with_a_model_of_exact_ids() {
         })
         .unwrap();
 }
+
+#[tokio::test]
+async fn ids_aimed_at_one_bucket_cannot_make_it_grow_without_bound() {
+    let env = TestEnv::new(&[]).await;
+    let store = env.keys("aimed").results();
+    let mut redis = env.redis.clone();
+    // Digests that agree on the bytes that place a record (4-6) and not on
+    // those that split buckets (7-8 never a multiple of 64): every record
+    // lands in one bucket, as ids crafted by an attacker would.
+    let token = |i: u32| {
+        let mut d = [7u8; 16];
+        d[6] = 1;
+        d[7] = 1;
+        d[8..12].copy_from_slice(&i.to_be_bytes());
+        let mut t = b"90000::".to_vec();
+        t.extend_from_slice(&d);
+        t.extend_from_slice(&[1; 8]);
+        t
+    };
+    let n = 2_000;
+    for i in 0..n {
+        assert_eq!(
+            remember(&env, &store, &token(i), ErrorCode::SoldOut).await,
+            None,
+            "{i}"
+        );
+    }
+    let buckets: Vec<String> = keys(&env, &format!("{store}:*:*"))
+        .await
+        .into_iter()
+        .filter(|k| !k.contains(":o:"))
+        .collect();
+    for b in &buckets {
+        let len: usize = redis::cmd("STRLEN")
+            .arg(b)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        assert!(len <= 32_768 + 64, "{b}: {len} bytes");
+    }
+    assert!(
+        !keys(&env, &format!("{store}:*:o:*")).await.is_empty(),
+        "records past the full bucket have keys of their own"
+    );
+    // Every one is still found, and replays its first answer.
+    for i in (0..n).step_by(37) {
+        assert_eq!(
+            remember(&env, &store, &token(i), ErrorCode::PoolExhausted).await,
+            Some(ScriptReply::Refused(Refusal::new(ErrorCode::SoldOut))),
+            "{i}"
+        );
+    }
+}

@@ -61,6 +61,10 @@ local PER_BUCKET = 64
 local MAX_BUCKETS = 16777216
 -- Longer bodies are stored in a key of their own.
 local INLINE = 200
+-- A bucket holds at most this many bytes (about 16 times its share); a
+-- record for a full bucket gets a key of its own, so ids crafted to land in
+-- one bucket cannot make every write to it cost its size.
+local FULL = 32768
 -- Clock skew tolerated between the nodes whose TIME names `now`.
 local SKEW = 300
 -- Epochs a lookup reads: the current one and those before it.
@@ -145,13 +149,18 @@ local function store_open(key, token, pre, at)
   s.splits = (a * 256 + b) % PER_BUCKET == 0
   local field
   if pre then field = pre[at or 1] else field = redis.call('HGET', s.meta, 'r.e') end
-  for t, l, n in string.gmatch(field or '', '(%d+):(%d+):(%d+)') do
+  for t, l, n, o in string.gmatch(field or '', '(%d+):(%d+):(%d+)(o?)') do
     t, l, n = tonumber(t), tonumber(l), tonumber(n)
     -- An epoch is read until EPOCHS lengths from its start (its buckets
     -- stay SKEW longer, for a node whose clock runs behind).
-    if now < t + EPOCHS * l and #s.epochs < EPOCHS then s.epochs[#s.epochs + 1] = {t, l, n} end
+    if now < t + EPOCHS * l and #s.epochs < EPOCHS then s.epochs[#s.epochs + 1] = {t, l, n, o == 'o'} end
   end
   return s
+end
+
+-- The key of a record that found its bucket full, in epoch `t`.
+local function overflow_of(s, t)
+  return s.key .. ':' .. int(t) .. ':o:' .. hex(s.d)
 end
 
 local function bucket_of(s, t, i)
@@ -168,6 +177,11 @@ local function store_find(s)
   s.cur = got[1] or ''
   for k = 1, #names do
     local v = record_in(got[k] or '', s.d)
+    if not v and s.epochs[k][4] then
+      -- An epoch with full buckets: the record may have a key of its own.
+      v = redis.call('GET', overflow_of(s, s.epochs[k][1]))
+      if v then return v end
+    end
     if v then
       if v == '' then
         v = redis.call('GET', s.key .. ':x:' .. hex(s.d))
@@ -182,7 +196,9 @@ end
 -- The `r.e` field of the store's epochs.
 local function epochs_text(s)
   local out = {}
-  for _, e in ipairs(s.epochs) do out[#out + 1] = int(e[1]) .. ':' .. int(e[2]) .. ':' .. int(e[3]) end
+  for _, e in ipairs(s.epochs) do
+    out[#out + 1] = int(e[1]) .. ':' .. int(e[2]) .. ':' .. int(e[3]) .. (e[4] and 'o' or '')
+  end
   return table.concat(out, ';')
 end
 
@@ -229,6 +245,15 @@ local function store_put(s, value)
     end
   end
   local exp = expiry_of(e[1], e[2])
+  if #s.cur >= FULL then
+    redis.call('SET', overflow_of(s, e[1]), value, 'EXAT', exp)
+    if not e[4] then
+      e[4] = true
+      redis.call('HSET', s.meta, 'r.e', epochs_text(s))
+    end
+    s.cur = nil
+    return
+  end
   local rec
   if #value > INLINE then
     redis.call('SET', s.key .. ':x:' .. hex(s.d), value, 'EXAT', exp)
@@ -244,6 +269,7 @@ end
 -- Removes the store's record, wherever it is; says whether there was one.
 local function store_drop(s)
   for _, e in ipairs(s.epochs) do
+    if e[4] and redis.call('DEL', overflow_of(s, e[1])) == 1 then return true end
     local name = bucket_of(s, e[1], index_of(s.h, e[3]))
     local b = redis.call('GET', name)
     local v, first, last = record_in(b, s.d)
