@@ -546,3 +546,97 @@ async fn ids_aimed_at_one_bucket_cannot_make_it_grow_without_bound() {
         );
     }
 }
+
+/// Redis `used_memory`.
+async fn used_memory(redis: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(redis)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// What a remembered result costs, on a private Redis: 100,000 requests
+/// (`RESULTS` to change it) claimed and answered with the stored body of a
+/// count-1 award. Printed for the record; `prizepool bench` measures a
+/// million.
+#[tokio::test]
+async fn what_a_remembered_result_costs() {
+    let dir = common::tempdir("mem");
+    let port = common::free_port();
+    let _server = common::redis_server(port, &dir, &[]);
+    let url = format!("redis://127.0.0.1:{port}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut redis = loop {
+        if let Ok(c) = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+        {
+            break c;
+        }
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let env = TestEnv::new(&[("REDIS_URL", &url)]).await;
+    let store = env.keys("mem").results();
+    let n: u32 = std::env::var("RESULTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let all: Vec<Tokens> = (0..n)
+        .map(|i| tokens(&env, &format!("01JDRQ5T3WZ8{i:014}"), 1, 90_000))
+        .collect();
+    let before = used_memory(&mut redis).await;
+    for chunk in all.chunks(1_000) {
+        let calls = chunk.iter().map(|t| {
+            let mut r = redis.clone();
+            let mut t = t.clone();
+            let scripts = &env.scripts;
+            async move { answer::claim(&mut r, scripts, &mut t).await.unwrap() }
+        });
+        futures_util::future::join_all(calls).await;
+    }
+    let claimed = used_memory(&mut redis).await;
+    // A count-1 award as a pool about a million draws old stores it
+    // (lua/lib/award.lua: byte 1, varints of serial 1,048,576, version 3
+    // and no trigger, then the code and its position run).
+    let mut body = vec![1u8, 0x80, 0x80, 0x40, 3, 0];
+    body.extend_from_slice(b"5/7.21044.1");
+    let body = &body;
+    for chunk in all.chunks(1_000) {
+        let calls = chunk.iter().map(|t| {
+            let mut r = redis.clone();
+            let scripts = &env.scripts;
+            let store = &store;
+            async move {
+                let (status, _, _): (String, Vec<u8>, u64) = scripts
+                    .remember_refusal
+                    .key(store)
+                    .arg(&t.answer)
+                    .arg(body.as_slice())
+                    .invoke_async(&mut r)
+                    .await
+                    .unwrap();
+                assert_eq!(status, "refused");
+            }
+        });
+        futures_util::future::join_all(calls).await;
+    }
+    let answered = used_memory(&mut redis).await;
+    let per = |b: u64| b as f64 / f64::from(n);
+    println!(
+        "claim {:.1} B + answer {:.1} B = {:.1} B per remembered result ({}-byte body)",
+        per(claimed - before),
+        per(answered - claimed),
+        per(answered - before),
+        body.len() + 1
+    );
+    assert!(per(answered - before) < 100.0);
+}

@@ -7,9 +7,9 @@
 --
 -- Records. A request is known by a 16-byte digest (SHA-256, computed by
 -- src/kinds/answer.rs): of its id in a claim store, of its content
--- fingerprint and id in an answer store. A record is the digest, one length
--- byte and the value: the 8-byte content fingerprint in a claim store, the
--- answer's body in an answer store (a kind's award, or "!<code>[:<detail>]"
+-- fingerprint and id in an answer store. A claim's record is the digest and
+-- the 8-byte content fingerprint; an answer's is the digest, one length
+-- byte and the answer's body (a kind's award, or "!<code>[:<detail>]"
 -- for a refusal). A body longer than INLINE bytes lives in a key of its own
 -- (`<store>:x:<hex digest>`, same expiry) and the record holds length 0.
 -- Digests are compared in full: two requests share an answer only if their
@@ -56,7 +56,7 @@
 -- `now` is the Redis time the request's claim read (so the pool step needs
 -- no TIME of its own); empty, the script reads TIME.
 
-local PER_BUCKET = 64
+local PER_BUCKET = 128
 -- A record's hash has 24 bits: an epoch has at most this many buckets.
 local MAX_BUCKETS = 16777216
 -- Longer bodies are stored in a key of their own.
@@ -104,20 +104,32 @@ local function index_of(h, n)
   return i
 end
 
+-- Where the record that starts at `pos` of bucket `b` ends, and where its
+-- value starts: a claim store's records are 24 bytes (digest and
+-- fingerprint, no length byte), an answer store's say their length.
+local function record_at(b, pos, fixed)
+  if fixed then return pos + 23, pos + 16 end
+  return pos + 16 + string.byte(b, pos + 16), pos + 17
+end
+
 -- The record of digest `d` in bucket string `b`: its value, its first and
 -- its last byte; nil when there is none. The digest is searched with a
 -- plain find; a hit counts only where a record starts.
-local function record_in(b, d)
+local function record_in(b, d, fixed)
   if not b or b == '' then return nil end
   local from = 1
   while true do
     local at = string.find(b, d, from, true)
     if not at then return nil end
     local pos = 1
-    while pos < at do pos = pos + 17 + string.byte(b, pos + 16) end
+    if fixed then
+      pos = at - (at - 1) % 24
+    else
+      while pos < at do pos = pos + 17 + string.byte(b, pos + 16) end
+    end
     if pos == at then
-      local len = string.byte(b, at + 16)
-      return string.sub(b, at + 17, at + 16 + len), at, at + 16 + len
+      local last, value = record_at(b, at, fixed)
+      return string.sub(b, value, last), at, last
     end
     from = at + 1
   end
@@ -144,6 +156,8 @@ local function store_open(key, token, pre, at)
   if now == '' then now = tonumber(redis.call('TIME')[1]) else now = tonumber(now) end
   local s = {key = key, meta = meta_of(key), len = math.max(1, math.ceil(tonumber(ttl) / (EPOCHS - 1))),
     now = now, d = string.sub(rest, 1, 16), fp = string.sub(rest, 17, 24), epochs = {}}
+  -- A claim store's records are all 24 bytes.
+  s.fixed = s.meta == key
   s.h = hash_at(s.d, 1)
   local a, b = string.byte(s.d, 7, 8)
   s.splits = (a * 256 + b) % PER_BUCKET == 0
@@ -176,7 +190,7 @@ local function store_find(s)
   local got = redis.call('MGET', unpack(names))
   s.cur = got[1] or ''
   for k = 1, #names do
-    local v = record_in(got[k] or '', s.d)
+    local v = record_in(got[k] or '', s.d, s.fixed)
     if not v and s.epochs[k][4] then
       -- An epoch with full buckets: the record may have a key of its own.
       v = redis.call('GET', overflow_of(s, s.epochs[k][1]))
@@ -213,7 +227,7 @@ local function split(s)
   local keep, move = {}, {}
   local pos = 1
   while pos <= #b do
-    local last = pos + 16 + string.byte(b, pos + 16)
+    local last = record_at(b, pos, s.fixed)
     local rec = string.sub(b, pos, last)
     if hash_at(b, pos) % (2 * p) == n then move[#move + 1] = rec else keep[#keep + 1] = rec end
     pos = last + 1
@@ -255,7 +269,9 @@ local function store_put(s, value)
     return
   end
   local rec
-  if #value > INLINE then
+  if s.fixed then
+    rec = s.d .. value
+  elseif #value > INLINE then
     redis.call('SET', s.key .. ':x:' .. hex(s.d), value, 'EXAT', exp)
     rec = s.d .. '\0'
   else
@@ -272,7 +288,7 @@ local function store_drop(s)
     if e[4] and redis.call('DEL', overflow_of(s, e[1])) == 1 then return true end
     local name = bucket_of(s, e[1], index_of(s.h, e[3]))
     local b = redis.call('GET', name)
-    local v, first, last = record_in(b, s.d)
+    local v, first, last = record_in(b, s.d, s.fixed)
     if v then
       redis.call('SET', name, string.sub(b, 1, first - 1) .. string.sub(b, last + 1), 'KEEPTTL')
       if v == '' then redis.call('DEL', s.key .. ':x:' .. hex(s.d)) end

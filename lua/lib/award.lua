@@ -1,5 +1,9 @@
 -- A lucky-gift award as its request's answer stores it (after
--- lib/answer.lua): "<serial>|<version>|<trigger, or nothing for none>|<codes>".
+-- lib/answer.lua): byte 1, then serial, version and trigger + 1 (0: none)
+-- as base-128 varints (low group first, high bit set on all but the last
+-- byte), then the codes and the fairness record as text. Earlier versions
+-- stored "<serial>|<version>|<trigger, or nothing for none>|<codes>", which
+-- is still read.
 -- The unit price and asset are those of the config version, kept once per
 -- version in the pool's meta hash ("v<version>" = "<unit_price>|<asset>"),
 -- not in every one of a day's millions of answers. The scripts reply with
@@ -19,12 +23,35 @@ local function codes_text(codes)
   return table.concat(out, ',')
 end
 
+-- `n` (0 <= n < 2^53) as a base-128 varint.
+local function varint(n)
+  local out = {}
+  repeat
+    local b = n % 128
+    n = (n - b) / 128
+    if n > 0 then b = b + 128 end
+    out[#out + 1] = string.char(b)
+  until n == 0
+  return table.concat(out)
+end
+
+-- The varint at `pos` of `s`, and the position after it.
+local function unvarint(s, pos)
+  local n, mul = 0, 1
+  while true do
+    local b = string.byte(s, pos)
+    if not b then return nil, pos end
+    pos = pos + 1
+    n = n + (b % 128) * mul
+    if b < 128 then return n, pos end
+    mul = mul * 128
+  end
+end
+
 -- The stored form of an award. The version's price and asset are written
 -- by the pool's load (configure_pool.lua, "v<version>").
 local function award_stored(serial, version, trigger, codes)
-  local t = ''
-  if trigger >= 0 then t = int(trigger) end
-  return int(serial) .. '|' .. version .. '|' .. t .. '|' .. codes
+  return '\1' .. varint(serial) .. varint(tonumber(version) or 0) .. varint(trigger + 1) .. codes
 end
 
 -- The full body of a stored answer (a refusal, or a full body stored before
@@ -32,14 +59,24 @@ end
 -- its load wrote "v<version>" takes the pool's price and asset when it is
 -- still the pool's version.
 local function award_body(meta, stored)
-  local serial, version, trigger, codes = string.match(stored, '^(%d+)|([^|]*)|(%-?%d*)|([^|]*)$')
-  if not serial then return stored end
+  local serial, version, trigger, codes
+  if string.byte(stored, 1) == 1 then
+    local pos, t
+    serial, pos = unvarint(stored, 2)
+    version, pos = unvarint(stored, pos)
+    t, pos = unvarint(stored, pos)
+    if not t then return stored end
+    serial, version, trigger, codes = int(serial), int(version), int(t - 1), string.sub(stored, pos)
+  else
+    serial, version, trigger, codes = string.match(stored, '^(%d+)|([^|]*)|(%-?%d*)|([^|]*)$')
+    if not serial then return stored end
+    if trigger == '' then trigger = '-1' end
+  end
   local m = redis.call('HMGET', meta, 'v' .. version, 'version', 'unit_price', 'asset')
   local v = m[1]
   if not v and m[2] == version and m[3] then v = m[3] .. '|' .. (m[4] or 'coin') end
   if not v then return stored end
   local unit_price, asset = string.match(v, '^(%d+)|(.*)$')
-  if trigger == '' then trigger = '-1' end
   return serial .. '|' .. version .. '|' .. unit_price .. '|' .. trigger .. '|' .. codes .. '|' .. asset
 end
 

@@ -174,7 +174,8 @@ end
 -- prizes in answer order (a third element `true` when taken from `held`),
 -- `parked` the origins of the jackpots this draw parked, `next_pos` the
 -- running position after the draw. Returns the answer's suffix
--- "/<runs>/<parked>/<reveals>": runs "g.p.n" (n prizes at positions
+-- "/<runs>/<parked>/<reveals>" (empty trailing fields left out): runs
+-- "g.p.n" (n prizes at positions
 -- p..p+n-1 of batch g, in answer order), parked "g.p", reveals
 -- "g.<version>.<seed hex>".
 local function fair_record(meta_key, t, hgen0, origins, parked, next_pos, fields)
@@ -232,7 +233,11 @@ local function fair_record(meta_key, t, hgen0, origins, parked, next_pos, fields
   if lg >= 0 then runs[#runs + 1] = int(lg) .. '.' .. int(lp) .. '.' .. int(ln) end
   local parked_text = {}
   for _, o in ipairs(parked) do parked_text[#parked_text + 1] = int(o[1]) .. '.' .. int(o[2]) end
-  return '/' .. table.concat(runs, ',') .. '/' .. table.concat(parked_text, ',') .. '/' .. table.concat(reveals, ',')
+  -- Empty trailing fields are left out ("/<runs>" for most draws).
+  local out = '/' .. table.concat(runs, ',')
+  if #parked_text > 0 or #reveals > 0 then out = out .. '/' .. table.concat(parked_text, ',') end
+  if #reveals > 0 then out = out .. '/' .. table.concat(reveals, ',') end
+  return out
 end
 
 -- The jackpot gate applied to one draw of `count` prizes: which prizes the

@@ -278,13 +278,16 @@ pub async fn remember<C: ConnectionLike + Send>(
     token: &[u8],
     refusal: &Refusal,
 ) -> Result<Option<ScriptReply>, HandleError> {
-    let (status, text, number): (String, String, u64) = scripts
+    // A stored award comes back in its stored form (binary: lua/lib/award.lua);
+    // the caller replays it through the kind's step, so its text is not read.
+    let (status, text, number): (String, Vec<u8>, u64) = scripts
         .remember_refusal
         .key(results)
         .arg(token)
         .arg(&refusal.body()[1..])
         .invoke_async(conn)
         .await?;
+    let text = String::from_utf8_lossy(&text).into_owned();
     match ScriptReply::read(&status, text, number, "request_id", "")? {
         ScriptReply::Refused(stored) if status == "refused" && stored == *refusal => Ok(None),
         other => Ok(Some(other)),

@@ -177,10 +177,24 @@ pub async fn stored_award<C: ConnectionLike + Send>(
     let Some(answer) = answer else {
         return Ok(None);
     };
+    // The stored form (lua/lib/award.lua): byte 1, varints of serial,
+    // version and trigger + 1, then the codes; or, stored by an earlier
+    // version, "<serial>|<version>|<trigger or nothing>|<codes>" or a full
+    // body. Price and asset are not checked here.
+    if let Some(packed) = answer.strip_prefix(&[1u8][..]) {
+        let bad = || HandleError::internal("malformed stored award in Redis".to_owned());
+        let mut rest = packed;
+        let mut next = || -> Result<u64, HandleError> {
+            let (n, used) = read_varint(rest).ok_or_else(bad)?;
+            rest = &rest[used..];
+            Ok(n)
+        };
+        let (serial, version, trigger) = (next()?, next()?, next()?);
+        let codes = std::str::from_utf8(rest).map_err(|_| bad())?;
+        let trigger = i128::from(trigger) - 1;
+        return Drawn::parse(&format!("{serial}|{version}|0|{trigger}|{codes}|-")).map(Some);
+    }
     let body = String::from_utf8_lossy(&answer);
-    // The stored form "<serial>|<version>|<trigger or nothing>|<codes>"
-    // (lua/lib/award.lua), or a full body stored before answers were
-    // compacted. Price and asset are not checked here.
     let parts: Vec<&str> = body.split('|').collect();
     let full = match parts[..] {
         [serial, version, trigger, codes] => {
@@ -190,6 +204,19 @@ pub async fn stored_award<C: ConnectionLike + Send>(
         _ => body.into_owned(),
     };
     Drawn::parse(&full).map(Some)
+}
+
+/// A base-128 varint (low group first) at the start of `bytes`, and the
+/// bytes it took; `None` past 2^53 or at the end of the input.
+fn read_varint(bytes: &[u8]) -> Option<(u64, usize)> {
+    let mut n = 0u64;
+    for (i, b) in bytes.iter().enumerate().take(8) {
+        n |= u64::from(b & 0x7f) << (7 * i);
+        if b & 0x80 == 0 {
+            return (n < 1 << 53).then_some((n, i + 1));
+        }
+    }
+    None
 }
 
 /// What one draw step answered.
@@ -565,6 +592,11 @@ mod tests {
         assert_eq!(d.codes, vec![1, 2, 3]);
         assert_eq!(d.asset, "item:a|b");
         assert_eq!(Drawn::parse("1|1|1|4||coin").unwrap().trigger, Some(4));
+        // The varints of a packed award.
+        assert_eq!(read_varint(&[0x05]), Some((5, 1)));
+        assert_eq!(read_varint(&[0x80, 0x80, 0x40]), Some((1 << 20, 3)));
+        assert_eq!(read_varint(&[0x80]), None);
+        assert_eq!(read_varint(&[0xff; 9]), None);
         // Runs of equal codes, as the scripts store them.
         let d = Drawn::parse("9|3|100|-1|1*3,2,0*2|coin").unwrap();
         assert_eq!(d.codes, vec![1, 1, 1, 2, 0, 0]);
