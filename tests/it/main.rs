@@ -41,4 +41,5 @@ mod red_packets;
 mod redis_auth;
 mod review_attacks;
 mod settle;
+mod tls;
 mod traces;
