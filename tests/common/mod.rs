@@ -376,6 +376,7 @@ pub fn free_port() -> u16 {
 }
 
 pub mod load;
+pub mod pki;
 pub mod raw;
 pub mod redis_cluster;
 pub mod services;

@@ -125,10 +125,14 @@ pub fn add_vhost(vhost: &str) {
     );
 }
 
-/// Deletes `vhost` and everything in it (best effort: a test that ends
-/// should not fail here).
+/// Deletes `vhost` and everything in it, on a thread of its own: the test
+/// that ends need not wait for the broker to delete its queues (best
+/// effort: a test that ends should not fail here).
 pub fn delete_vhost(vhost: &str) {
-    let _ = management("DELETE", &format!("/api/vhosts/{vhost}"), "");
+    let path = format!("/api/vhosts/{vhost}");
+    std::thread::spawn(move || {
+        let _ = management("DELETE", &path, "");
+    });
 }
 
 /// The template database: every migration of [`prizepool::db::MIGRATOR`]
@@ -219,12 +223,21 @@ pub async fn create_database(name: &str) {
 }
 
 /// Drops database `name` (best effort, from `Drop`: no runtime needed).
+/// `DROP DATABASE` waits for a checkpoint, about a second here, so `psql`
+/// runs on while the next test starts (and finishes even if this process
+/// has ended by then).
 pub fn drop_database(name: &str) {
-    let _ = std::process::Command::new("psql")
+    let psql = std::process::Command::new("psql")
         .args([
             &admin_url(),
             "-qc",
             &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
         ])
-        .output();
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    if let Ok(mut psql) = psql {
+        std::thread::spawn(move || psql.wait());
+    }
 }

@@ -14,10 +14,6 @@ use std::time::{Duration, Instant};
 
 /// `prizepool bench --quick --workers 1 --duration <duration>` in the
 /// test's vhost, prefix and database, writing to a fresh folder (returned).
-/// One bench at a time: each drives the machine as hard as it can, and two
-/// at once would starve each other (and the other tests) of the cores.
-static ONE_BENCH: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 fn bench_command(env: &TestEnv, duration: &str) -> (tokio::process::Command, std::path::PathBuf) {
     let out = std::env::temp_dir().join(format!("pp-bench-{}", ulid::Ulid::new()));
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_prizepool"));
@@ -162,7 +158,6 @@ fn check_run(report: &Value, latest: &std::path::Path) {
 
 #[tokio::test]
 async fn a_batch_sweep_drives_the_fleet_through_the_batching_client() {
-    let _one = ONE_BENCH.lock().await;
     let env = TestEnv::new(&[]).await;
     let (report, latest) = bench(&env, &["--batch", "1,10", "--users", "300"], &[]).await;
     let runs = report["runs"].as_array().unwrap();
@@ -197,7 +192,6 @@ async fn a_batch_sweep_drives_the_fleet_through_the_batching_client() {
 
 #[tokio::test]
 async fn bench_of_a_sparse_lucky_gift_pool_reports_every_measure() {
-    let _one = ONE_BENCH.lock().await;
     let env = TestEnv::new(&[]).await;
     let (report, latest) = bench(&env, &["--storage", "sparse", "--users", "300"], &[]).await;
     check_run(&report, &latest);
@@ -213,7 +207,6 @@ async fn bench_of_a_sparse_lucky_gift_pool_reports_every_measure() {
 
 #[tokio::test]
 async fn bench_of_red_packets_grabs_each_share_once_and_settles_every_grab() {
-    let _one = ONE_BENCH.lock().await;
     let env = TestEnv::new(&[]).await;
     // 5,000 users: one packet holds 5,000 shares, so few packets are made.
     // The fleet inherits the environment: its draw worker runs under SCHED_BATCH.
@@ -318,7 +311,6 @@ async fn assert_fleet_gone(env: &TestEnv) {
 /// killed outright (SIGKILL, no chance to clean up) once its fleet consumes.
 #[tokio::test]
 async fn a_killed_bench_leaves_no_worker_behind() {
-    let _one = ONE_BENCH.lock().await;
     let env = TestEnv::new(&[]).await;
     let mut bench = bench_with_its_fleet_running(&env).await;
     bench.kill().await.unwrap();
@@ -329,7 +321,6 @@ async fn a_killed_bench_leaves_no_worker_behind() {
 /// and the bench says it was interrupted and fails.
 #[tokio::test]
 async fn an_interrupted_bench_stops_its_fleet_and_removes_its_keys() {
-    let _one = ONE_BENCH.lock().await;
     let env = TestEnv::new(&[]).await;
     let bench = bench_with_its_fleet_running(&env).await;
     let pid = i32::try_from(bench.id().unwrap()).unwrap();

@@ -1,8 +1,9 @@
 //! The integration tests, one module per subject, in one test binary: one
 //! link of the crate instead of one per file, and one process whose test
 //! threads overlap the tests' waits on the servers. A test that needs a
-//! process of its own (process-wide state, such as `tls`'s installed TLS
-//! files) stays a binary of its own at the top of `tests/`.
+//! process of its own (process-wide state: `tests/tls.rs` installs TLS files
+//! for every later connection of its process) is a binary of its own at the
+//! top of `tests/`.
 //!
 //! Every test talks to the real services (RabbitMQ, Redis, Postgres) through
 //! `tests/common`, which sets up what they must offer (plugins, vhosts, a

@@ -1,167 +1,21 @@
 //! TLS that fails closed: private Redis and Postgres servers with
 //! certificates made by the test (the `openssl` command), reached with the
 //! right CA, refused with a wrong one, and never spoken to in plaintext when
-//! the URL asks for TLS.
+//! the URL asks for TLS. RabbitMQ's test installs TLS files for the whole
+//! process, so it is a test binary of its own: `tests/tls.rs`.
 
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
 
 use std::{
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::Command,
     time::{Duration, Instant},
 };
 
-use common::{free_port, redis_server, KillOnDrop, PrivateRabbit};
+use common::{free_port, pki::Pki, redis_server, KillOnDrop};
 use prizepool::config::{Config, TlsFiles};
-
-fn tempdir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "pp-{tag}-{}",
-        ulid::Ulid::new().to_string().to_lowercase()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("openssl runs");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A CA, a server certificate for 127.0.0.1/localhost and a client
-/// certificate signed by it, and a second CA that signed nothing.
-struct Pki {
-    dir: PathBuf,
-}
-
-impl Pki {
-    fn new(tag: &str) -> Self {
-        let dir = tempdir(tag);
-        for ca in ["ca", "other-ca"] {
-            openssl(
-                &dir,
-                &[
-                    "req",
-                    "-x509",
-                    "-newkey",
-                    "ec",
-                    "-pkeyopt",
-                    "ec_paramgen_curve:prime256v1",
-                    "-nodes",
-                    "-days",
-                    "2",
-                    "-keyout",
-                    &format!("{ca}.key"),
-                    "-out",
-                    &format!("{ca}.pem"),
-                    "-subj",
-                    &format!("/CN=prizepool test {ca}"),
-                    "-addext",
-                    "basicConstraints=critical,CA:TRUE",
-                    "-addext",
-                    "keyUsage=critical,keyCertSign,cRLSign",
-                ],
-            );
-        }
-        // `clientAuth` too: Redis Cluster nodes present their server
-        // certificate when they connect to each other's bus.
-        std::fs::write(
-            dir.join("server.ext"),
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
-             keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\n",
-        )
-        .unwrap();
-        std::fs::write(
-            dir.join("client.ext"),
-            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n\
-             extendedKeyUsage=clientAuth\n",
-        )
-        .unwrap();
-        for leaf in ["server", "client"] {
-            openssl(
-                &dir,
-                &[
-                    "req",
-                    "-new",
-                    "-newkey",
-                    "ec",
-                    "-pkeyopt",
-                    "ec_paramgen_curve:prime256v1",
-                    "-nodes",
-                    "-keyout",
-                    &format!("{leaf}.key"),
-                    "-out",
-                    &format!("{leaf}.csr"),
-                    "-subj",
-                    &format!(
-                        "/CN={}",
-                        if leaf == "server" {
-                            "localhost"
-                        } else {
-                            "postgres"
-                        }
-                    ),
-                ],
-            );
-            openssl(
-                &dir,
-                &[
-                    "x509",
-                    "-req",
-                    "-in",
-                    &format!("{leaf}.csr"),
-                    "-CA",
-                    "ca.pem",
-                    "-CAkey",
-                    "ca.key",
-                    "-CAcreateserial",
-                    "-days",
-                    "2",
-                    "-out",
-                    &format!("{leaf}.pem"),
-                    "-extfile",
-                    &format!("{leaf}.ext"),
-                ],
-            );
-        }
-        Self { dir }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
-    }
-
-    fn trusting(&self, ca: &str) -> TlsFiles {
-        TlsFiles {
-            ca_file: Some(self.path(&format!("{ca}.pem"))),
-            ..TlsFiles::default()
-        }
-    }
-
-    fn with_client_cert(&self) -> TlsFiles {
-        TlsFiles {
-            cert_file: Some(self.path("client.pem")),
-            key_file: Some(self.path("client.key")),
-            ..self.trusting("ca")
-        }
-    }
-}
-
-impl Drop for Pki {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 fn tls_redis(pki: &Pki, port: u16, client_certs: bool) -> KillOnDrop {
     let port = port.to_string();
@@ -300,7 +154,7 @@ fn as_postgres(command: &str) {
 
 impl TlsPostgres {
     fn start(pki: &Pki) -> Self {
-        let dir = tempdir("tls-pg");
+        let dir = common::tempdir("tls-pg");
         // The server reads its key only if no one else may.
         for (from, to) in [
             ("server.pem", "server.pem"),
@@ -389,57 +243,6 @@ async fn postgres_over_tls_needs_the_right_ca() {
     };
     assert_eq!(pg_select(&config(&ca).database_url).await.unwrap(), 1);
     assert!(pg_select(&config(&other).database_url).await.is_err());
-}
-
-/// A private RabbitMQ node with a TLS listener only (no plain TCP), run by
-/// the `rabbitmq` user; about ten seconds to start. Stopped when dropped.
-fn tls_rabbit(pki: &Pki) -> PrivateRabbit {
-    let files: Vec<PathBuf> = ["server.pem", "server.key", "ca.pem"]
-        .into_iter()
-        .map(|name| pki.path(name))
-        .collect();
-    PrivateRabbit::start("tls", &files, |port, dir| {
-        let d = dir.display();
-        format!(
-            "listeners.tcp = none\nlisteners.ssl.default = 127.0.0.1:{port}\n\
-             ssl_options.cacertfile = {d}/ca.pem\nssl_options.certfile = {d}/server.pem\n\
-             ssl_options.keyfile = {d}/server.key\nssl_options.verify = verify_none\n\
-             ssl_options.fail_if_no_peer_cert = false\n"
-        )
-    })
-}
-
-async fn amqp_open(url: &str, tls: &TlsFiles) -> anyhow::Result<()> {
-    let connecting = lapin::Connection::connect_with_config(
-        url,
-        lapin::ConnectionProperties::default(),
-        tls.amqp()?,
-        lapin::runtime::default_runtime()?,
-    );
-    let conn = tokio::time::timeout(Duration::from_secs(10), connecting).await??;
-    let channel = conn.create_channel().await?;
-    channel.close(200, "done".into()).await?;
-    conn.close(200, "done".into()).await?;
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rabbitmq_over_tls_needs_the_right_ca() {
-    let pki = Pki::new("tls-rabbit-pki");
-    let rabbit = tls_rabbit(&pki);
-    let url = format!("amqps://guest:guest@localhost:{}/%2f", rabbit.port);
-
-    amqp_open(&url, &pki.trusting("ca")).await.unwrap();
-    let wrong = amqp_open(&url, &pki.trusting("other-ca")).await;
-    assert!(wrong.is_err(), "an untrusted CA was accepted");
-    // The port speaks TLS only; a plain URL gets nowhere.
-    let plain = format!("amqp://guest:guest@localhost:{}/%2f", rabbit.port);
-    assert!(amqp_open(&plain, &pki.trusting("ca")).await.is_err());
-
-    // The workers' own connect path, with the files a worker installs.
-    pki.trusting("ca").install();
-    let conn = prizepool::amqp::connect(&url, "tls-test").await.unwrap();
-    conn.close(200, "done".into()).await.unwrap();
 }
 
 fn tls_redis_cli(pki: &Pki) -> Command {
