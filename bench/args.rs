@@ -35,6 +35,11 @@ pub(crate) struct BenchArgs {
     /// Skip the slow one-off measurements (pool-size flatness, 3M-prize stocking).
     #[arg(long)]
     pub(super) quick: bool,
+    /// Milliseconds of each Redis ceiling pass (a quick check of the
+    /// bench itself, such as the tests' runs, can do with less).
+    #[arg(long, value_name = "MS", default_value_t = super::ceilings::CEILING_PASS_S * 1000,
+          value_parser = clap::value_parser!(u64).range(100..))]
+    pub(super) ceiling_pass_ms: u64,
     /// Requests claimed and answered to measure what a remembered result
     /// costs (default 1,000,000; 100,000 with `--quick`).
     #[arg(long)]

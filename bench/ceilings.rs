@@ -33,7 +33,8 @@ use super::{
     stats::{Latencies, Percentiles},
 };
 
-/// Seconds of each Redis ceiling pass.
+/// Seconds of each Redis ceiling pass, unless `--ceiling-pass-ms` says
+/// otherwise.
 pub(crate) const CEILING_PASS_S: u64 = 3;
 
 /// A measured rate with its latencies.

@@ -7,7 +7,7 @@ use prizepool::{amqp::rpc::RpcClient, config::Config, kinds::lucky_gift::Storage
 
 use super::{
     args::BenchArgs,
-    ceilings::{self, Caller, Pass, Rate, CEILING_PASS_S},
+    ceilings::{self, Caller, Pass, Rate},
     fleet_run::fleet_run,
     kinds::Target,
     memory, pool_size, report,
@@ -100,7 +100,7 @@ async fn redis_ceilings(
     let pass = |target, caller| Pass {
         target,
         concurrency: 64,
-        duration: Duration::from_secs(CEILING_PASS_S),
+        duration: Duration::from_millis(args.ceiling_pass_ms),
         caller,
     };
     ceilings.redis_trivial = ceilings::redis_draws(config, pass(trivial, Caller::Trivial)).await?;

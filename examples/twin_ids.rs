@@ -2,7 +2,7 @@
 //! `offset`: the birthday search an attacker would run against a store that
 //! keys requests by a few bytes of a hash. prizepool compares 16 bytes
 //! (`kinds::answer::DIGEST_BYTES`), so such twins are two requests to it;
-//! `tests/digests.rs` holds pairs made by this program and checks both that
+//! `tests/it/digests.rs` holds pairs made by this program and checks both that
 //! they collide and that the fleet tells them apart.
 //!
 //! ```sh

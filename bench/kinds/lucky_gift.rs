@@ -27,11 +27,13 @@ impl Workload for LuckyGift {
         args: &'a BenchArgs,
     ) -> BoxFuture<'a, anyhow::Result<Target>> {
         async move {
-            // Big enough to last a pass.
+            // Big enough to last a pass: 20 for a pass of 3 s, in proportion
+            // for another length.
+            let k = (20 * args.ceiling_pass_ms).div_ceil(3_000).max(1);
             let pool = pool_config(
                 &unique("bench-ceiling"),
                 args.storage()?,
-                &borrow(&spec_combos(20)),
+                &borrow(&spec_combos(k)),
                 1.0,
             );
             svc.load(&pool).await?;

@@ -13,7 +13,6 @@ use prizepool::{
 };
 
 use super::{BenchArgs, Services, Target, Workload};
-use crate::bench::ceilings::CEILING_PASS_S;
 
 /// Red packets.
 pub(super) struct RedPacket;
@@ -34,7 +33,7 @@ impl Workload for RedPacket {
     ) -> BoxFuture<'a, anyhow::Result<Target>> {
         async move {
             let shares = packet_shares(args.users);
-            let grabs = 40_000 * CEILING_PASS_S;
+            let grabs = (40 * args.ceiling_pass_ms).max(1);
             let id = crate::bench::services::unique("bench-ceiling");
             let packets = create(svc, &id, shares, grabs.div_ceil(shares)).await?;
             let count = packets.len();

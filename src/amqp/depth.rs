@@ -17,7 +17,11 @@ const EVERY: Duration = Duration::from_secs(5);
 /// connection of its own (reconnecting when it is lost). A failure costs
 /// one reading; a queue that does not exist (yet) costs only its own.
 pub async fn watch(amqp_url: String, queues: Vec<String>, shutdown: CancellationToken) {
-    let mut every = tokio::time::interval(EVERY);
+    // The first reading comes one period after the start, not at once: by
+    // then the workers have declared the queues, and a passive declaration
+    // does not meet a queue that is still being declared (the broker closes
+    // the channel, and lapin logs that as an error).
+    let mut every = tokio::time::interval_at(tokio::time::Instant::now() + EVERY, EVERY);
     let mut conn: Option<Connection> = None;
     loop {
         tokio::select! {

@@ -40,8 +40,12 @@ async fn run(command: Command) -> anyhow::Result<()> {
 }
 
 fn main() -> std::process::ExitCode {
-    prizepool::telemetry::init("prizepool", "warn");
     let cli = Cli::parse();
+    let log_filter = match &cli.command {
+        Command::Library(command) => command.default_log_filter(),
+        Command::Bench(_) => "warn",
+    };
+    prizepool::telemetry::init("prizepool", log_filter);
     // The demo runs whole workers and wants a runtime thread per core; the
     // rest, the benchmark's load generator above all, spend less CPU on one.
     let runtime = if matches!(&cli.command, Command::Library(c) if c.runs_workers()) {

@@ -188,6 +188,7 @@ pub(crate) async fn run(config: &Config, args: DemoArgs) -> anyhow::Result<()> {
         "ledger check     ledger {ledger_total} = rewards {total_reward}: {}",
         if settled { "OK" } else { "FAILED" }
     );
+    println!("redis            {}", persistence_line(&mut redis).await);
 
     let packet_ok = red_packet_demo(config, &db, &client).await?;
     let lottery_ok = lottery_demo(config, &db, &client).await?;
@@ -202,6 +203,21 @@ pub(crate) async fn run(config: &Config, args: DemoArgs) -> anyhow::Result<()> {
         anyhow::bail!("the demo found an inconsistency");
     }
     Ok(())
+}
+
+/// The summary's line on Redis persistence: what a crash of this Redis
+/// could lose (the workers' start-up warning says the same; the demo's log
+/// filter leaves it to this line).
+async fn persistence_line(redis: &mut crate::redis_conn::RedisConn) -> String {
+    match crate::redis_conn::persistence(redis).await {
+        crate::redis_conn::Persistence::Durable => {
+            "persists every step before answering (zero loss)".to_owned()
+        }
+        crate::redis_conn::Persistence::Lossy(why)
+        | crate::redis_conn::Persistence::Unknown(why) => {
+            format!("not zero-loss: {why} (fine for a demo; docs/design.md, Durability)")
+        }
+    }
 }
 
 async fn wait_for_ledger(db: &sqlx::PgPool, pool: &str, expected: i64) -> anyhow::Result<i64> {

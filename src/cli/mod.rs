@@ -184,6 +184,21 @@ impl Command {
     pub fn runs_workers(&self) -> bool {
         matches!(self.0, Subcommands::Demo(_))
     }
+
+    /// The log filter when `RUST_LOG` is unset: warnings and errors, which
+    /// a user should act on. The demo's own output is its summary, which
+    /// reports Redis persistence in a line of its own (the draw workers'
+    /// start-up warning), and its draw workers probe for draw shards a
+    /// larger `DRAW_SHARDS` left behind with passive declarations, which
+    /// the broker answers for a missing queue by closing the channel (lapin
+    /// logs each such close as an error; the probe expects it).
+    pub fn default_log_filter(&self) -> &'static str {
+        if self.runs_workers() {
+            "warn,prizepool::draw=error,lapin::channel=off"
+        } else {
+            "warn"
+        }
+    }
 }
 
 /// Runs one subcommand.

@@ -1,7 +1,9 @@
 //! Test harness: every test gets its own RabbitMQ vhost (the queue names are
 //! the public contract, so tests cannot rename them), its own Redis key
 //! prefix (so its pools live under hash tags no other test uses) and its own
-//! Postgres database. All of it is removed when the test ends.
+//! Postgres database, a copy of a migrated template. All of it is removed
+//! when the test ends. `services` sets up what the shared servers must offer
+//! (plugins, the template).
 
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
@@ -19,12 +21,6 @@ use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// Postgres server used to create per-test databases.
-fn admin_url() -> String {
-    std::env::var("TEST_DATABASE_ADMIN_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
 pub struct TestEnv {
     pub config: Config,
     pub vhost: String,
@@ -36,32 +32,16 @@ pub struct TestEnv {
     workers: Vec<JoinHandle<anyhow::Result<()>>>,
 }
 
-fn rabbitmqctl(args: &[&str]) {
-    let out = Command::new("rabbitmqctl")
-        .args(args)
-        .output()
-        .expect("rabbitmqctl runs");
-    assert!(
-        out.status.success(),
-        "rabbitmqctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 impl TestEnv {
     /// A fresh vhost, Redis prefix and database, with `overrides` applied to
     /// the configuration.
     pub async fn new(overrides: &[(&str, &str)]) -> Self {
         let id = ulid::Ulid::new().to_string().to_lowercase();
         let vhost = format!("pp-test-{id}");
-        rabbitmqctl(&["add_vhost", &vhost]);
-        rabbitmqctl(&["set_permissions", "-p", &vhost, "guest", ".*", ".*", ".*"]);
+        services::add_vhost(&vhost);
         let db_name = format!("pp_test_{id}");
-        let base = admin_url();
-        let db_url = match base.rfind('/') {
-            Some(i) => format!("{}/{db_name}", &base[..i]),
-            None => panic!("bad admin url"),
-        };
+        services::create_database(&db_name).await;
+        let db_url = services::database_url(&db_name);
         let mut vars: std::collections::HashMap<String, String> = [
             (
                 "AMQP_URL",
@@ -341,16 +321,8 @@ impl TestEnv {
 impl Drop for TestEnv {
     fn drop(&mut self) {
         self.shutdown.cancel();
-        let _ = Command::new("rabbitmqctl")
-            .args(["delete_vhost", &self.vhost])
-            .output();
-        let _ = Command::new("psql")
-            .args([
-                &admin_url(),
-                "-qc",
-                &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.db_name),
-            ])
-            .output();
+        services::delete_vhost(&self.vhost);
+        services::drop_database(&self.db_name);
     }
 }
 
@@ -404,8 +376,10 @@ pub fn free_port() -> u16 {
 }
 
 pub mod load;
+pub mod pki;
 pub mod raw;
 pub mod redis_cluster;
+pub mod services;
 
 /// Starts worker binary `exe` (`env!("CARGO_BIN_EXE_<name>")`) on `env`'s
 /// servers, its logs on the test's stderr.

@@ -1,0 +1,344 @@
+//! Lottery activities (SPEC §5) on the real fleet: window, chances, stock
+//! under concurrency, idempotent grants, PV/UV.
+#![allow(clippy::unwrap_used)]
+
+use crate::common;
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use chrono::{Duration as Days, Utc};
+use common::{activity_toml, draw, TestEnv};
+use prizepool::kinds::lottery;
+use serde_json::{json, Value};
+
+const T: Duration = Duration::from_secs(30);
+
+fn grant(id: &str, activity: &str, user: i64, chances: u32) -> Value {
+    json!({"type": "lottery.grant", "grant_id": id, "activity": activity, "user_id": user, "chances": chances})
+}
+
+#[tokio::test]
+async fn window_chances_and_idempotent_grants() {
+    let mut env = TestEnv::new(&[]).await;
+    let now = Utc::now();
+    env.load_activities(&activity_toml(
+        "future",
+        now + Days::days(1),
+        now + Days::days(2),
+        "{ id = \"ipad\", weight = 1, stock = 1 }",
+    ))
+    .await;
+    env.load_activities(&activity_toml(
+        "past",
+        now - Days::days(2),
+        now - Days::days(1),
+        "{ id = \"ipad\", weight = 1, stock = 1 }",
+    ))
+    .await;
+    env.load_activities(&activity_toml(
+        "open",
+        now - Days::days(1),
+        now + Days::days(1),
+        "{ id = \"ipad\", weight = 1, stock = 1 }",
+    ))
+    .await;
+    env.start_fleet().await;
+    let client = env.client().await;
+    for (id, code) in [
+        ("future", "not_started"),
+        ("past", "ended"),
+        ("open", "no_chances"),
+    ] {
+        let r = client
+            .call("draw", &grant(&format!("g-{id}"), id, 5, 1), T)
+            .await
+            .unwrap();
+        assert_eq!(r["status"], "ok");
+        let r = client
+            .call("draw", &draw(id, if id == "open" { 6 } else { 5 }, 1), T)
+            .await
+            .unwrap();
+        assert_eq!(r["error"]["code"], code, "{id}: {r}");
+    }
+    // The same grant twice adds its chances once.
+    for _ in 0..2 {
+        let r = client
+            .call("draw", &grant("g-7", "open", 7, 3), T)
+            .await
+            .unwrap();
+        assert_eq!(
+            (
+                r["type"].as_str(),
+                r["status"].as_str(),
+                r["chances"].as_u64()
+            ),
+            (Some("grant_result"), Some("ok"), Some(3))
+        );
+    }
+    let mut lefts = Vec::new();
+    for _ in 0..3 {
+        let r = client.call("draw", &draw("open", 7, 1), T).await.unwrap();
+        assert_eq!(r["status"], "ok", "{r}");
+        let prize = &r["prizes"][0];
+        assert_eq!(
+            prize["asset"],
+            format!("item:{}", prize["prize"].as_str().unwrap())
+        );
+        assert_eq!(prize["amount"], 1);
+        lefts.push(r["chances_left"].as_u64().unwrap());
+    }
+    assert_eq!(lefts, vec![2, 1, 0]);
+    let r = client.call("draw", &draw("open", 7, 1), T).await.unwrap();
+    assert_eq!(r["error"]["code"], "no_chances");
+    let r = client
+        .call("draw", &grant("g-8", "nowhere", 7, 3), T)
+        .await
+        .unwrap();
+    assert_eq!(r["error"]["code"], "unknown_pool");
+    let r = client.call("draw", &draw("open", 7, 2), T).await.unwrap();
+    assert_eq!(r["error"]["code"], "invalid_request");
+
+    let mut redis = env.redis.clone();
+    let stats = lottery::stats(
+        &mut redis,
+        &env.keys("open"),
+        "open",
+        &prizepool::scripts::utc_day(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    // Five draws reached the activity (the `count = 2` one was bad input).
+    assert_eq!((stats.pv, stats.uv), (5, 2), "{stats:?}");
+    env.stop_workers().await;
+}
+
+#[tokio::test]
+async fn stock_is_never_exceeded_under_concurrent_draws_and_prizes_reach_the_ledger() {
+    let mut env = TestEnv::new(&[]).await;
+    let now = Utc::now();
+    env.load_activities(&activity_toml(
+            "rush",
+            now - Days::hours(1),
+            now + Days::hours(1),
+            "{ id = \"ipad\", weight = 1000, stock = 5 }, { id = \"coupon-5\", weight = 1000, stock = 20 }",
+        ),
+    )
+    .await;
+    env.start_fleet().await;
+    env.start_draw_worker().await;
+    let client = Arc::new(env.client().await);
+    for user in 0..100 {
+        let r = client
+            .call("draw", &grant(&format!("g-{user}"), "rush", user, 2), T)
+            .await
+            .unwrap();
+        assert_eq!(r["status"], "ok");
+    }
+    let mut tasks = Vec::new();
+    for i in 0..220 {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            client
+                .call("draw", &draw("rush", i % 100, 1), T)
+                .await
+                .unwrap()
+        }));
+    }
+    let mut won: HashMap<String, u64> = HashMap::new();
+    let mut no_chances = 0;
+    for t in tasks {
+        let r = t.await.unwrap();
+        if r["status"] == "ok" {
+            *won.entry(r["prizes"][0]["prize"].as_str().unwrap().to_owned())
+                .or_default() += 1;
+        } else {
+            assert_eq!(r["error"]["code"], "no_chances", "{r}");
+            no_chances += 1;
+        }
+    }
+    assert_eq!(no_chances, 20, "200 chances for 220 draws");
+    assert_eq!(won.values().sum::<u64>(), 200, "every draw wins something");
+    assert!(
+        won.get("ipad").copied().unwrap_or(0) <= 5
+            && won.get("coupon-5").copied().unwrap_or(0) <= 20
+    );
+    // With these weights the finite prizes are all but certain to sell out.
+    assert_eq!(won.get("ipad"), Some(&5));
+    assert_eq!(won.get("coupon-5"), Some(&20));
+    let mut redis = env.redis.clone();
+    let stats = lottery::stats(
+        &mut redis,
+        &env.keys("rush"),
+        "rush",
+        &prizepool::scripts::utc_day(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(
+        stats.prizes.contains(&("ipad".into(), 5, Some(0))),
+        "{stats:?}"
+    );
+    assert_eq!(stats.uv, 100);
+    // The ledger holds one item per prize won.
+    let deadline = tokio::time::Instant::now() + T;
+    loop {
+        let rows: Vec<(String, i64)> = sqlx::query_as("SELECT asset, sum(amount)::bigint FROM ledger_entries WHERE reason = 'lottery' GROUP BY asset")
+            .fetch_all(&env.db)
+            .await
+            .unwrap();
+        let ledger: HashMap<String, u64> = rows
+            .into_iter()
+            .map(|(a, n)| (a.trim_start_matches("item:").to_owned(), n as u64))
+            .collect();
+        if ledger == won {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "ledger {ledger:?} != won {won:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    env.stop_workers().await;
+}
+
+#[tokio::test]
+async fn the_wheel_script_picks_exactly_as_the_reference_model() {
+    let env = TestEnv::new(&[]).await;
+    let now = Utc::now();
+    env.load_activities(&activity_toml(
+        "model",
+        now - Days::hours(1),
+        now + Days::hours(1),
+        "{ id = \"a\", weight = 3, stock = 1000 }, { id = \"b\", weight = 5, stock = 1000 }",
+    ))
+    .await;
+    let keys = env.keys("model");
+    let mut redis = env.redis.clone();
+    lottery::grant(&mut redis, &env.scripts, &keys, "model", "g", 1, 1000)
+        .await
+        .unwrap();
+    let names = ["a", "b", "points-10"];
+    let weights = [3u64, 5, 1];
+    let span = 1u64 << 52;
+    let limit = span - span % 9;
+    // Small values, and values around the rejection limit: a value at or
+    // above it is skipped for the next one, as the model says.
+    let mut cases: Vec<Vec<u64>> = (0..60u64).map(|r| vec![r]).collect();
+    for top in limit - 4..span.min(limit + 4) {
+        cases.push(vec![top, 7]);
+    }
+    for (n, random) in cases.iter().enumerate() {
+        let list = random
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        let (status, text, _): (String, String, u64) = env
+            .scripts
+            .draw_wheel
+            .key(keys.meta())
+            .key(keys.chances())
+            .key(keys.stock())
+            .key(keys.awarded())
+            .key(keys.results())
+            .key(keys.pv("d"))
+            .key(keys.uv("d"))
+            .arg(1)
+            .arg(prizepool::scripts::now_ms())
+            .arg(&list)
+            .arg(60)
+            .arg(60)
+            .arg(env.tokens("rq", &format!("r{n}")).answer)
+            .invoke_async(&mut redis)
+            .await
+            .unwrap();
+        assert_eq!(status, "ok", "{list}");
+        let expected = names[lottery::pick_weighted(&weights, random).unwrap()];
+        assert_eq!(text.split('|').nth(1), Some(expected), "random = {list}");
+    }
+    // Every value rejected: nothing changes, the caller is asked to retry.
+    let (status, _, _): (String, String, u64) = env
+        .scripts
+        .draw_wheel
+        .key(keys.meta())
+        .key(keys.chances())
+        .key(keys.stock())
+        .key(keys.awarded())
+        .key(keys.results())
+        .key(keys.pv("d"))
+        .key(keys.uv("d"))
+        .arg(1)
+        .arg(prizepool::scripts::now_ms())
+        .arg(format!("{},{}", span - 1, span - 2))
+        .arg(60)
+        .arg(60)
+        .arg(env.tokens("rq", "rejected").answer)
+        .invoke_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(status, "retry");
+    let (_, stored) = env.stored_answer("model", "rejected").await;
+    assert_eq!(stored, None);
+}
+
+/// The second strategy, end to end: `ladder` awards prizes in the listed
+/// order until each runs out, and with no consolation a draw after the last
+/// prize answers `sold_out` without spending a chance. Its awards are paid.
+#[tokio::test]
+async fn the_ladder_strategy_awards_prizes_in_order_through_the_fleet() {
+    let mut env = TestEnv::new(&[]).await;
+    let now = Utc::now();
+    env.load_activities(&format!(
+        "[[activities]]\nid = \"steps\"\nstrategy = \"ladder\"\nstarts_at = \"{}\"\nends_at = \"{}\"\nprizes = [ {{ id = \"gold\", weight = 1, stock = 2 }}, {{ id = \"silver\", weight = 1, stock = 1 }} ]\n",
+        (now - Days::hours(1)).to_rfc3339(),
+        (now + Days::hours(1)).to_rfc3339(),
+    ))
+    .await;
+    env.start_draw_worker().await;
+    env.start_settle_worker().await;
+    let client = env.client().await;
+    let granted = client
+        .call("draw", &grant("lg-1", "steps", 5, 10), T)
+        .await
+        .unwrap();
+    assert_eq!(granted["chances_left"], 10, "{granted}");
+    let mut won = Vec::new();
+    for _ in 0..3 {
+        let reply = client.call("draw", &draw("steps", 5, 1), T).await.unwrap();
+        assert_eq!(reply["status"], "ok", "{reply}");
+        won.push(reply["prizes"][0]["prize"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(won, ["gold", "gold", "silver"]);
+    let reply = client.call("draw", &draw("steps", 5, 1), T).await.unwrap();
+    assert_eq!(reply["error"]["code"], "sold_out", "{reply}");
+    let again = client.call("draw", &draw("steps", 5, 1), T).await.unwrap();
+    assert_eq!(again["error"]["code"], "sold_out");
+    let mut redis = env.redis.clone();
+    let left: i64 = redis::cmd("HGET")
+        .arg(env.keys("steps").chances())
+        .arg(5)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(left, 7, "three chances spent, none for sold_out");
+    // The ledger pays each award once, as one unit of its item.
+    let deadline = tokio::time::Instant::now() + T;
+    let balances = loop {
+        let b = prizepool::settle::balances(&env.db, 5).await.unwrap();
+        if b.iter().map(|b| b.balance).sum::<i64>() == 3 || tokio::time::Instant::now() > deadline {
+            break b;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let of = |asset: &str| {
+        balances
+            .iter()
+            .find(|b| b.asset == asset)
+            .map_or(0, |b| b.balance)
+    };
+    assert_eq!((of("item:gold"), of("item:silver")), (2, 1));
+    env.stop_workers().await;
+}

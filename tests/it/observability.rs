@@ -1,0 +1,195 @@
+//! What the dashboard and the alert rules query is what the workers export.
+//! A fleet of worker binaries with their ops endpoints draws, refills,
+//! settles and dead-letters; then every metric named in
+//! `deploy/grafana/prizepool-dashboard.json`, `deploy/prometheus/alerts.yml`
+//! and `deploy/k8s/alerts.yaml` must be in some worker's `/metrics`, and
+//! the latencies must be histograms.
+#![allow(clippy::unwrap_used)]
+
+use crate::common;
+
+use std::{collections::BTreeSet, time::Duration};
+
+use common::{draw, free_port, pool_toml, spawn_binary_with, wait_exit, KillOnDrop, TestEnv};
+use serde_json::json;
+
+const T: Duration = Duration::from_secs(30);
+
+/// Metric names a query text mentions.
+fn queried(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for (i, _) in text
+        .match_indices("prizepool_")
+        .chain(text.match_indices("process_"))
+    {
+        // Only whole names: not the tail of another word.
+        if text[..i].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_') {
+            continue;
+        }
+        let name: String = text[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        names.insert(name);
+    }
+    names
+}
+
+/// Metric names in a Prometheus exposition, and the `# TYPE` lines.
+fn exported(text: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+    let mut names = BTreeSet::new();
+    let mut types = BTreeSet::new();
+    for line in text.lines() {
+        if let Some(t) = line.strip_prefix("# TYPE ") {
+            types.insert(t.to_owned());
+        } else if !line.starts_with('#') && !line.is_empty() {
+            names.insert(line.split(['{', ' ']).next().unwrap().to_owned());
+        }
+    }
+    (names, types)
+}
+
+async fn scrape(port: u16) -> String {
+    let deadline = tokio::time::Instant::now() + T;
+    loop {
+        let got = async {
+            let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            stream
+                .write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+                .await?;
+            let mut body = String::new();
+            stream.read_to_string(&mut body).await?;
+            Ok::<_, std::io::Error>(body)
+        }
+        .await;
+        match got {
+            Ok(body) if body.starts_with("HTTP/1.0 200") || body.starts_with("HTTP/1.1 200") => {
+                return body
+            }
+            _ => assert!(
+                tokio::time::Instant::now() < deadline,
+                "no /metrics on {port}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_series_the_dashboard_and_the_alerts_query_is_exported() {
+    let env = TestEnv::new(&[]).await;
+    env.load(&pool_toml(
+        "obs",
+        "refill_at = 0.5\nmax_count = 50",
+        &[("a", &[(0, 30), (2, 10)])],
+    ))
+    .await;
+    let mut workers = Vec::new();
+    let mut ports = Vec::new();
+    for (name, exe) in [
+        ("draw-worker", env!("CARGO_BIN_EXE_draw-worker")),
+        ("refill-worker", env!("CARGO_BIN_EXE_refill-worker")),
+        ("settle-worker", env!("CARGO_BIN_EXE_settle-worker")),
+    ] {
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        workers.push(KillOnDrop(spawn_binary_with(
+            &env,
+            name,
+            exe,
+            &[("METRICS_ADDR", &addr)],
+        )));
+        ports.push(port);
+    }
+    let client = env.client().await;
+    // Draws that drain batches (refills), a refusal, settlements, a dead letter.
+    for user in 0..30 {
+        let reply = client.call("draw", &draw("obs", user, 5), T).await.unwrap();
+        assert_eq!(reply["status"], "ok", "{reply}");
+    }
+    let refused = client
+        .call("draw", &draw("nowhere", 1, 1), T)
+        .await
+        .unwrap();
+    assert_eq!(refused["error"]["code"], "unknown_pool");
+    let topup = json!({"type": "settle", "entry_id": "obs-1", "account": 3, "asset": "coin",
+                       "amount": 10, "reason": "topup"});
+    assert_eq!(
+        client.call("settle", &topup, T).await.unwrap()["status"],
+        "ok"
+    );
+    let bad = client
+        .call_raw("draw", b"{\"type\":\"draw\"}", T)
+        .await
+        .unwrap();
+    assert_eq!(bad["error"]["code"], "invalid_request");
+    // The refill worker reads queue depths every few seconds: scrape until
+    // every queried series is there, or the deadline.
+    let root = env!("CARGO_MANIFEST_DIR");
+    let deadline = tokio::time::Instant::now() + T;
+    let (names, types, missing) = loop {
+        let mut names = BTreeSet::new();
+        let mut types = BTreeSet::new();
+        for port in &ports {
+            let (n, t) = exported(&scrape(*port).await);
+            names.extend(n);
+            types.extend(t);
+        }
+        let mut missing = Vec::new();
+        for file in [
+            "deploy/grafana/prizepool-dashboard.json",
+            "deploy/prometheus/alerts.yml",
+            "deploy/k8s/alerts.yaml",
+        ] {
+            let text = std::fs::read_to_string(format!("{root}/{file}")).unwrap();
+            let wanted = queried(&text);
+            assert!(!wanted.is_empty(), "{file} queries nothing");
+            missing.extend(
+                wanted
+                    .into_iter()
+                    .filter(|n| !names.contains(n))
+                    .map(|n| format!("{file}: {n}")),
+            );
+        }
+        if missing.is_empty() || tokio::time::Instant::now() > deadline {
+            break (names, types, missing);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(
+        missing.is_empty(),
+        "queried but not exported: {missing:?}; exported: {names:?}"
+    );
+    for histogram in [
+        "prizepool_handle_seconds",
+        "prizepool_refill_seconds",
+        "prizepool_settle_commit_seconds",
+    ] {
+        assert!(
+            types.contains(&format!("{histogram} histogram")),
+            "{histogram} is not a histogram: {types:?}"
+        );
+    }
+    // Both rule files hold the same expressions.
+    let exprs = |file: &str| -> Vec<String> {
+        std::fs::read_to_string(format!("{root}/{file}"))
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("expr: ").map(str::to_owned))
+            .collect()
+    };
+    assert_eq!(
+        exprs("deploy/prometheus/alerts.yml"),
+        exprs("deploy/k8s/alerts.yaml")
+    );
+    for w in &workers {
+        std::process::Command::new("kill")
+            .args(["-TERM", &w.0.id().to_string()])
+            .status()
+            .unwrap();
+    }
+    for w in &mut workers {
+        assert!(wait_exit(&mut w.0, T).await.success());
+    }
+}
