@@ -472,11 +472,10 @@ fn check_draw_bounds(config: &PoolConfig) -> Result<(), (&'static str, String)> 
     Ok(())
 }
 
-/// Bytes of the fairness record per run of positions, parked jackpot and
-/// revealed seed, with generations of up to 10 digits and positions of 8
+/// Bytes of the fairness record per run of positions and revealed seed,
+/// with generations of up to 10 digits and positions of 8
 /// (a batch holds at most [`MAX_BATCH_SIZE`] prizes).
 const RUN_JSON_BYTES: usize = r#"{"generation":,"position":,"count":},"#.len() + 10 + 8 + 5;
-const PARKED_JSON_BYTES: usize = r#"{"generation":,"position":},"#.len() + 10 + 8;
 const REVEAL_JSON_BYTES: usize = r#"{"generation":,"version":,"seed":""},"#.len() + 10 + 10 + 64;
 /// Batches whose fairness record the load bound makes room for. A draw
 /// spans two batches when a batch holds at least `count` prizes; a pool of
@@ -494,10 +493,13 @@ const FAIRNESS_FRAME_BYTES: usize = r#","positions":[],"held_back":[],"revealed"
 /// [`PRIZE_LIST_MAX`](crate::messages::PRIZE_LIST_MAX), else in the
 /// compact form of [`crate::messages::prize_codes`]), and the fairness
 /// record of the batches a draw of `count` can touch (at most
-/// [`SPANNED_BATCHES`]): a run of positions and a revealed seed per batch, and for each jackpot of those batches a
-/// parked position and the run it can split or add. (Jackpots parked by
-/// earlier draws and won all at once by one draw add a run each beyond
-/// this: a pool that parks thousands of them can answer past it.)
+/// [`SPANNED_BATCHES`]): a run of positions and a revealed seed per batch.
+/// Jackpots are not counted: a gated draw that parks jackpots, or a draw
+/// that wins many parked ones at once, adds a position (and a run) per
+/// jackpot beyond this, so a pool dense in jackpots can answer past it; a
+/// bound that counted every jackpot a draw could meet would refuse such
+/// pools at any useful `max_count`. The fairness record written compactly
+/// is what would close this.
 pub fn max_reply_len(config: &PoolConfig, count: u32) -> usize {
     use crate::messages::prize_codes;
     let count = count as usize;
@@ -517,20 +519,7 @@ pub fn max_reply_len(config: &PoolConfig, count: u32) -> usize {
     };
     let size = config.batch_size().max(1) as usize;
     let batches = (count.div_ceil(size) + 1).min(SPANNED_BATCHES);
-    let jackpots_per_batch = config
-        .combos
-        .iter()
-        .flat_map(|c| c.stock.iter())
-        .filter(|(m, _)| config.is_jackpot(*m))
-        .map(|(_, n)| *n as usize)
-        .sum::<usize>();
-    let jackpots = jackpots_per_batch.saturating_mul(batches).min(count);
-    // A jackpot met while gated is parked (and splits a run of positions);
-    // one the draw may win comes from the pool's head as a run of its own.
-    let fairness = FAIRNESS_FRAME_BYTES
-        + (batches + jackpots) * RUN_JSON_BYTES
-        + jackpots * PARKED_JSON_BYTES
-        + batches * REVEAL_JSON_BYTES;
+    let fairness = FAIRNESS_FRAME_BYTES + batches * (RUN_JSON_BYTES + REVEAL_JSON_BYTES);
     REPLY_OVERHEAD_BYTES + prizes + fairness
 }
 
