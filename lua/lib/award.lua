@@ -1,7 +1,9 @@
 -- A lucky-gift award as its request's answer stores it (after
 -- lib/answer.lua): byte 1, then serial, version and trigger + 1 (0: none)
 -- as base-128 varints (low group first, high bit set on all but the last
--- byte), then the codes and the fairness record as text. Earlier versions
+-- byte), then the codes and the fairness record as text; or byte 2, the
+-- same three varints, the batch and first position of the draw's one run
+-- of positions as varints, then the codes (award_stored). Earlier versions
 -- stored "<serial>|<version>|<trigger, or nothing for none>|<codes>", which
 -- is still read.
 -- The unit price and asset are those of the config version, kept once per
@@ -48,10 +50,26 @@ local function unvarint(s, pos)
   end
 end
 
--- The stored form of an award. The version's price and asset are written
--- by the pool's load (configure_pool.lua, "v<version>").
-local function award_stored(serial, version, trigger, codes)
-  return '\1' .. varint(serial) .. varint(tonumber(version) or 0) .. varint(trigger + 1) .. codes
+-- The stored form of an award: `runs` (codes_text) and the fairness
+-- `record` ("/<runs>[/<parked>[/<reveals>]]"). The version's price and
+-- asset are written by the pool's load (configure_pool.lua, "v<version>").
+-- A draw whose prizes are one run of positions of one batch (most draws)
+-- stores byte 2 and that run's batch and first position as varints instead
+-- of the record: its length is the number of codes.
+local function award_stored(serial, version, trigger, runs, record, n)
+  local head = varint(serial) .. varint(tonumber(version) or 0) .. varint(trigger + 1)
+  local g, p, c = string.match(record, '^/(%d+)%.(%d+)%.(%d+)$')
+  if g and tonumber(c) == n then
+    return '\2' .. head .. varint(tonumber(g)) .. varint(tonumber(p)) .. runs
+  end
+  return '\1' .. head .. runs .. record
+end
+
+-- How many codes `runs` (codes_text) stands for.
+local function runs_count(runs)
+  local n = 0
+  for item in string.gmatch(runs, '[^,]+') do n = n + (tonumber(string.match(item, '%*(%d+)$')) or 1) end
+  return n
 end
 
 -- The full body of a stored answer (a refusal, or a full body stored before
@@ -60,13 +78,24 @@ end
 -- still the pool's version.
 local function award_body(meta, stored)
   local serial, version, trigger, codes
-  if string.byte(stored, 1) == 1 then
+  local form = string.byte(stored, 1)
+  if form == 1 or form == 2 then
     local pos, t
     serial, pos = unvarint(stored, 2)
     version, pos = unvarint(stored, pos)
     t, pos = unvarint(stored, pos)
     if not t then return stored end
-    serial, version, trigger, codes = int(serial), int(version), int(t - 1), string.sub(stored, pos)
+    serial, version, trigger = int(serial), int(version), int(t - 1)
+    if form == 2 then
+      local g, p
+      g, pos = unvarint(stored, pos)
+      p, pos = unvarint(stored, pos)
+      if not p then return stored end
+      local runs = string.sub(stored, pos)
+      codes = runs .. '/' .. int(g) .. '.' .. int(p) .. '.' .. int(runs_count(runs))
+    else
+      codes = string.sub(stored, pos)
+    end
   else
     serial, version, trigger, codes = string.match(stored, '^(%d+)|([^|]*)|(%-?%d*)|([^|]*)$')
     if not serial then return stored end

@@ -52,10 +52,11 @@ local function draw_award(d)
   end
   redis.call('HSET', d.meta, unpack(fields))
   local version, asset = d.version or '0', d.asset or 'coin'
-  local codes = codes_text(d.codes) .. record
+  local runs = codes_text(d.codes)
+  local codes = runs .. record
   local body = int(serial) .. '|' .. version .. '|' .. int(d.unit_price) .. '|' .. int(d.trigger) .. '|'
     .. codes .. '|' .. asset
   -- The fairness record travels inside the codes field of the stored form.
-  remember(d.result, d.token, award_stored(serial, version, d.trigger, codes), d.result_ttl)
+  remember(d.result, d.token, award_stored(serial, version, d.trigger, runs, record, #d.codes), d.result_ttl)
   return {'ok', body, 0}
 end

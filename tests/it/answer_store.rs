@@ -605,10 +605,10 @@ async fn what_a_remembered_result_costs() {
     }
     let claimed = used_memory(&mut redis).await;
     // A count-1 award as a pool about a million draws old stores it
-    // (lua/lib/award.lua: byte 1, varints of serial 1,048,576, version 3
-    // and no trigger, then the code and its position run).
-    let mut body = vec![1u8, 0x80, 0x80, 0x40, 3, 0];
-    body.extend_from_slice(b"5/7.21044.1");
+    // (lua/lib/award.lua: byte 2, varints of serial 1,048,576, version 3,
+    // no trigger, batch 7 and position 21,044, then the code).
+    let mut body = vec![2, 128, 128, 64, 3, 0, 7, 180, 164, 1];
+    body.extend_from_slice(b"5");
     let body = &body;
     for chunk in all.chunks(1_000) {
         let calls = chunk.iter().map(|t| {

@@ -178,10 +178,12 @@ pub async fn stored_award<C: ConnectionLike + Send>(
         return Ok(None);
     };
     // The stored form (lua/lib/award.lua): byte 1, varints of serial,
-    // version and trigger + 1, then the codes; or, stored by an earlier
+    // version and trigger + 1, then the codes and the fairness record; or
+    // byte 2, the same varints, the batch and first position of the draw's
+    // one run of positions, then the codes. Or, stored by an earlier
     // version, "<serial>|<version>|<trigger or nothing>|<codes>" or a full
     // body. Price and asset are not checked here.
-    if let Some(packed) = answer.strip_prefix(&[1u8][..]) {
+    if let Some((&form @ (1 | 2), packed)) = answer.split_first() {
         let bad = || HandleError::internal("malformed stored award in Redis".to_owned());
         let mut rest = packed;
         let mut next = || -> Result<u64, HandleError> {
@@ -190,7 +192,19 @@ pub async fn stored_award<C: ConnectionLike + Send>(
             Ok(n)
         };
         let (serial, version, trigger) = (next()?, next()?, next()?);
+        let run = if form == 2 {
+            Some((next()?, next()?))
+        } else {
+            None
+        };
         let codes = std::str::from_utf8(rest).map_err(|_| bad())?;
+        let codes = match run {
+            Some((generation, position)) => {
+                let n = expand_codes(codes).ok_or_else(bad)?.len();
+                format!("{codes}/{generation}.{position}.{n}")
+            }
+            None => codes.to_owned(),
+        };
         let trigger = i128::from(trigger) - 1;
         return Drawn::parse(&format!("{serial}|{version}|0|{trigger}|{codes}|-")).map(Some);
     }
