@@ -69,7 +69,7 @@ pub(crate) async fn fleet_run(
 
     let mut redis = svc.redis.clone();
     // A server that refuses CONFIG (a managed one) leaves the count out.
-    let counted = stats::reset_redis_stats(&mut redis).await.is_ok();
+    let counted = prizepool::redis_conn::reset_stats(&mut redis).await.is_ok();
     let cpu_before = fleet.cpu();
     let services_before = stats::service_cpu();
     let own_before = stats::cpu_time(std::process::id()).unwrap_or_default();
@@ -85,7 +85,7 @@ pub(crate) async fn fleet_run(
         .map(|(after, before)| after.saturating_sub(before));
     let cpu_after = fleet.cpu();
     let redis_commands = if counted {
-        stats::redis_commands(&mut redis).await.ok()
+        prizepool::redis_conn::command_calls(&mut redis).await.ok()
     } else {
         None
     };

@@ -52,15 +52,6 @@ async fn list_bytes_per_prize(redis: &RedisConn, keys: &PoolKeys) -> anyhow::Res
     Ok(bytes as f64 / len.max(1) as f64)
 }
 
-/// Redis `used_memory`, in bytes.
-async fn used_memory(conn: &mut RedisConn) -> anyhow::Result<u64> {
-    let info: String = redis::cmd("INFO").arg("memory").query_async(conn).await?;
-    info.lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .and_then(|v| v.trim().parse().ok())
-        .context("INFO memory has no used_memory")
-}
-
 /// The stored answer (fingerprint bytes left out) of one real count-1 draw
 /// from lucky-gift pool `pool`, drawn through the seam as the draw worker
 /// draws it.
@@ -124,7 +115,7 @@ async fn remembered_results(
         .await?;
     let fingerprint = kinds::fingerprint("bench", &[]);
     let ids: Vec<String> = (0..n).map(|i| unique(&format!("r{i}"))).collect();
-    let mut memory = [used_memory(&mut conn).await?, 0, 0];
+    let mut memory = [prizepool::redis_conn::used_memory(&mut conn).await?, 0, 0];
     let mut samples = [String::new(), String::new()];
     for (half, sha) in [&claim_sha, &answer_sha].into_iter().enumerate() {
         for chunk in ids.chunks(500) {
@@ -152,7 +143,7 @@ async fn remembered_results(
             }
             let _: () = pipe.query_async(&mut conn).await?;
         }
-        memory[half + 1] = used_memory(&mut conn).await?;
+        memory[half + 1] = prizepool::redis_conn::used_memory(&mut conn).await?;
         let pattern = if half == 0 {
             format!("{}:rq:{{*}}:*", svc.config.redis_prefix)
         } else {

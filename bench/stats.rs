@@ -117,42 +117,6 @@ pub(super) fn service_cpu_since(before: &[(&'static str, Duration)]) -> Vec<(&'s
         .collect()
 }
 
-/// Calls per Redis command since the server's last `CONFIG RESETSTAT`
-/// (`INFO commandstats`), the bench's own INFO and RESETSTAT left out; on
-/// a Redis Cluster, the node the connection reports on.
-pub(super) async fn redis_commands(
-    conn: &mut prizepool::redis_conn::RedisConn,
-) -> anyhow::Result<Vec<(String, u64)>> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await?;
-    let mut out: Vec<(String, u64)> = info
-        .lines()
-        .filter_map(|l| l.strip_prefix("cmdstat_"))
-        .filter_map(|l| {
-            let (name, rest) = l.split_once(':')?;
-            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-            Some((name.to_owned(), calls.parse().ok()?))
-        })
-        .filter(|(name, _)| name != "info" && name != "config|resetstat")
-        .collect();
-    out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    Ok(out)
-}
-
-/// Resets the Redis server's statistics (`CONFIG RESETSTAT`), so
-/// [`redis_commands`] counts from here.
-pub(super) async fn reset_redis_stats(
-    conn: &mut prizepool::redis_conn::RedisConn,
-) -> anyhow::Result<()> {
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(conn)
-        .await?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,6 +3,7 @@
 -- the packet's keys expire after the retention period. Closing twice changes
 -- nothing. The caller's idea of the expiry plays no part: only `expires_at`
 -- in the meta hash decides.
+-- Prepended by lib/answer.lua (for the expiry of the answer store's buckets).
 --
 -- KEYS[1]: packet meta hash
 -- KEYS[2]: shares list
@@ -29,10 +30,9 @@ local retention = tonumber(ARGV[2])
 -- The meta hash also keeps the epochs of the packet's answer store
 -- (lib/answer.lua): it stays until their buckets are gone.
 local until_s = math.floor(tonumber(ARGV[1]) / 1000) + retention
--- (`r.e`: "<start>:<length>:<buckets>;...", whose buckets expire 5 lengths
--- and 300 s after their start.)
+-- (`r.e`, read as lib/answer.lua writes it.)
 for t, l in string.gmatch(redis.call('HGET', KEYS[1], 'r.e') or '', '(%d+):(%d+):%d+') do
-  until_s = math.max(until_s, tonumber(t) + 5 * tonumber(l) + 300)
+  until_s = math.max(until_s, expiry_of(tonumber(t), tonumber(l)))
 end
 redis.call('EXPIREAT', KEYS[1], until_s)
 redis.call('EXPIRE', KEYS[3], retention)

@@ -159,3 +159,50 @@ pub async fn persistence(conn: &mut RedisConn) -> Persistence {
         ))
     }
 }
+
+/// Calls per command since the server's last `CONFIG RESETSTAT` (`INFO
+/// commandstats`), most called first; the `INFO` and `CONFIG RESETSTAT` that
+/// measure them are left out. On a Redis Cluster, the node the connection
+/// reports on.
+pub async fn command_calls<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+) -> redis::RedisResult<Vec<(String, u64)>> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await?;
+    let mut out: Vec<(String, u64)> = info
+        .lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .filter_map(|l| {
+            let (name, rest) = l.split_once(':')?;
+            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
+            Some((name.to_owned(), calls.parse().ok()?))
+        })
+        .filter(|(name, _)| name != "info" && name != "config|resetstat")
+        .collect();
+    out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    Ok(out)
+}
+
+/// Resets the server's statistics (`CONFIG RESETSTAT`), so
+/// [`command_calls`] counts from here.
+pub async fn reset_stats<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+) -> redis::RedisResult<()> {
+    redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(conn)
+        .await
+}
+
+/// The server's `used_memory` (`INFO memory`), in bytes.
+pub async fn used_memory<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+) -> anyhow::Result<u64> {
+    let info: String = redis::cmd("INFO").arg("memory").query_async(conn).await?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("INFO memory has no used_memory"))
+}

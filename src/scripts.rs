@@ -112,7 +112,7 @@ impl Scripts {
             pool_status: Script::new(include_str!("../lua/pool_status.lua")),
             stock_red_packet: Script::new(include_str!("../lua/stock_red_packet.lua")),
             grab_red_packet: answering!("../lua/grab_red_packet.lua"),
-            close_red_packet: Script::new(include_str!("../lua/close_red_packet.lua")),
+            close_red_packet: answering!("../lua/close_red_packet.lua"),
             configure_activity: Script::new(include_str!("../lua/configure_activity.lua")),
             draw_wheel: lottery!("../lua/draw_wheel.lua"),
             draw_ladder: lottery!("../lua/draw_ladder.lua"),

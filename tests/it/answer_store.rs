@@ -547,19 +547,8 @@ async fn ids_aimed_at_one_bucket_cannot_make_it_grow_without_bound() {
     }
 }
 
-/// Redis `used_memory`.
 async fn used_memory(redis: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("memory")
-        .query_async(redis)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
+    prizepool::redis_conn::used_memory(redis).await.unwrap()
 }
 
 /// What a remembered result costs, on a private Redis: 100,000 requests

@@ -64,6 +64,19 @@ fn pairs() -> Vec<(String, String)> {
     out
 }
 
+/// Polls `query` (one bigint) until it reads `expected` or the time is up;
+/// returns what it read last.
+async fn settled(env: &TestEnv, query: &str, expected: i64) -> i64 {
+    let deadline = tokio::time::Instant::now() + T;
+    loop {
+        let (got,): (i64,) = sqlx::query_as(query).fetch_one(&env.db).await.unwrap();
+        if got == expected || tokio::time::Instant::now() > deadline {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn draw_as(request_id: &str, pool: &str, user: i64, count: u32) -> Value {
     json!({"type": "draw", "request_id": request_id, "pool": pool, "user_id": user, "count": count})
 }
@@ -237,21 +250,13 @@ async fn twin_ids_are_two_lottery_draws_and_two_grants() {
         assert_eq!(again, first);
     }
     // One prize per user that drew, paid once each.
-    let deadline = tokio::time::Instant::now() + T;
-    let expected = pairs.len() as i64;
-    loop {
-        let (paid,): (i64,) = sqlx::query_as(
-            "SELECT count(*) FROM ledger_entries WHERE reason = 'lottery' OR entry_id LIKE 'lottery:%'",
-        )
-        .fetch_one(&env.db)
-        .await
-        .unwrap();
-        if paid == expected || tokio::time::Instant::now() > deadline {
-            assert_eq!(paid, expected);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let paid = settled(
+        &env,
+        "SELECT count(*) FROM ledger_entries WHERE reason = 'lottery' OR entry_id LIKE 'lottery:%'",
+        pairs.len() as i64,
+    )
+    .await;
+    assert_eq!(paid, pairs.len() as i64);
     env.stop_workers().await;
 }
 
@@ -295,20 +300,13 @@ async fn twin_ids_are_two_red_packet_grabs() {
         assert_eq!(again, second);
     }
     // What the replies promised is what the grabbers hold.
-    let deadline = tokio::time::Instant::now() + T;
-    loop {
-        let (held,): (i64,) = sqlx::query_as(
-            "SELECT coalesce(sum(balance), 0)::bigint FROM balances WHERE account >= 200 AND asset = 'coin'",
-        )
-        .fetch_one(&env.db)
-        .await
-        .unwrap();
-        if held == grabbed || tokio::time::Instant::now() > deadline {
-            assert_eq!(held, grabbed);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let held = settled(
+        &env,
+        "SELECT coalesce(sum(balance), 0)::bigint FROM balances WHERE account >= 200 AND asset = 'coin'",
+        grabbed,
+    )
+    .await;
+    assert_eq!(held, grabbed);
     env.stop_workers().await;
 }
 

@@ -39,28 +39,15 @@ async fn private_env() -> (KillOnDrop, TestEnv, redis::aio::MultiplexedConnectio
 
 /// Calls per command since the last reset.
 async fn commandstats(conn: &mut redis::aio::MultiplexedConnection) -> BTreeMap<String, u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
+    prizepool::redis_conn::command_calls(conn)
         .await
-        .unwrap();
-    info.lines()
-        .filter_map(|l| l.strip_prefix("cmdstat_"))
-        .filter_map(|l| {
-            let (name, rest) = l.split_once(':')?;
-            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-            Some((name.to_owned(), calls.parse().ok()?))
-        })
-        .filter(|(name, _)| name != "info" && name != "config|resetstat")
+        .unwrap()
+        .into_iter()
         .collect()
 }
 
 async fn reset(conn: &mut redis::aio::MultiplexedConnection) {
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(conn)
-        .await
-        .unwrap();
+    prizepool::redis_conn::reset_stats(conn).await.unwrap();
 }
 
 fn draw_as(id: &str, pool: &str, user: i64, count: u32) -> Value {
