@@ -285,7 +285,8 @@ pub(super) async fn amqp_round_trip(
             FieldTable::default(),
         )
         .await?;
-    let broker_before = super::stats::service_cpu();
+    let ports = super::stats::ServicePorts::of(config);
+    let broker_before = super::stats::service_cpu(&ports);
     let epoch = Instant::now();
     let latencies = Arc::new(Mutex::new(Latencies::default()));
     let received = Arc::new(AtomicU64::new(0));
@@ -355,7 +356,7 @@ pub(super) async fn amqp_round_trip(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let broker_cpu_s = super::stats::service_cpu_since(&broker_before)
+    let broker_cpu_s = super::stats::service_cpu_since(&ports, &broker_before)
         .into_iter()
         .find(|(name, _)| *name == "rabbitmq")
         .map(|(_, s)| s);
