@@ -56,7 +56,7 @@ pub(crate) enum Caller {
     /// The worker's own path, one draw a call ([`Kinds::draw`]), its
     /// answer read into the award.
     Wrapper,
-    /// The same script with the same keys and arguments as a bare EVALSHA
+    /// The same script with the same keys and arguments as a bare FCALL
     /// ([`Kinds::script_call`]), reply ignored: the raw ceiling of the draw
     /// step.
     Raw,
@@ -94,7 +94,7 @@ fn token(id: &str) -> Vec<u8> {
 struct Drawer {
     kinds: Kinds,
     conn: RedisConn,
-    trivial: Arc<redis::Script>,
+    trivial: Arc<prizepool::scripts::Script>,
 }
 
 impl Drawer {
@@ -197,7 +197,7 @@ async fn draw_loop(redis: &RedisConn, prefix: &str, pass: Pass) -> anyhow::Resul
         caller,
     } = pass;
     let target = Arc::new(target);
-    let trivial = Arc::new(redis::Script::new(
+    let trivial = Arc::new(prizepool::scripts::Script::new(
         "return redis.call('HGET', KEYS[1], 'kind')",
     ));
     let stop = Arc::new(AtomicBool::new(false));
