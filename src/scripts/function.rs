@@ -155,11 +155,10 @@ impl ScriptInvocation<'_> {
 
     /// Calls the function, loading its library first if Redis does not
     /// have it.
-    pub async fn invoke_async<C, T>(&self, conn: &mut C) -> RedisResult<T>
-    where
-        C: ConnectionLike + Send,
-        T: FromRedisValue,
-    {
+    pub async fn invoke_async<T: FromRedisValue>(
+        &self,
+        conn: &mut (impl ConnectionLike + Send),
+    ) -> RedisResult<T> {
         let mut call = redis::cmd("FCALL");
         call.arg(self.script.name())
             .arg(self.keys.len())
@@ -191,8 +190,13 @@ mod tests {
         let a = Script::with_prelude("local X = 1", "return X");
         let b = Script::with_prelude("local X = 2", "return X");
         assert_ne!(a.name(), b.name());
-        assert_eq!(a.name(), Script::with_prelude("local X = 1", "return X").name());
-        assert!(a.library().starts_with(&format!("#!lua name={}\n", a.name())));
+        assert_eq!(
+            a.name(),
+            Script::with_prelude("local X = 1", "return X").name()
+        );
+        assert!(a
+            .library()
+            .starts_with(&format!("#!lua name={}\n", a.name())));
     }
 
     #[test]
