@@ -28,6 +28,11 @@ pub struct Life<'a> {
     pub prefix: &'a str,
 }
 
+/// A reply or event of the red-packet kind as bytes.
+fn body(value: &impl serde::Serialize) -> Result<Vec<u8>, HandleError> {
+    encode(value).map_err(|e| HandleError::Internal(e.into()))
+}
+
 /// Milliseconds until `at` (0 when past).
 fn remaining_ms(at: chrono::DateTime<chrono::Utc>) -> u64 {
     (at - chrono::Utc::now())
@@ -43,9 +48,6 @@ fn remaining_ms(at: chrono::DateTime<chrono::Utc>) -> u64 {
 /// again. The expiry it schedules becomes the packet's one pending
 /// expiry (a create sent again replaces the one before).
 pub async fn create(at: &Life<'_>, req: RedPacketCreate) -> Result<Unsealed, HandleError> {
-    fn body(value: &impl serde::Serialize) -> Result<Vec<u8>, HandleError> {
-        encode(value).map_err(|e| HandleError::Internal(e.into()))
-    }
     let mut conn = at.redis.clone();
     let created = match create_packet(at.db, &mut conn, at.scripts, at.prefix, &req).await {
         Ok(created) => created,
@@ -113,61 +115,6 @@ pub async fn create(at: &Life<'_>, req: RedPacketCreate) -> Result<Unsealed, Han
 /// if it is the packet's one pending expiry (its `token`), otherwise it
 /// is dropped, so forged expiries never multiply.
 pub async fn expire(at: &Life<'_>, req: RedPacketExpire) -> Result<Unsealed, HandleError> {
-    /// The outcome of a closed packet: its answer, its refund entry
-    /// and, when this call closed it, its event.
-    fn closed(
-        id: &str,
-        packet: &Stored,
-        refunded: i64,
-        now: bool,
-        reveal: Option<fair::Reveal>,
-    ) -> Result<Unsealed, HandleError> {
-        let mut effects = Vec::new();
-        let mut ledger = Vec::new();
-        if refunded > 0 {
-            ledger.push(refund_entry(id, packet.sender, &packet.asset, refunded));
-        }
-        if now {
-            tracing::info!(packet = %id, refunded, "red packet closed");
-            let event = closed_event(id, refunded, reveal);
-            effects.push(Outgoing::event_raw(CLOSED_EVENT, body(&event)?));
-        }
-        Ok(Unsealed {
-            reply: Some(body(&ExpireReply::closed(id, refunded))?),
-            effects,
-            ledger,
-            ..Unsealed::default()
-        })
-    }
-    /// Answers that packet `id` stays open until `expires_at` and, if
-    /// `token` names its pending expiry, sends that expiry again, due
-    /// then.
-    fn expire_later(
-        id: &str,
-        expires_at: chrono::DateTime<chrono::Utc>,
-        token: Option<String>,
-    ) -> Result<Unsealed, HandleError> {
-        let mut effects = Vec::new();
-        if let Some(token) = token {
-            let again = RedPacketExpire {
-                packet_id: id.to_owned(),
-                expires_at: Some(expires_at),
-                token: Some(token),
-            };
-            effects.push(Outgoing::delayed(
-                remaining_ms(expires_at),
-                &with_type(EXPIRE_TYPE, &again),
-            ));
-        }
-        Ok(Unsealed {
-            reply: Some(body(&ExpireReply::open_until(id, expires_at))?),
-            effects,
-            ..Unsealed::default()
-        })
-    }
-    fn body(value: &impl serde::Serialize) -> Result<Vec<u8>, HandleError> {
-        encode(value).map_err(|e| HandleError::Internal(e.into()))
-    }
     crate::messages::check_id("packet_id", &req.packet_id)?;
     if let Some(token) = &req.token {
         crate::messages::check_id("token", token)?;
@@ -231,4 +178,57 @@ pub async fn expire(at: &Life<'_>, req: RedPacketExpire) -> Result<Unsealed, Han
             Close::Unknown => return Err(missing()),
         }
     }
+}
+
+/// The outcome of a closed packet: its answer, its refund entry
+/// and, when this call closed it, its event.
+fn closed(
+    id: &str,
+    packet: &Stored,
+    refunded: i64,
+    now: bool,
+    reveal: Option<fair::Reveal>,
+) -> Result<Unsealed, HandleError> {
+    let mut effects = Vec::new();
+    let mut ledger = Vec::new();
+    if refunded > 0 {
+        ledger.push(refund_entry(id, packet.sender, &packet.asset, refunded));
+    }
+    if now {
+        tracing::info!(packet = %id, refunded, "red packet closed");
+        let event = closed_event(id, refunded, reveal);
+        effects.push(Outgoing::event_raw(CLOSED_EVENT, body(&event)?));
+    }
+    Ok(Unsealed {
+        reply: Some(body(&ExpireReply::closed(id, refunded))?),
+        effects,
+        ledger,
+        ..Unsealed::default()
+    })
+}
+/// Answers that packet `id` stays open until `expires_at` and, if
+/// `token` names its pending expiry, sends that expiry again, due
+/// then.
+fn expire_later(
+    id: &str,
+    expires_at: chrono::DateTime<chrono::Utc>,
+    token: Option<String>,
+) -> Result<Unsealed, HandleError> {
+    let mut effects = Vec::new();
+    if let Some(token) = token {
+        let again = RedPacketExpire {
+            packet_id: id.to_owned(),
+            expires_at: Some(expires_at),
+            token: Some(token),
+        };
+        effects.push(Outgoing::delayed(
+            remaining_ms(expires_at),
+            &with_type(EXPIRE_TYPE, &again),
+        ));
+    }
+    Ok(Unsealed {
+        reply: Some(body(&ExpireReply::open_until(id, expires_at))?),
+        effects,
+        ..Unsealed::default()
+    })
 }
