@@ -2,6 +2,7 @@
 //! lives outside the library (`bench/`).
 
 mod demo;
+mod dlq;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -9,7 +10,7 @@ use anyhow::Context;
 use clap::Subcommand;
 
 use crate::{
-    amqp::{self, dlq, rpc::RpcClient},
+    amqp::{self, rpc::RpcClient},
     client::{Client, ClientConfig},
     config::Config,
     kinds::lucky_gift,
@@ -85,7 +86,7 @@ enum Subcommands {
     /// Inspect and replay dead-letter queues.
     Dlq {
         #[command(subcommand)]
-        command: DlqCommand,
+        command: dlq::DlqCommand,
     },
     /// Load lottery activities and read their statistics.
     Activity {
@@ -153,30 +154,6 @@ enum AuditCommand {
     },
 }
 
-#[derive(Debug, Subcommand)]
-enum DlqCommand {
-    /// Show dead letters and why they are there.
-    List {
-        /// A queue that dead-letters (`prizepool.draw`, `prizepool.refill`,
-        /// `prizepool.settle`, `prizepool.audit`) or its DLQ.
-        queue: String,
-        #[arg(long, default_value_t = 50)]
-        limit: usize,
-        #[arg(long)]
-        json: bool,
-    },
-    /// Move dead letters back to their work queue: at most the messages
-    /// the DLQ holds when the replay starts, so messages that fail again
-    /// are not replayed twice in one run.
-    Replay {
-        queue: String,
-        #[arg(long, default_value_t = usize::MAX)]
-        limit: usize,
-        #[arg(long)]
-        dry_run: bool,
-    },
-}
-
 impl Command {
     /// Whether the subcommand runs whole workers in this process (the demo),
     /// and so wants a runtime thread per core. The others spend less CPU on
@@ -231,35 +208,20 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
             timeout,
             retries,
         } => {
-            // A one-off draw has nothing to wait for: no linger, and a batch
-            // of one goes out as a plain `draw`.
-            let client = Client::connect(
-                ClientConfig::new(&config.amqp_url)
-                    .connection_name("prizepool-cli")
-                    .declare_topology(&config)
-                    .linger(Duration::ZERO)
-                    .timeout(Duration::from_secs(timeout))
-                    .retries(retries),
-            )
-            .await?;
             let request = DrawRequest {
                 request_id: request_id.unwrap_or_else(|| ulid::Ulid::new().to_string()),
                 pool,
                 user_id: user,
                 count,
             };
-            let reply = client.draw(request).await;
-            client.close().await;
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&with_type("draw_result", &reply?))?
-            );
+            draw(&config, request, timeout, retries).await?;
         }
         Subcommands::Balance { account, json } => {
             let db = crate::db::connect(&config.database_url).await?;
             let balances = crate::ledger::balances(&db, account).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&balances)?);
+                let out = serde_json::json!({"account": account, "balances": balances});
+                println!("{}", serde_json::to_string_pretty(&out)?);
             } else if balances.is_empty() {
                 println!("account {account} has no balance");
             } else {
@@ -269,10 +231,67 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
                 }
             }
         }
-        Subcommands::Dlq { command } => dlq_command(&config, command).await?,
+        Subcommands::Dlq { command } => dlq::run(&config, command).await?,
         Subcommands::Activity { command } => activity(&config, command).await?,
         Subcommands::Audit { command } => audit(&config, command).await?,
         Subcommands::Demo(args) => demo::run(&config, args).await?,
+    }
+    Ok(())
+}
+
+/// Exit code of `prizepool draw` when no reply came: the request may still
+/// be drawn (it stays queued until a worker takes it).
+const EXIT_NO_REPLY: i32 = 3;
+
+/// Publishes one draw, prints its reply, and exits 1 when it was rejected
+/// or [`EXIT_NO_REPLY`] when no reply came.
+async fn draw(
+    config: &Config,
+    request: DrawRequest,
+    timeout: u64,
+    retries: usize,
+) -> anyhow::Result<()> {
+    // A one-off draw has nothing to wait for: no linger, and a batch of one
+    // goes out as a plain `draw`.
+    let client = Client::connect(
+        ClientConfig::new(&config.amqp_url)
+            .connection_name("prizepool-cli")
+            .declare_topology(config)
+            .linger(Duration::ZERO)
+            .timeout(Duration::from_secs(timeout))
+            .retries(retries),
+    )
+    .await?;
+    let id = request.request_id.clone();
+    let reply = client.draw(request).await;
+    client.close().await;
+    let reply = match reply {
+        Ok(reply) => reply,
+        Err(crate::client::ClientError::Timeout(waited)) => {
+            eprintln!(
+                "no reply to request {id} within {waited:?} (after {retries} retries). The \
+                 broker took the request: it stays queued in {} until a draw worker takes it. \
+                 Send the same --request-id again to read its answer; it is drawn at most once.",
+                amqp::DRAW.queue
+            );
+            println!(
+                "{}",
+                serde_json::json!({"request_id": id, "status": "no_reply"})
+            );
+            std::process::exit(EXIT_NO_REPLY);
+        }
+        Err(error) => {
+            return Err(anyhow::Error::new(error).context(format!("drawing request {id}")))
+        }
+    };
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&with_type("draw_result", &reply))?
+    );
+    if reply.status != crate::messages::Status::Ok {
+        let code = reply.error.as_ref().map_or("?", |e| e.code.as_str());
+        eprintln!("draw {id} rejected: {code}");
+        std::process::exit(1);
     }
     Ok(())
 }
@@ -307,15 +326,29 @@ async fn audit(config: &Config, command: AuditCommand) -> anyhow::Result<()> {
             return Ok(());
         }
     };
+    if !pool_known(&db, &pool).await? {
+        // Nothing to verify is no verdict: an operator who mistyped a pool
+        // id must not read "ok".
+        if json {
+            let out = serde_json::json!({"pool": pool, "ok": false, "error": "unknown_pool",
+                "message": format!("no pool named {pool}"), "batches": []});
+            println!("{}", serde_json::to_string_pretty(&out)?);
+        }
+        eprintln!("no pool named {pool}: no configuration and no committed batch recorded");
+        std::process::exit(1);
+    }
     let verdicts = crate::audit::verify_pool(&db, &pool, generation)
         .await
         .context("reading the audit trail")?;
     let ok = verdicts.iter().all(|v| v.ok);
     if json {
-        // One verdict, or one per sub-pool of a sharded pool.
+        // One verdict, or the pool's and one per sub-pool of a sharded pool.
         match verdicts.as_slice() {
             [verdict] => println!("{}", serde_json::to_string_pretty(verdict)?),
-            all => println!("{}", serde_json::to_string_pretty(all)?),
+            all => {
+                let out = serde_json::json!({"pool": pool, "ok": ok, "sub_pools": all});
+                println!("{}", serde_json::to_string_pretty(&out)?)
+            }
         }
     } else {
         for verdict in &verdicts {
@@ -332,6 +365,20 @@ async fn audit(config: &Config, command: AuditCommand) -> anyhow::Result<()> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// Whether `pool` is a lucky-gift pool this database knows: a stored
+/// configuration, or batches in the audit trail.
+async fn pool_known(db: &sqlx::PgPool, pool: &str) -> anyhow::Result<bool> {
+    let known: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pool_versions WHERE pool_id = $1)
+             OR EXISTS (SELECT 1 FROM fair_batches WHERE pool = $1)",
+    )
+    .bind(pool)
+    .fetch_one(db)
+    .await
+    .context("looking the pool up")?;
+    Ok(known)
 }
 
 /// Prints one pool's (or sub-pool's) verdict.
@@ -410,7 +457,7 @@ async fn pool(config: &Config, command: PoolCommand) -> anyhow::Result<()> {
             let fair = lucky_gift::fair_state(&mut redis, &keys).await?;
             if json {
                 let mut value = serde_json::to_value(&status)?;
-                value["fairness"] = serde_json::to_value(&fair)?;
+                value["fairness"] = fairness_json(&fair);
                 println!("{}", serde_json::to_string_pretty(&value)?);
             } else {
                 print_counters(&status, None);
@@ -482,6 +529,21 @@ async fn pool(config: &Config, command: PoolCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A pool's fairness state with named fields (`pool status --json`).
+fn fairness_json(fair: &lucky_gift::FairState) -> serde_json::Value {
+    let committed: Vec<_> = fair
+        .committed
+        .iter()
+        .map(|(generation, version, commitment)| {
+            serde_json::json!({"generation": generation, "version": version, "commitment": commitment})
+        })
+        .collect();
+    let revealed = fair.last_revealed.as_ref().map(|(generation, version, seed)| {
+        serde_json::json!({"generation": generation, "version": version, "seed": seed})
+    });
+    serde_json::json!({"drawing": fair.drawing, "committed": committed, "last_revealed": revealed})
+}
+
 /// Prints a pool's counters (and its number of sub-pools, if sharded).
 fn print_counters(status: &lucky_gift::PoolStatus, sub_pools: Option<usize>) {
     println!("pool           {}", status.pool);
@@ -546,7 +608,16 @@ async fn activity(config: &Config, command: ActivityCommand) -> anyhow::Result<(
                 .await?
                 .with_context(|| format!("no activity named {id}"))?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&stats)?);
+                let prizes: Vec<_> = stats
+                    .prizes
+                    .iter()
+                    .map(|(prize, awarded, left)| {
+                        serde_json::json!({"prize": prize, "awarded": awarded, "stock_left": left})
+                    })
+                    .collect();
+                let out = serde_json::json!({"activity": stats.activity, "day": stats.day,
+                    "pv": stats.pv, "uv": stats.uv, "prizes": prizes});
+                println!("{}", serde_json::to_string_pretty(&out)?);
             } else {
                 println!(
                     "activity {} on {}: PV {}, UV {}",
@@ -559,69 +630,5 @@ async fn activity(config: &Config, command: ActivityCommand) -> anyhow::Result<(
             }
         }
     }
-    Ok(())
-}
-
-async fn dlq_command(config: &Config, command: DlqCommand) -> anyhow::Result<()> {
-    // Every queue that dead-letters: the work queues and the audit trail's.
-    let route = |name: &str| {
-        amqp::ROUTES
-            .into_iter()
-            .chain([crate::audit::ROUTE])
-            .find(|r| r.queue == name || r.dlq == name)
-            .with_context(|| {
-                format!(
-                    "unknown queue {name}; expected prizepool.draw, prizepool.refill, \
-                     prizepool.settle or prizepool.audit"
-                )
-            })
-    };
-    let conn = amqp::connect(&config.amqp_url, "prizepool-dlq").await?;
-    match command {
-        DlqCommand::List { queue, limit, json } => {
-            let route = route(&queue)?;
-            let letters = dlq::list(&conn, route, limit).await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&letters)?);
-            } else {
-                println!("{} dead letters in {}", letters.len(), route.dlq);
-                for l in letters {
-                    println!(
-                        "- [{}] {}: {}\n    {}",
-                        l.code.as_deref().unwrap_or("-"),
-                        l.message_type.as_deref().unwrap_or("?"),
-                        l.reason,
-                        l.body
-                    );
-                }
-            }
-        }
-        DlqCommand::Replay {
-            queue,
-            limit,
-            dry_run,
-        } => {
-            let route = route(&queue)?;
-            let report = dlq::replay(&conn, route, limit, dry_run).await?;
-            let verb = if dry_run { "would move" } else { "moved" };
-            let n = if dry_run {
-                report.messages.len()
-            } else {
-                report.moved
-            };
-            println!(
-                "{verb} {n} of the {} messages in {} to {}",
-                report.found, route.dlq, route.queue
-            );
-            for l in report.messages {
-                println!(
-                    "- {}: {}",
-                    l.message_type.as_deref().unwrap_or("?"),
-                    l.reason
-                );
-            }
-        }
-    }
-    let _ = conn.close(200, "bye".into()).await;
     Ok(())
 }

@@ -121,7 +121,7 @@ async fn draw_and_balance_commands() {
     let balances: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         balances,
-        serde_json::json!([{"asset": "coin", "balance": 120}])
+        serde_json::json!({"account": 5, "balances": [{"asset": "coin", "balance": 120}]})
     );
     env.stop_workers().await;
 }
