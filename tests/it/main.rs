@@ -25,6 +25,7 @@ mod cli_truth;
 mod client;
 mod cluster;
 mod cluster_changes;
+mod contract;
 mod dead_letters;
 mod deploy;
 mod digests;
