@@ -4,6 +4,7 @@
 mod audit;
 mod demo;
 mod dlq;
+mod status;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -99,6 +100,9 @@ enum Subcommands {
         #[command(subcommand)]
         command: audit::AuditCommand,
     },
+    /// The fleet at a glance: queues, consumers, dead letters, pools, payouts,
+    /// the settle lag, and what looks wrong.
+    Status(status::StatusArgs),
     /// Run a whole fleet against the local services and print a summary.
     Demo(demo::DemoArgs),
 }
@@ -212,6 +216,7 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         Subcommands::Dlq { command } => dlq::run(&config, command).await?,
         Subcommands::Activity { command } => activity(&config, command).await?,
         Subcommands::Audit { command } => audit::run(&config, command).await?,
+        Subcommands::Status(args) => status::run(&config, args).await?,
         Subcommands::Demo(args) => demo::run(&config, args).await?,
     }
     Ok(())

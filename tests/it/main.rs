@@ -33,6 +33,7 @@ mod draw_shards;
 mod fairness;
 mod faults;
 mod fleet;
+mod fleet_view;
 mod graceful;
 mod hostile;
 mod hot_pools;
