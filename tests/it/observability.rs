@@ -215,6 +215,24 @@ async fn every_series_the_dashboard_and_the_alerts_query_is_exported() {
         missing.is_empty(),
         "queried but not exported: {missing:?}; exported: {names:?}"
     );
+    // Per-pool counters: the 30 draws of 5 prizes on "obs", and what they
+    // paid, which the ledger books for the pool.
+    let draw_metrics = scrape(ports[0]).await;
+    let value = |series: &str| -> f64 {
+        draw_metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{draw_metrics}"))
+    };
+    let labels = r#"{worker="draw-worker",pool="obs"}"#;
+    assert_eq!(value(&format!("prizepool_pool_draws_total{labels}")), 30.0);
+    assert_eq!(
+        value(&format!("prizepool_pool_prizes_drawn_total{labels}")),
+        150.0
+    );
+    let paid = value(r#"prizepool_pool_paid_total{worker="draw-worker",pool="obs",asset="coin"}"#);
+    assert_eq!(env.wait_ledger("obs", paid as i64).await as f64, paid);
     // Every prizepool_* family a worker exports has HELP text, and every
     // series names the worker kind.
     for (port, kind) in ports
