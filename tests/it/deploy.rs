@@ -184,6 +184,37 @@ fn every_deploy_file_passes_its_schema_validator() {
         assert!(ports.as_array().unwrap().iter().any(|p| p["name"] == "ops"));
     }
     assert_eq!(monitors[0]["metadata"]["labels"]["release"], "prometheus");
+    // KEDA reads the broker over TLS there: the host from the Secret key the
+    // docs name, TLS on, the workers' CA and client certificate.
+    let auth = of_kind(production, "TriggerAuthentication");
+    assert_eq!(auth.len(), 1);
+    let refs: BTreeSet<(&str, &str, &str)> = auth[0]["spec"]["secretTargetRef"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["parameter"].as_str().unwrap(),
+                r["name"].as_str().unwrap(),
+                r["key"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        refs,
+        BTreeSet::from([
+            ("host", "prizepool-production", "AMQP_URL"),
+            ("tls", "prizepool-keda-tls", "tls"),
+            ("ca", "prizepool-tls", "ca.crt"),
+            ("cert", "prizepool-tls", "tls.crt"),
+            ("key", "prizepool-tls", "tls.key"),
+        ])
+    );
+    let enable = of_kind(production, "Secret")
+        .into_iter()
+        .find(|s| name(s) == "prizepool-keda-tls")
+        .expect("the Secret that turns the scaler's TLS on");
+    assert_eq!(enable["stringData"]["tls"], "enable");
 }
 
 #[test]
