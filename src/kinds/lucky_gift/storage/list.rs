@@ -20,14 +20,14 @@
 //! reads them and pushes them back if the draw ends short, all in the one
 //! step, so no other draw ever sees them out.
 
+use crate::scripts::{Script, ScriptInvocation};
 use futures_util::future::BoxFuture;
-use redis::{Script, ScriptInvocation};
 
 use super::{Conn, Layout};
 use crate::{
     kinds::lucky_gift::{
-        batches::{unclaimed, Attempt, Claimed, Filling},
-        StockError, StockOutcome, SPENT_TTL_S,
+        stocking::{unclaimed, Attempt, Claimed, Filling, StockError, StockOutcome},
+        SPENT_TTL_S,
     },
     scripts::{now_ms, PoolKeys, Scripts},
 };
@@ -37,10 +37,6 @@ use crate::{
 pub(super) struct List;
 
 impl Layout for List {
-    fn label(&self) -> &'static str {
-        "list"
-    }
-
     fn draw_script<'s>(&self, scripts: &'s Scripts) -> &'s Script {
         &scripts.draw_lucky_gift
     }

@@ -25,14 +25,14 @@
 
 use std::collections::HashSet;
 
+use crate::scripts::{Script, ScriptInvocation};
 use futures_util::future::BoxFuture;
-use redis::{Script, ScriptInvocation};
 
 use super::{Conn, Layout};
 use crate::{
     kinds::lucky_gift::{
-        batches::{unclaimed, Attempt, Claimed, Filling},
-        StockError, StockOutcome, SPARSE_BUCKET, SPENT_TTL_S,
+        stocking::{unclaimed, Attempt, Claimed, Filling, StockError, StockOutcome},
+        SPARSE_BUCKET, SPENT_TTL_S,
     },
     scripts::{now_ms, PoolKeys, Scripts},
 };
@@ -71,10 +71,6 @@ async fn push(
 }
 
 impl Layout for Sparse {
-    fn label(&self) -> &'static str {
-        "sparse"
-    }
-
     fn draw_script<'s>(&self, scripts: &'s Scripts) -> &'s Script {
         &scripts.draw_sparse
     }
