@@ -694,8 +694,48 @@ impl std::fmt::Display for DrawEvents {
     }
 }
 
+/// A TOML error of a pool or activity file as one line that keeps where
+/// it is: `line L, column C: message` (the toml crate's own rendering spans
+/// several lines with a copy of the source).
+pub fn toml_error(text: &str, error: &toml::de::Error) -> String {
+    let Some(span) = error.span() else {
+        return error.message().to_owned();
+    };
+    let before = &text.as_bytes()[..span.start.min(text.len())];
+    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+    let line_start = before
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |i| i + 1);
+    let column = String::from_utf8_lossy(&before[line_start..])
+        .chars()
+        .count()
+        + 1;
+    format!("line {line}, column {column}: {}", error.message())
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_toml_error_keeps_its_line_and_column() {
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct File {
+            n: u32,
+        }
+        let text = "# a comment\n\nn = \"seven\"\n";
+        let error = toml::from_str::<File>(text).unwrap_err();
+        let message = toml_error(text, &error);
+        assert!(message.starts_with("line 3, column 5: "), "{message}");
+        let broken = "n = 1\n[oops\n";
+        let error = toml::from_str::<File>(broken).unwrap_err();
+        assert!(
+            toml_error(broken, &error).starts_with("line 2, "),
+            "{}",
+            toml_error(broken, &error)
+        );
+    }
+
     use super::*;
 
     fn with(name: &'static str, value: &str) -> Result<Config, ConfigError> {

@@ -144,7 +144,9 @@ pub fn lucky_gift_batch<T: Clone>(
 
 /// One combo of a batch's composition: its id and its (multiplier, count)
 /// pairs in configuration order.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
 pub struct ComboStock {
     pub combo: String,
     pub stock: Vec<(u64, u64)>,

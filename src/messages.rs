@@ -9,7 +9,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub mod asyncapi;
 pub mod prize_codes;
+pub mod schema;
 
 pub use prize_codes::{PrizeCodes, PRIZE_LIST_MAX};
 
@@ -27,7 +29,7 @@ pub const MAX_ENTRY_ID_LEN: usize = 320;
 
 /// Why a request was refused. The names are part of the public contract:
 /// they may be extended, never renamed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     InvalidRequest,
@@ -91,7 +93,7 @@ impl std::fmt::Display for ErrorCode {
 }
 
 /// `{"type":"grant_result", ...}`: the reply to a `lottery.grant`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct GrantResult {
     pub grant_id: String,
     pub status: Status,
@@ -118,7 +120,7 @@ impl GrantResult {
 
 /// `{"type":"refill_result", ...}`: the reply to a `refill`: the batch
 /// after the trigger exists (stocked now or before).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RefillResult {
     pub status: Status,
     pub pool: String,
@@ -128,7 +130,7 @@ pub struct RefillResult {
 
 /// `{"type":"pool.refilled", ...}` (event): batch `generation` of `pool`,
 /// `size` prizes of config `version`, became drawable.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct PoolRefilled {
     pub pool: String,
     pub generation: u64,
@@ -148,7 +150,7 @@ pub struct PoolRefilled {
 /// `{"type":"settle_result", ...}`: the reply to a `settle` (with its
 /// `entry_id`) or to a `settle.batch` (with the number of `entries` that are
 /// in the ledger and the `refused` ones).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SettleResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entry_id: Option<String>,
@@ -160,7 +162,7 @@ pub struct SettleResult {
 }
 
 /// One entry of a `settle.batch` the ledger refused.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SettleRefusal {
     /// The entry's id, when it had one usable as an id (a string of at
     /// most [`MAX_ENTRY_ID_LEN`] bytes).
@@ -173,7 +175,7 @@ pub struct SettleRefusal {
 }
 
 /// The `error` object of a rejected reply.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ErrorBody {
     pub code: ErrorCode,
     pub message: String,
@@ -197,7 +199,7 @@ pub enum DrawQueueMessage {
 /// draw: its own id, idempotency and validation. The entries stay JSON
 /// values here so that a bad entry is answered on its own, never failing
 /// the others.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DrawBatch {
     pub requests: Vec<Value>,
@@ -288,7 +290,7 @@ impl DrawBatch {
 /// `draw.batch`, one `draw_result` per request in request order. A batch
 /// whose envelope is bad is answered `rejected` with its `error` and no
 /// results.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct DrawResultBatch {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<Status>,
@@ -390,22 +392,30 @@ pub fn bounded_batch_reply(mut results: Vec<Vec<u8>>) -> Vec<u8> {
 }
 
 /// `{"type":"draw", ...}`: draw `count` prizes from `pool` for `user_id`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DrawRequest {
+    #[schemars(length(min = 1, max = 128), regex(pattern = r"^[!-z|~]+$"))]
     pub request_id: String,
+    #[schemars(length(min = 1, max = 128), regex(pattern = r"^[!-z|~]+$"))]
     pub pool: String,
+    #[schemars(range(min = 0))]
     pub user_id: i64,
+    #[schemars(range(min = 1, max = 10_000))]
     pub count: u32,
 }
 
 /// `{"type":"lottery.grant", ...}`: give `user_id` more chances in `activity`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GrantRequest {
+    #[schemars(length(min = 1, max = 128), regex(pattern = r"^[!-z|~]+$"))]
     pub grant_id: String,
+    #[schemars(length(min = 1, max = 128), regex(pattern = r"^[!-z|~]+$"))]
     pub activity: String,
+    #[schemars(range(min = 0))]
     pub user_id: i64,
+    #[schemars(range(min = 1, max = 1_000_000))]
     pub chances: u32,
 }
 
@@ -424,15 +434,21 @@ pub enum RefillQueueMessage {
 /// `{"type":"redpacket.create", ...}`: escrow `total` from `sender` and split
 /// it into `count` shares of at least `min`, grabbable for `expires_in_s`.
 /// Idempotent by `packet_id`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RedPacketCreate {
+    #[schemars(length(min = 1, max = 128), regex(pattern = r"^[!-z|~]+$"))]
     pub packet_id: String,
+    #[schemars(range(min = 0))]
     pub sender: i64,
+    #[schemars(range(min = 1, max = 1_000_000_000_000i64))]
     pub total: i64,
+    #[schemars(range(min = 1, max = 5_000))]
     pub count: i64,
     #[serde(default)]
+    #[schemars(range(min = 0))]
     pub min: i64,
+    #[schemars(range(min = 1, max = 2_592_000))]
     pub expires_in_s: i64,
     #[serde(default = "default_asset")]
     pub asset: String,
@@ -444,7 +460,7 @@ fn default_asset() -> String {
 
 /// `{"type":"redpacket.expire", ...}`: close the packet if its time has come
 /// (sent by the refill worker to itself through the delay queues).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RedPacketExpire {
     pub packet_id: String,
@@ -462,7 +478,7 @@ pub struct RedPacketExpire {
 /// its refill point (or ran short), so batch `trigger + 1` must exist. The
 /// pair (`pool`, `trigger`) is the idempotency id: any number of requests for
 /// one trigger stock one batch.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RefillRequest {
     pub pool: String,
@@ -473,14 +489,17 @@ pub struct RefillRequest {
 }
 
 /// `{"type":"settle", ...}`: one ledger movement.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SettleRequest {
     #[serde(rename = "type")]
     pub kind: SettleType,
+    #[schemars(length(min = 1, max = 320), regex(pattern = r"^[!-z|~]+$"))]
     pub entry_id: String,
+    #[schemars(range(min = 0))]
     pub account: i64,
     pub asset: String,
+    #[schemars(range(min = -9_007_199_254_740_991i64, max = 9_007_199_254_740_991i64))]
     pub amount: i64,
     pub reason: String,
     #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
@@ -491,7 +510,7 @@ pub struct SettleRequest {
 }
 
 /// The only `type` the settle queue accepts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum SettleType {
     #[serde(rename = "settle")]
     Settle,
@@ -525,7 +544,7 @@ impl SettleRequest {
 /// and where it came from. Written as `{"pool":…,"request_id":…,"share":…,
 /// "version":…}` without the fields a kind does not use; the ledger and the
 /// red-packet audit read `ref->>'pool'` and `ref->>'share'`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct EntryRef {
     pub pool: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -573,7 +592,7 @@ impl SettleRequest {
 }
 
 /// One prize of a draw result; which fields appear depends on the prize kind.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum Prize {
     /// A lucky-gift prize: its multiplier and the combo it came from.
@@ -589,7 +608,7 @@ pub enum Prize {
 }
 
 /// `{"type":"draw_result", ...}`: the reply to a draw.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct DrawResult {
     pub request_id: String,
     pub status: Status,
@@ -671,14 +690,14 @@ impl DrawResult {
 /// below the largest multiple of the total weight) and the candidates it
 /// was read against, in order. The prize is the candidate where
 /// `value mod total` falls when the weights are laid end to end.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct LotteryPick {
     pub value: u64,
     pub weights: Vec<PrizeWeight>,
 }
 
 /// One candidate of a lottery pick.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct PrizeWeight {
     pub prize: String,
     pub weight: u64,
@@ -702,7 +721,7 @@ impl LotteryPick {
 /// `count` consecutive prizes of a draw taken from positions `position`,
 /// `position + 1`, … of batch `generation` (generation 0: a batch stocked
 /// before batches were committed).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct PrizeRun {
     pub generation: u64,
     pub position: u64,
@@ -710,14 +729,14 @@ pub struct PrizeRun {
 }
 
 /// A position in the order of batch `generation`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct BatchPosition {
     pub generation: u64,
     pub position: u64,
 }
 
 /// A revealed batch seed: `SHA-256(seed)` is the batch's commitment.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Reveal {
     pub generation: u64,
     pub version: i64,
@@ -738,7 +757,7 @@ pub fn wire_time(at: chrono::DateTime<chrono::Utc>) -> String {
 
 /// `{"type":"redpacket_result", ...}`: the answer to a `redpacket.create`,
 /// and with `type` `redpacket.created` its event.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct CreatedReply {
     #[serde(rename = "type")]
     pub kind: &'static str,
@@ -755,7 +774,7 @@ pub struct CreatedReply {
 }
 
 /// A refused red-packet request's `redpacket_result`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct RejectedReply {
     #[serde(rename = "type")]
     pub kind: &'static str,
@@ -778,7 +797,7 @@ impl RejectedReply {
 
 /// The `redpacket_result` answer to a `redpacket.expire`: closed with its
 /// refund, or still open until its stored `expires_at`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct ExpireReply {
     #[serde(rename = "type")]
     pub kind: &'static str,
@@ -819,7 +838,7 @@ impl ExpireReply {
 
 /// `{"type":"redpacket.closed", ...}` (event): a packet closed, its rest
 /// refunded, its split revealed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct ClosedEvent {
     #[serde(rename = "type")]
     pub kind: &'static str,
@@ -847,7 +866,9 @@ impl ClosedEvent {
 }
 
 /// `ok` or `rejected`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     #[default]

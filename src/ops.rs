@@ -109,12 +109,58 @@ const SECONDS_BUCKETS: [f64; 13] = [
 /// Buckets of the size histograms (entries or bodies per batch).
 const SIZE_BUCKETS: [f64; 10] = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0];
 
+/// Every `prizepool_*` metric with its `# HELP` text. `tests/it/observability.rs`
+/// checks that each metric the code names is here and that a worker's
+/// `/metrics` describes each one it exports.
+pub const METRIC_HELP: &[(&str, &str)] = &[
+    ("prizepool_acks_held_ahead", "Acks of finished deliveries held back until every earlier delivery of the channel is settled"),
+    ("prizepool_audit_refused_total", "Draw records and batch facts the audit trail refused (a bad or missing seal)"),
+    ("prizepool_batch_draws_total", "Draws that arrived inside draw.batch messages"),
+    ("prizepool_batches_stocked_total", "Lucky-gift batches stocked by the refill worker"),
+    ("prizepool_build_info", "Always 1; the version label names the running build"),
+    ("prizepool_draws_per_call", "Draws served by one call of a draw script (coalesced draws of one pool)"),
+    ("prizepool_draws_total", "Draws answered, by prize kind and outcome (ok or the refusal's error code)"),
+    ("prizepool_group_bodies", "Bodies per grouped message (settle.batch, draw.completed.batch), by type"),
+    ("prizepool_handle_seconds", "Seconds a worker spent on one delivery, up to its reply, by queue"),
+    ("prizepool_handler_panics_total", "Handler panics caught (the delivery is dead-lettered with code internal)"),
+    ("prizepool_ledger_entries_total", "Ledger entries written by the settle worker (duplicates not counted)"),
+    ("prizepool_messages_total", "Deliveries handled, by queue and outcome (acked, dead_lettered, requeued, rejected)"),
+    ("prizepool_pool_draws_total", "Draws awarded, by pool or activity (every red packet under pool=\"red-packets\")"),
+    ("prizepool_pool_paid_total", "What awards paid through the ledger, by pool or activity and asset (red packets under pool=\"red-packets\")"),
+    ("prizepool_pool_prizes_drawn_total", "Prizes drawn, by pool or activity (red packets under pool=\"red-packets\")"),
+    ("prizepool_pool_exhausted_total", "Draws answered pool_exhausted after an urgent refill and the bounded wait"),
+    ("prizepool_prizes_drawn_total", "Prizes drawn (a draw of count N draws N)"),
+    ("prizepool_queue_messages", "Messages ready in a queue, read by the refill worker every 5 s, by queue"),
+    ("prizepool_ready", "1 while the worker consumes and its last pings of Redis and Postgres succeeded, else 0"),
+    ("prizepool_red_packets_lost_total", "Red packets whose stock was found missing in Redis at expiry"),
+    ("prizepool_refill_seconds", "Seconds from a refill request to the batch drawable"),
+    ("prizepool_replies_given_up_total", "Replies given up after retries on fresh connections (the requester is gone)"),
+    ("prizepool_retries_total", "Deliveries retried after a transient Redis or Postgres failure"),
+    ("prizepool_settle_batch_entries", "Ledger entries per settle batch"),
+    ("prizepool_settle_commit_seconds", "Seconds Postgres took to commit one settle batch"),
+    ("prizepool_settle_entries_total", "Settle entries handled, by outcome and reason"),
+    ("prizepool_settle_lag_seconds", "Age in seconds of the oldest message of the last settle batch when it was committed"),
+    ("prizepool_urgent_refills_total", "Urgent refills asked by draws that found their pool short"),
+];
+
+/// Registers the `# HELP` text of every `prizepool_*` metric.
+fn describe_metrics() {
+    for (name, help) in METRIC_HELP {
+        // The exporter prints HELP once per name whatever the kind it was
+        // described as, so one kind fits all.
+        metrics::describe_gauge!(*name, *help);
+    }
+}
+
 /// The Prometheus recorder, installed globally. Every histogram is
 /// exported as a Prometheus histogram (`_bucket`, `_sum`, `_count`), which
 /// sums across replicas, never as a summary.
-fn recorder() -> anyhow::Result<PrometheusHandle> {
+fn recorder(service: &'static str) -> anyhow::Result<PrometheusHandle> {
     use metrics_exporter_prometheus::Matcher;
     PrometheusBuilder::new()
+        // Every series names the worker kind, so one query tells the draw,
+        // refill and settle workers apart whatever the scrape labels.
+        .add_global_label("worker", service)
         .set_buckets(&SIZE_BUCKETS)
         .and_then(|b| {
             b.set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS_BUCKETS)
@@ -128,6 +174,7 @@ fn recorder() -> anyhow::Result<PrometheusHandle> {
 /// until `shutdown`. Returns the bound address; an address that does not
 /// parse or cannot be bound is an error.
 pub async fn serve(
+    service: &'static str,
     addr: &str,
     health: Health,
     shutdown: CancellationToken,
@@ -136,9 +183,10 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding the ops endpoint to {addr}"))?;
-    let metrics = recorder()?;
+    let metrics = recorder(service)?;
     let process = metrics_process::Collector::default();
     process.describe();
+    describe_metrics();
     metrics::gauge!("prizepool_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     // Counters of rare events exist from the start, at zero, so a rate over
     // them means "none" rather than "no data".
@@ -222,7 +270,7 @@ where
         let shutdown = crate::shutdown::signal();
         let health = Health::default();
         if let Some(addr) = &config.metrics_addr {
-            serve(addr, health.clone(), shutdown.clone())
+            serve(service, addr, health.clone(), shutdown.clone())
                 .await
                 .context("METRICS_ADDR")?;
         }

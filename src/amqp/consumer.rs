@@ -1135,7 +1135,7 @@ fn dead_letter_message(
     code: ErrorCode,
     invalid: &Invalid,
 ) -> Outgoing {
-    let properties: BasicProperties = with_header(
+    let properties: BasicProperties = super::publish::with_dead_letter_time(with_header(
         with_header(
             without_expiration(&delivery.properties),
             ERROR_CODE_HEADER,
@@ -1143,7 +1143,7 @@ fn dead_letter_message(
         ),
         ERROR_HEADER,
         &invalid.message,
-    );
+    ));
     Outgoing {
         exchange: DLX.into(),
         routing_key: route.queue.into(),

@@ -137,6 +137,10 @@ pub fn delay_queue(remaining_ms: u64) -> &'static str {
 pub const ERROR_CODE_HEADER: &str = "x-prizepool-error-code";
 /// Header carrying the human-readable reason of a message we dead-lettered.
 pub const ERROR_HEADER: &str = "x-prizepool-error";
+/// Header carrying when we dead-lettered a message (Unix seconds, an AMQP
+/// timestamp): `prizepool dlq` filters by age on it (or on the broker's
+/// `x-death` time for messages the broker dead-lettered).
+pub const DEAD_AT_HEADER: &str = "x-prizepool-dead-lettered-at";
 
 /// How long the broker gets for a frame-level operation: an ack, a cancel, a
 /// qos round trip, a close.

@@ -98,7 +98,7 @@ impl Outgoing {
             exchange: super::DLX.into(),
             routing_key: route.queue.into(),
             body,
-            properties: json_properties().with_headers(headers),
+            properties: with_dead_letter_time(json_properties().with_headers(headers)),
             mandatory: true,
         }
     }
@@ -272,6 +272,17 @@ pub(crate) fn with_header(properties: BasicProperties, name: &str, value: &str) 
         name.into(),
         AMQPValue::LongString(value.as_bytes().to_vec().into()),
     );
+    properties.with_headers(headers)
+}
+
+/// Adds the dead-lettering time header ([`super::DEAD_AT_HEADER`], now)
+/// to a dead letter's properties.
+pub(crate) fn with_dead_letter_time(properties: BasicProperties) -> BasicProperties {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut headers = properties.headers().clone().unwrap_or_default();
+    headers.insert(super::DEAD_AT_HEADER.into(), AMQPValue::Timestamp(now));
     properties.with_headers(headers)
 }
 

@@ -48,10 +48,32 @@ pub struct Mismatch {
     pub request_id: Option<String>,
     pub serial: Option<i64>,
     pub position: Option<u64>,
-    /// (combo, multiplier) the seed puts at `position`.
+    /// (combo, multiplier) the seed puts at `position`; in JSON
+    /// `{"combo","multiplier"}`.
+    #[serde(serialize_with = "combo_prize")]
     pub expected: Option<(String, u64)>,
-    /// (combo, multiplier) the draw was given.
+    /// (combo, multiplier) the draw was given; in JSON `{"combo","multiplier"}`.
+    #[serde(serialize_with = "combo_prize")]
     pub found: Option<(String, u64)>,
+}
+
+/// A (combo, multiplier) pair as a JSON object with named fields.
+fn combo_prize<S: serde::Serializer>(
+    prize: &Option<(String, u64)>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct Named<'a> {
+        combo: &'a str,
+        multiplier: u64,
+    }
+    prize
+        .as_ref()
+        .map(|(combo, multiplier)| Named {
+            combo,
+            multiplier: *multiplier,
+        })
+        .serialize(serializer)
 }
 
 impl Mismatch {

@@ -37,9 +37,11 @@ pub(crate) struct DemoArgs {
     /// Draw workers to start.
     #[arg(long, default_value_t = 2)]
     draw_workers: usize,
-    /// Pool file whose first pool the demo loads (under a fresh id).
-    #[arg(long, default_value = "examples/pools.toml")]
-    pool_file: std::path::PathBuf,
+    /// Pool file whose first pool the demo loads (under a fresh id); a file
+    /// that cannot be read is an error. Default: the built-in copy of
+    /// `examples/pools.toml`.
+    #[arg(long)]
+    pool_file: Option<std::path::PathBuf>,
 }
 
 const EXAMPLE_POOLS: &str = include_str!("../../examples/pools.toml");
@@ -52,8 +54,11 @@ pub(crate) async fn run(config: &Config, args: DemoArgs) -> anyhow::Result<()> {
     let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
     let scripts = Scripts::new();
 
-    let text =
-        std::fs::read_to_string(&args.pool_file).unwrap_or_else(|_| EXAMPLE_POOLS.to_owned());
+    let text = match &args.pool_file {
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("reading the pool file {}", path.display()))?,
+        None => EXAMPLE_POOLS.to_owned(),
+    };
     let mut pool = lucky_gift::parse_file(&text)?
         .into_iter()
         .next()

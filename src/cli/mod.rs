@@ -1,7 +1,10 @@
 //! The `prizepool` subcommands. The `prizepool` binary adds `bench`, which
 //! lives outside the library (`bench/`).
 
+mod audit;
 mod demo;
+mod dlq;
+mod status;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -9,7 +12,7 @@ use anyhow::Context;
 use clap::Subcommand;
 
 use crate::{
-    amqp::{self, dlq, rpc::RpcClient},
+    amqp::{self, rpc::RpcClient},
     client::{Client, ClientConfig},
     config::Config,
     kinds::lucky_gift,
@@ -85,7 +88,7 @@ enum Subcommands {
     /// Inspect and replay dead-letter queues.
     Dlq {
         #[command(subcommand)]
-        command: DlqCommand,
+        command: dlq::DlqCommand,
     },
     /// Load lottery activities and read their statistics.
     Activity {
@@ -95,8 +98,11 @@ enum Subcommands {
     /// Check provably fair batches against their commitments and draws.
     Audit {
         #[command(subcommand)]
-        command: AuditCommand,
+        command: audit::AuditCommand,
     },
+    /// The fleet at a glance: queues, consumers, dead letters, pools, payouts,
+    /// the settle lag, and what looks wrong.
+    Status(status::StatusArgs),
     /// Run a whole fleet against the local services and print a summary.
     Demo(demo::DemoArgs),
 }
@@ -128,53 +134,6 @@ enum PoolCommand {
     },
     /// Ask the refill worker for the next batch now.
     Refill { id: String },
-}
-
-#[derive(Debug, Subcommand)]
-enum AuditCommand {
-    /// Recompute a pool's revealed batches from their seeds and check them
-    /// against their commitments and every recorded draw (docs/fairness.md).
-    /// Exits 1 when something does not hold.
-    Verify {
-        pool: String,
-        /// Only this batch (default: every recorded batch of the pool).
-        #[arg(long)]
-        generation: Option<u64>,
-        #[arg(long)]
-        json: bool,
-    },
-    /// Check a closed red packet: its revealed split against the commitment
-    /// its create answered, every grab the ledger paid against its share,
-    /// and the refund (docs/fairness.md). Exits 1 when something does not hold.
-    Packet {
-        packet_id: String,
-        #[arg(long)]
-        json: bool,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-enum DlqCommand {
-    /// Show dead letters and why they are there.
-    List {
-        /// A queue that dead-letters (`prizepool.draw`, `prizepool.refill`,
-        /// `prizepool.settle`, `prizepool.audit`) or its DLQ.
-        queue: String,
-        #[arg(long, default_value_t = 50)]
-        limit: usize,
-        #[arg(long)]
-        json: bool,
-    },
-    /// Move dead letters back to their work queue: at most the messages
-    /// the DLQ holds when the replay starts, so messages that fail again
-    /// are not replayed twice in one run.
-    Replay {
-        queue: String,
-        #[arg(long, default_value_t = usize::MAX)]
-        limit: usize,
-        #[arg(long)]
-        dry_run: bool,
-    },
 }
 
 impl Command {
@@ -231,35 +190,20 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
             timeout,
             retries,
         } => {
-            // A one-off draw has nothing to wait for: no linger, and a batch
-            // of one goes out as a plain `draw`.
-            let client = Client::connect(
-                ClientConfig::new(&config.amqp_url)
-                    .connection_name("prizepool-cli")
-                    .declare_topology(&config)
-                    .linger(Duration::ZERO)
-                    .timeout(Duration::from_secs(timeout))
-                    .retries(retries),
-            )
-            .await?;
             let request = DrawRequest {
                 request_id: request_id.unwrap_or_else(|| ulid::Ulid::new().to_string()),
                 pool,
                 user_id: user,
                 count,
             };
-            let reply = client.draw(request).await;
-            client.close().await;
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&with_type("draw_result", &reply?))?
-            );
+            draw(&config, request, timeout, retries).await?;
         }
         Subcommands::Balance { account, json } => {
             let db = crate::db::connect(&config.database_url).await?;
             let balances = crate::ledger::balances(&db, account).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&balances)?);
+                let out = serde_json::json!({"account": account, "balances": balances});
+                println!("{}", serde_json::to_string_pretty(&out)?);
             } else if balances.is_empty() {
                 println!("account {account} has no balance");
             } else {
@@ -269,103 +213,70 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
                 }
             }
         }
-        Subcommands::Dlq { command } => dlq_command(&config, command).await?,
+        Subcommands::Dlq { command } => dlq::run(&config, command).await?,
         Subcommands::Activity { command } => activity(&config, command).await?,
-        Subcommands::Audit { command } => audit(&config, command).await?,
+        Subcommands::Audit { command } => audit::run(&config, command).await?,
+        Subcommands::Status(args) => status::run(&config, args).await?,
         Subcommands::Demo(args) => demo::run(&config, args).await?,
     }
     Ok(())
 }
 
-async fn audit(config: &Config, command: AuditCommand) -> anyhow::Result<()> {
-    let db = crate::db::connect(&config.database_url).await?;
-    let (pool, generation, json) = match command {
-        AuditCommand::Verify {
-            pool,
-            generation,
-            json,
-        } => (pool, generation, json),
-        AuditCommand::Packet { packet_id, json } => {
-            let verdict = crate::kinds::red_packet::fair::verify(&db, &packet_id)
-                .await
-                .context("reading the packet and its ledger entries")?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&verdict)?);
-            } else {
-                match &verdict.mismatch {
-                    None => println!(
-                        "packet {packet_id}: ok: split matches commitment {}; {} grabs paid their shares; refund exact",
-                        verdict.commitment.as_deref().unwrap_or_default(),
-                        verdict.grabs
-                    ),
-                    Some(why) => println!("packet {packet_id}: MISMATCH: {why}"),
-                }
-            }
-            if !verdict.ok {
-                std::process::exit(1);
-            }
-            return Ok(());
+/// Exit code of `prizepool draw` when no reply came: the request may still
+/// be drawn (it stays queued until a worker takes it).
+const EXIT_NO_REPLY: i32 = 3;
+
+/// Publishes one draw, prints its reply, and exits 1 when it was rejected
+/// or [`EXIT_NO_REPLY`] when no reply came.
+async fn draw(
+    config: &Config,
+    request: DrawRequest,
+    timeout: u64,
+    retries: usize,
+) -> anyhow::Result<()> {
+    // A one-off draw has nothing to wait for: no linger, and a batch of one
+    // goes out as a plain `draw`.
+    let client = Client::connect(
+        ClientConfig::new(&config.amqp_url)
+            .connection_name("prizepool-cli")
+            .declare_topology(config)
+            .linger(Duration::ZERO)
+            .timeout(Duration::from_secs(timeout))
+            .retries(retries),
+    )
+    .await?;
+    let id = request.request_id.clone();
+    let reply = client.draw(request).await;
+    client.close().await;
+    let reply = match reply {
+        Ok(reply) => reply,
+        Err(crate::client::ClientError::Timeout(waited)) => {
+            eprintln!(
+                "no reply to request {id} within {waited:?} (after {retries} retries). The \
+                 broker took the request: it stays queued in {} until a draw worker takes it. \
+                 Send the same --request-id again to read its answer; it is drawn at most once.",
+                amqp::DRAW.queue
+            );
+            println!(
+                "{}",
+                serde_json::json!({"request_id": id, "status": "no_reply"})
+            );
+            std::process::exit(EXIT_NO_REPLY);
+        }
+        Err(error) => {
+            return Err(anyhow::Error::new(error).context(format!("drawing request {id}")))
         }
     };
-    let verdicts = crate::audit::verify_pool(&db, &pool, generation)
-        .await
-        .context("reading the audit trail")?;
-    let ok = verdicts.iter().all(|v| v.ok);
-    if json {
-        // One verdict, or one per sub-pool of a sharded pool.
-        match verdicts.as_slice() {
-            [verdict] => println!("{}", serde_json::to_string_pretty(verdict)?),
-            all => println!("{}", serde_json::to_string_pretty(all)?),
-        }
-    } else {
-        for verdict in &verdicts {
-            if verdicts.len() > 1 {
-                println!("sub-pool {}:", verdict.pool);
-            }
-            print_verdict(verdict);
-        }
-        if verdicts.len() > 1 {
-            println!("verdict: {}", if ok { "ok" } else { "MISMATCH" });
-        }
-    }
-    if !ok {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&with_type("draw_result", &reply))?
+    );
+    if reply.status != crate::messages::Status::Ok {
+        let code = reply.error.as_ref().map_or("?", |e| e.code.as_str());
+        eprintln!("draw {id} rejected: {code}");
         std::process::exit(1);
     }
     Ok(())
-}
-
-/// Prints one pool's (or sub-pool's) verdict.
-fn print_verdict(verdict: &crate::audit::Verdict) {
-    let pool = &verdict.pool;
-    if verdict.batches.is_empty() {
-        println!("pool {pool}: no committed batch recorded");
-    }
-    for b in &verdict.batches {
-        let commitment = b.commitment.as_deref().unwrap_or("(none recorded)");
-        match b.status {
-            "unrevealed" => println!(
-                "batch {}: unrevealed (commitment {commitment}); it can be checked once its seed is revealed",
-                b.generation
-            ),
-            "ok" => println!(
-                "batch {}: ok: seed {} matches commitment {commitment}; {} draws, {} prizes checked{}",
-                b.generation,
-                b.seed.as_deref().unwrap_or_default(),
-                b.draws_checked,
-                b.prizes_checked,
-                if b.complete { ", every position accounted for" } else { " (not every position has a recorded draw)" }
-            ),
-            _ => println!(
-                "batch {}: MISMATCH: {}",
-                b.generation,
-                b.first_mismatch
-                    .as_ref()
-                    .map(ToString::to_string)
-                    .unwrap_or_default()
-            ),
-        }
-    }
-    println!("verdict: {}", if verdict.ok { "ok" } else { "MISMATCH" });
 }
 
 async fn pool(config: &Config, command: PoolCommand) -> anyhow::Result<()> {
@@ -410,7 +321,7 @@ async fn pool(config: &Config, command: PoolCommand) -> anyhow::Result<()> {
             let fair = lucky_gift::fair_state(&mut redis, &keys).await?;
             if json {
                 let mut value = serde_json::to_value(&status)?;
-                value["fairness"] = serde_json::to_value(&fair)?;
+                value["fairness"] = fairness_json(&fair);
                 println!("{}", serde_json::to_string_pretty(&value)?);
             } else {
                 print_counters(&status, None);
@@ -482,6 +393,21 @@ async fn pool(config: &Config, command: PoolCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A pool's fairness state with named fields (`pool status --json`).
+fn fairness_json(fair: &lucky_gift::FairState) -> serde_json::Value {
+    let committed: Vec<_> = fair
+        .committed
+        .iter()
+        .map(|(generation, version, commitment)| {
+            serde_json::json!({"generation": generation, "version": version, "commitment": commitment})
+        })
+        .collect();
+    let revealed = fair.last_revealed.as_ref().map(|(generation, version, seed)| {
+        serde_json::json!({"generation": generation, "version": version, "seed": seed})
+    });
+    serde_json::json!({"drawing": fair.drawing, "committed": committed, "last_revealed": revealed})
+}
+
 /// Prints a pool's counters (and its number of sub-pools, if sharded).
 fn print_counters(status: &lucky_gift::PoolStatus, sub_pools: Option<usize>) {
     println!("pool           {}", status.pool);
@@ -546,7 +472,16 @@ async fn activity(config: &Config, command: ActivityCommand) -> anyhow::Result<(
                 .await?
                 .with_context(|| format!("no activity named {id}"))?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&stats)?);
+                let prizes: Vec<_> = stats
+                    .prizes
+                    .iter()
+                    .map(|(prize, awarded, left)| {
+                        serde_json::json!({"prize": prize, "awarded": awarded, "stock_left": left})
+                    })
+                    .collect();
+                let out = serde_json::json!({"activity": stats.activity, "day": stats.day,
+                    "pv": stats.pv, "uv": stats.uv, "prizes": prizes});
+                println!("{}", serde_json::to_string_pretty(&out)?);
             } else {
                 println!(
                     "activity {} on {}: PV {}, UV {}",
@@ -559,69 +494,5 @@ async fn activity(config: &Config, command: ActivityCommand) -> anyhow::Result<(
             }
         }
     }
-    Ok(())
-}
-
-async fn dlq_command(config: &Config, command: DlqCommand) -> anyhow::Result<()> {
-    // Every queue that dead-letters: the work queues and the audit trail's.
-    let route = |name: &str| {
-        amqp::ROUTES
-            .into_iter()
-            .chain([crate::audit::ROUTE])
-            .find(|r| r.queue == name || r.dlq == name)
-            .with_context(|| {
-                format!(
-                    "unknown queue {name}; expected prizepool.draw, prizepool.refill, \
-                     prizepool.settle or prizepool.audit"
-                )
-            })
-    };
-    let conn = amqp::connect(&config.amqp_url, "prizepool-dlq").await?;
-    match command {
-        DlqCommand::List { queue, limit, json } => {
-            let route = route(&queue)?;
-            let letters = dlq::list(&conn, route, limit).await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&letters)?);
-            } else {
-                println!("{} dead letters in {}", letters.len(), route.dlq);
-                for l in letters {
-                    println!(
-                        "- [{}] {}: {}\n    {}",
-                        l.code.as_deref().unwrap_or("-"),
-                        l.message_type.as_deref().unwrap_or("?"),
-                        l.reason,
-                        l.body
-                    );
-                }
-            }
-        }
-        DlqCommand::Replay {
-            queue,
-            limit,
-            dry_run,
-        } => {
-            let route = route(&queue)?;
-            let report = dlq::replay(&conn, route, limit, dry_run).await?;
-            let verb = if dry_run { "would move" } else { "moved" };
-            let n = if dry_run {
-                report.messages.len()
-            } else {
-                report.moved
-            };
-            println!(
-                "{verb} {n} of the {} messages in {} to {}",
-                report.found, route.dlq, route.queue
-            );
-            for l in report.messages {
-                println!(
-                    "- {}: {}",
-                    l.message_type.as_deref().unwrap_or("?"),
-                    l.reason
-                );
-            }
-        }
-    }
-    let _ = conn.close(200, "bye".into()).await;
     Ok(())
 }

@@ -211,6 +211,7 @@ impl DrawWorker {
             DrawEvents::Off => {}
         }
         metrics::counter!("prizepool_prizes_drawn_total").increment(award.prizes_drawn);
+        record_pool_metrics(&award);
         Unsealed {
             reply: Some(retype("draw_result", &fields)),
             effects,
@@ -326,4 +327,34 @@ pub async fn run(
     }
     let worker = Arc::new(DrawWorker::new(config.clone(), redis));
     amqp::run(&config, worker, health, shutdown).await
+}
+
+/// Per-pool counters of a new award: draws, prizes and what it pays, by
+/// asset. Lucky-gift pools and lottery activities are configured, so few;
+/// red packets are many and short-lived, so they count together under
+/// `pool="red-packets"`. A replay counts nothing: it was counted once.
+fn record_pool_metrics(award: &crate::kinds::Award) {
+    if award.replayed {
+        return;
+    }
+    let red_packet = matches!(
+        award.result.prizes.first(),
+        Some(crate::messages::Prize::Share { .. })
+    ) || award
+        .entry
+        .as_ref()
+        .is_some_and(|e| e.reason == "red_packet");
+    let pool = if red_packet {
+        "red-packets".to_owned()
+    } else {
+        award.result.pool.clone().unwrap_or_default()
+    };
+    metrics::counter!("prizepool_pool_draws_total", "pool" => pool.clone()).increment(1);
+    metrics::counter!("prizepool_pool_prizes_drawn_total", "pool" => pool.clone())
+        .increment(award.prizes_drawn);
+    if let Some(entry) = &award.entry {
+        let paid = u64::try_from(entry.amount).unwrap_or(0);
+        metrics::counter!("prizepool_pool_paid_total", "pool" => pool, "asset" => entry.asset.clone())
+            .increment(paid);
+    }
 }

@@ -38,14 +38,14 @@ pub const PRIZE_LIST_MAX: usize = 100;
 
 /// One distinct prize of a compact draw: the same object as a `prizes`
 /// item.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct TablePrize {
     pub multiplier: u64,
     pub combo: String,
 }
 
 /// `prize_codes`: the prizes of a big lucky-gift draw (see the module).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct PrizeCodes {
     /// How many prizes `codes` expands to.
     pub count: u64,

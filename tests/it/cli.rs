@@ -121,7 +121,7 @@ async fn draw_and_balance_commands() {
     let balances: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         balances,
-        serde_json::json!([{"asset": "coin", "balance": 120}])
+        serde_json::json!({"account": 5, "balances": [{"asset": "coin", "balance": 120}]})
     );
     env.stop_workers().await;
 }
@@ -242,7 +242,7 @@ async fn a_worker_serves_health_readiness_and_metrics() {
     assert_eq!(reply["status"], "ok");
     // The reply leaves before the worker has its confirms and acks, so the
     // counter may trail the reply by a moment.
-    let acked = "prizepool_messages_total{queue=\"prizepool.draw\",outcome=\"acked\"} 1";
+    let acked = "prizepool_messages_total{worker=\"draw-worker\",queue=\"prizepool.draw\",outcome=\"acked\"} 1";
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let metrics = loop {
         let (status, metrics) = http_get(&addr, "/metrics").await;
@@ -254,7 +254,7 @@ async fn a_worker_serves_health_readiness_and_metrics() {
     };
     assert!(metrics.contains(acked), "{metrics}");
     assert!(
-        metrics.contains("prizepool_prizes_drawn_total 3"),
+        metrics.contains("prizepool_prizes_drawn_total{worker=\"draw-worker\"} 3"),
         "{metrics}"
     );
 }

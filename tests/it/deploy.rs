@@ -162,6 +162,59 @@ fn every_deploy_file_passes_its_schema_validator() {
             assert_eq!(of_kind(objects, "ScaledObject").len(), 2, "{set}");
         }
     }
+    // The production rendering has a PodMonitor that scrapes the ops port
+    // of exactly the three worker kinds' pods (validated against the
+    // Prometheus Operator's CRD above).
+    let (_, production) = sets.iter().find(|(s, _)| s == "production-values").unwrap();
+    let monitors = of_kind(production, "PodMonitor");
+    assert_eq!(monitors.len(), 1, "{monitors:?}");
+    let spec = &monitors[0]["spec"];
+    assert_eq!(spec["podMetricsEndpoints"][0]["port"], "ops");
+    assert_eq!(spec["podMetricsEndpoints"][0]["path"], "/metrics");
+    assert_eq!(
+        spec["selector"]["matchExpressions"][0]["values"],
+        serde_json::json!(["draw-worker", "refill-worker", "settle-worker"])
+    );
+    for deployment in of_kind(production, "Deployment") {
+        let labels = &pod(deployment)["metadata"]["labels"];
+        for (k, v) in spec["selector"]["matchLabels"].as_object().unwrap() {
+            assert_eq!(&labels[k], v, "{}", name(deployment));
+        }
+        let ports = &pod(deployment)["spec"]["containers"][0]["ports"];
+        assert!(ports.as_array().unwrap().iter().any(|p| p["name"] == "ops"));
+    }
+    assert_eq!(monitors[0]["metadata"]["labels"]["release"], "prometheus");
+    // KEDA reads the broker over TLS there: the host from the Secret key the
+    // docs name, TLS on, the workers' CA and client certificate.
+    let auth = of_kind(production, "TriggerAuthentication");
+    assert_eq!(auth.len(), 1);
+    let refs: BTreeSet<(&str, &str, &str)> = auth[0]["spec"]["secretTargetRef"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["parameter"].as_str().unwrap(),
+                r["name"].as_str().unwrap(),
+                r["key"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        refs,
+        BTreeSet::from([
+            ("host", "prizepool-production", "AMQP_URL"),
+            ("tls", "prizepool-keda-tls", "tls"),
+            ("ca", "prizepool-tls", "ca.crt"),
+            ("cert", "prizepool-tls", "tls.crt"),
+            ("key", "prizepool-tls", "tls.key"),
+        ])
+    );
+    let enable = of_kind(production, "Secret")
+        .into_iter()
+        .find(|s| name(s) == "prizepool-keda-tls")
+        .expect("the Secret that turns the scaler's TLS on");
+    assert_eq!(enable["stringData"]["tls"], "enable");
 }
 
 #[test]
@@ -538,7 +591,9 @@ fn rabbitmq_definitions_have_no_guest_and_declare_what_the_workers_declare() {
         .map(|q| (q["name"].as_str().unwrap(), &q["arguments"]))
         .collect();
     let mut expected = BTreeSet::new();
-    for route in ROUTES {
+    // The work queues and the audit trail's queue, declared alike.
+    let dead_lettering = || ROUTES.into_iter().chain([prizepool::audit::ROUTE]);
+    for route in dead_lettering() {
         expected.insert(route.queue);
         expected.insert(route.dlq);
         let args = queues[route.queue];
@@ -571,11 +626,36 @@ fn rabbitmq_definitions_have_no_guest_and_declare_what_the_workers_declare() {
         .map(|e| e["name"].as_str().unwrap())
         .collect();
     assert_eq!(exchanges, BTreeSet::from([EXCHANGE, DLX, EVENTS]));
+    // The bindings the workers make: each DLQ to the dead-letter exchange,
+    // each work queue to its key, the audit queue to the events it records.
+    let bindings: BTreeSet<(&str, &str, &str)> = d["bindings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            (
+                b["source"].as_str().unwrap(),
+                b["destination"].as_str().unwrap(),
+                b["routing_key"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    let mut wanted = BTreeSet::new();
+    for route in dead_lettering() {
+        wanted.insert((DLX, route.dlq, route.queue));
+    }
+    for route in ROUTES {
+        wanted.insert((EXCHANGE, route.queue, route.routing_key));
+    }
+    for key in prizepool::audit::EVENTS {
+        wanted.insert((EVENTS, prizepool::audit::ROUTE.queue, key));
+    }
+    assert_eq!(bindings, wanted);
 
     // A policy per work queue: the delivery limit and dead-lettering, as
     // DELIVERY_LIMIT says (also in the chart's values).
     let policies = d["policies"].as_array().unwrap();
-    for route in ROUTES {
+    for route in dead_lettering() {
         let matching: Vec<&Value> = policies
             .iter()
             .filter(|p| {
@@ -676,6 +756,17 @@ fn the_image_runs_as_a_numeric_non_root_user_and_ships_no_build_context_secrets(
         .expect("numeric uid");
     assert_ne!(uid, 0);
     assert!(dockerfile.contains("--locked"));
+    // The binaries it ships carry no debug info and no symbols.
+    assert!(dockerfile.contains("--profile image") && dockerfile.contains("target/image/"));
+    assert!(!dockerfile.contains("target/release/"));
+    let cargo: toml::Table = std::fs::read_to_string(format!("{ROOT}/Cargo.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let image = &cargo["profile"]["image"];
+    assert_eq!(image["inherits"].as_str(), Some("release"));
+    assert_eq!(image["debug"].as_bool(), Some(false));
+    assert_eq!(image["strip"].as_bool(), Some(true));
     let ignore = std::fs::read_to_string(format!("{ROOT}/.dockerignore")).unwrap();
     let ignored: BTreeSet<&str> = ignore.lines().map(str::trim).collect();
     for entry in ["target", ".git", "**/.env", "*.pem", "*.key"] {

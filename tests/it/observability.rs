@@ -49,6 +49,60 @@ fn exported(text: &str) -> (BTreeSet<String>, BTreeSet<String>) {
     (names, types)
 }
 
+/// Every `prizepool_*` family in `text` has a `# HELP` line, and every
+/// `prizepool_*` sample carries `worker="<kind>"`.
+fn assert_described(text: &str, kind: &str) {
+    let helped: BTreeSet<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# HELP "))
+        .filter_map(|l| l.split(' ').next())
+        .collect();
+    let label = format!("worker=\"{kind}\"");
+    let mut families = 0;
+    for line in text.lines().filter(|l| l.starts_with("prizepool_")) {
+        let name = line.split(['{', ' ']).next().unwrap();
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s).filter(|f| helped.contains(f)))
+            .unwrap_or(name);
+        assert!(helped.contains(family), "{kind}: no HELP for {family}");
+        assert!(line.contains(&label), "{kind}: {line}");
+        families += 1;
+    }
+    assert!(families > 5, "{kind} exported {families} prizepool series");
+}
+
+/// Every `prizepool_*` name the code uses has its HELP text in
+/// `ops::METRIC_HELP`, and nothing there is stale.
+#[test]
+fn every_metric_the_code_names_has_help_text() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let mut used = BTreeSet::new();
+    let mut dirs = vec![std::path::PathBuf::from(format!("{root}/src"))];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                for (i, _) in text.match_indices("\"prizepool_") {
+                    let name: String = text[i + 1..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    used.insert(name);
+                }
+            }
+        }
+    }
+    let described: BTreeSet<String> = prizepool::ops::METRIC_HELP
+        .iter()
+        .map(|(n, _)| (*n).to_owned())
+        .collect();
+    assert_eq!(used, described);
+}
+
 async fn scrape(port: u16) -> String {
     let deadline = tokio::time::Instant::now() + T;
     loop {
@@ -161,6 +215,32 @@ async fn every_series_the_dashboard_and_the_alerts_query_is_exported() {
         missing.is_empty(),
         "queried but not exported: {missing:?}; exported: {names:?}"
     );
+    // Per-pool counters: the 30 draws of 5 prizes on "obs", and what they
+    // paid, which the ledger books for the pool.
+    let draw_metrics = scrape(ports[0]).await;
+    let value = |series: &str| -> f64 {
+        draw_metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{draw_metrics}"))
+    };
+    let labels = r#"{worker="draw-worker",pool="obs"}"#;
+    assert_eq!(value(&format!("prizepool_pool_draws_total{labels}")), 30.0);
+    assert_eq!(
+        value(&format!("prizepool_pool_prizes_drawn_total{labels}")),
+        150.0
+    );
+    let paid = value(r#"prizepool_pool_paid_total{worker="draw-worker",pool="obs",asset="coin"}"#);
+    assert_eq!(env.wait_ledger("obs", paid as i64).await as f64, paid);
+    // Every prizepool_* family a worker exports has HELP text, and every
+    // series names the worker kind.
+    for (port, kind) in ports
+        .iter()
+        .zip(["draw-worker", "refill-worker", "settle-worker"])
+    {
+        assert_described(&scrape(*port).await, kind);
+    }
     for histogram in [
         "prizepool_handle_seconds",
         "prizepool_refill_seconds",

@@ -243,10 +243,10 @@ async fn the_worker_counts_batches_commits_outcomes_and_lag() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     for line in [
-        r#"prizepool_settle_entries_total{outcome="applied",reason="none"} 1"#,
-        r#"prizepool_settle_entries_total{outcome="duplicate",reason="none"} 1"#,
-        r#"prizepool_settle_entries_total{outcome="refused",reason="conflict"} 1"#,
-        r#"prizepool_settle_entries_total{outcome="refused",reason="insufficient_funds"} 1"#,
+        r#"prizepool_settle_entries_total{worker="settle-worker",outcome="applied",reason="none"} 1"#,
+        r#"prizepool_settle_entries_total{worker="settle-worker",outcome="duplicate",reason="none"} 1"#,
+        r#"prizepool_settle_entries_total{worker="settle-worker",outcome="refused",reason="conflict"} 1"#,
+        r#"prizepool_settle_entries_total{worker="settle-worker",outcome="refused",reason="insufficient_funds"} 1"#,
     ] {
         assert!(text.contains(line), "{line} missing from\n{text}");
     }

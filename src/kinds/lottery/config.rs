@@ -106,7 +106,10 @@ pub fn parse_file(text: &str) -> Result<Vec<ActivityConfig>, ConfigError> {
         pool: None,
         combo: None,
         field: None,
-        message: format!("not a valid activity file: {}", e.message()),
+        message: format!(
+            "not a valid activity file: {}",
+            crate::config::toml_error(text, &e)
+        ),
     })?;
     if file.activities.is_empty() {
         return Err(ConfigError {

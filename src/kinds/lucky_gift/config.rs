@@ -231,7 +231,10 @@ pub fn parse_file(text: &str) -> Result<Vec<PoolConfig>, ConfigError> {
         pool: None,
         combo: None,
         field: None,
-        message: format!("not a valid pool file: {}", e.message()),
+        message: format!(
+            "not a valid pool file: {}",
+            crate::config::toml_error(text, &e)
+        ),
     })?;
     if file.pools.is_empty() {
         return Err(ConfigError {

@@ -1,0 +1,150 @@
+//! `prizepool audit`: check provably fair batches and red packets
+//! (docs/fairness.md). Every check exits 1 when something does not hold,
+//! and so does a pool the database does not know.
+
+use anyhow::Context;
+use clap::Subcommand;
+
+use crate::config::Config;
+
+#[derive(Debug, Subcommand)]
+pub(super) enum AuditCommand {
+    /// Recompute a pool's revealed batches from their seeds and check them
+    /// against their commitments and every recorded draw (docs/fairness.md).
+    /// Exits 1 when something does not hold.
+    Verify {
+        pool: String,
+        /// Only this batch (default: every recorded batch of the pool).
+        #[arg(long)]
+        generation: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check a closed red packet: its revealed split against the commitment
+    /// its create answered, every grab the ledger paid against its share,
+    /// and the refund (docs/fairness.md). Exits 1 when something does not hold.
+    Packet {
+        packet_id: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub(super) async fn run(config: &Config, command: AuditCommand) -> anyhow::Result<()> {
+    let db = crate::db::connect(&config.database_url).await?;
+    let (pool, generation, json) = match command {
+        AuditCommand::Verify {
+            pool,
+            generation,
+            json,
+        } => (pool, generation, json),
+        AuditCommand::Packet { packet_id, json } => {
+            let verdict = crate::kinds::red_packet::fair::verify(&db, &packet_id)
+                .await
+                .context("reading the packet and its ledger entries")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&verdict)?);
+            } else {
+                match &verdict.mismatch {
+                    None => println!(
+                        "packet {packet_id}: ok: split matches commitment {}; {} grabs paid their shares; refund exact",
+                        verdict.commitment.as_deref().unwrap_or_default(),
+                        verdict.grabs
+                    ),
+                    Some(why) => println!("packet {packet_id}: MISMATCH: {why}"),
+                }
+            }
+            if !verdict.ok {
+                std::process::exit(1);
+            }
+            return Ok(());
+        }
+    };
+    if !pool_known(&db, &pool).await? {
+        // Nothing to verify is no verdict: an operator who mistyped a pool
+        // id must not read "ok".
+        if json {
+            let out = serde_json::json!({"pool": pool, "ok": false, "error": "unknown_pool",
+                "message": format!("no pool named {pool}"), "batches": []});
+            println!("{}", serde_json::to_string_pretty(&out)?);
+        }
+        eprintln!("no pool named {pool}: no configuration and no committed batch recorded");
+        std::process::exit(1);
+    }
+    let verdicts = crate::audit::verify_pool(&db, &pool, generation)
+        .await
+        .context("reading the audit trail")?;
+    let ok = verdicts.iter().all(|v| v.ok);
+    if json {
+        // One verdict, or the pool's and one per sub-pool of a sharded pool.
+        match verdicts.as_slice() {
+            [verdict] => println!("{}", serde_json::to_string_pretty(verdict)?),
+            all => {
+                let out = serde_json::json!({"pool": pool, "ok": ok, "sub_pools": all});
+                println!("{}", serde_json::to_string_pretty(&out)?)
+            }
+        }
+    } else {
+        for verdict in &verdicts {
+            if verdicts.len() > 1 {
+                println!("sub-pool {}:", verdict.pool);
+            }
+            print_verdict(verdict);
+        }
+        if verdicts.len() > 1 {
+            println!("verdict: {}", if ok { "ok" } else { "MISMATCH" });
+        }
+    }
+    if !ok {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// Whether `pool` is a lucky-gift pool this database knows: a stored
+/// configuration, or batches in the audit trail.
+async fn pool_known(db: &sqlx::PgPool, pool: &str) -> anyhow::Result<bool> {
+    let known: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pool_versions WHERE pool_id = $1)
+             OR EXISTS (SELECT 1 FROM fair_batches WHERE pool = $1)",
+    )
+    .bind(pool)
+    .fetch_one(db)
+    .await
+    .context("looking the pool up")?;
+    Ok(known)
+}
+
+/// Prints one pool's (or sub-pool's) verdict.
+fn print_verdict(verdict: &crate::audit::Verdict) {
+    let pool = &verdict.pool;
+    if verdict.batches.is_empty() {
+        println!("pool {pool}: no committed batch recorded");
+    }
+    for b in &verdict.batches {
+        let commitment = b.commitment.as_deref().unwrap_or("(none recorded)");
+        match b.status {
+            "unrevealed" => println!(
+                "batch {}: unrevealed (commitment {commitment}); it can be checked once its seed is revealed",
+                b.generation
+            ),
+            "ok" => println!(
+                "batch {}: ok: seed {} matches commitment {commitment}; {} draws, {} prizes checked{}",
+                b.generation,
+                b.seed.as_deref().unwrap_or_default(),
+                b.draws_checked,
+                b.prizes_checked,
+                if b.complete { ", every position accounted for" } else { " (not every position has a recorded draw)" }
+            ),
+            _ => println!(
+                "batch {}: MISMATCH: {}",
+                b.generation,
+                b.first_mismatch
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .unwrap_or_default()
+            ),
+        }
+    }
+    println!("verdict: {}", if verdict.ok { "ok" } else { "MISMATCH" });
+}

@@ -1,0 +1,359 @@
+//! `prizepool status`: the fleet at a glance. Each queue's depth, consumers
+//! and dead letters; each lucky-gift pool's stock, prizes drawn, payouts and
+//! batches; the settle lag; and what looks wrong (a work queue nobody
+//! consumes, dead letters waiting or growing, a pool short, the ledger
+//! lagging). `--json` prints one object; `--watch` prints again every few
+//! seconds.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use anyhow::Context;
+use clap::Args;
+use lapin::{options::QueueDeclareOptions, types::FieldTable, Connection};
+use serde::Serialize;
+
+use crate::{amqp, config::Config, scripts::Scripts};
+
+/// Seconds the ledger may trail queued settlements before it counts as lagging
+/// (the `PrizepoolSettleLagging` alert's threshold).
+const LAG_LIMIT_S: i64 = 60;
+
+#[derive(Debug, Args)]
+pub(super) struct StatusArgs {
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Print the status again every SECONDS (5 when no value is given) until
+    /// interrupted; dead-letter queues that grew since the last print are flagged.
+    #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "5")]
+    watch: Option<u64>,
+}
+
+/// One queue that dead-letters.
+#[derive(Clone, Debug, Serialize)]
+struct QueueView {
+    queue: String,
+    /// Ready messages (`null` when the queue does not exist).
+    messages: Option<u32>,
+    consumers: Option<u32>,
+    dlq: String,
+    dlq_messages: Option<u32>,
+}
+
+/// What a pool or packet paid, per asset.
+#[derive(Clone, Debug, Serialize)]
+struct Payout {
+    asset: String,
+    amount: i64,
+    entries: i64,
+}
+
+/// One lucky-gift pool.
+#[derive(Clone, Debug, Serialize)]
+struct PoolView {
+    pool: String,
+    batches: u64,
+    stocked: u64,
+    prizes_drawn: u64,
+    in_pool: u64,
+    max_count: Option<i64>,
+    payouts: Vec<Payout>,
+}
+
+/// How far the ledger trails what was answered.
+#[derive(Clone, Debug, Serialize)]
+struct SettleView {
+    /// Settlements waiting in `prizepool.settle`.
+    queued: Option<u32>,
+    /// While settlements wait: seconds since the ledger's last entry (0 when
+    /// nothing waits; `null` when the ledger has no entry yet).
+    lag_seconds: Option<i64>,
+}
+
+/// Something that looks wrong.
+#[derive(Clone, Debug, Serialize)]
+struct Problem {
+    /// `no_consumers`, `queue_missing`, `dead_letters`, `dlq_growing`,
+    /// `pool_short`, `settle_lagging`.
+    kind: &'static str,
+    /// The queue or pool concerned.
+    subject: String,
+    detail: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct FleetStatus {
+    at: String,
+    queues: Vec<QueueView>,
+    pools: Vec<PoolView>,
+    settle: SettleView,
+    problems: Vec<Problem>,
+}
+
+pub(super) async fn run(config: &Config, args: StatusArgs) -> anyhow::Result<()> {
+    let conn = amqp::connect(&config.amqp_url, "prizepool-status").await?;
+    let db = crate::db::connect(&config.database_url).await?;
+    let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
+    let mut before: Option<FleetStatus> = None;
+    loop {
+        let mut now = FleetStatus {
+            at: crate::messages::wire_time(chrono::Utc::now()),
+            queues: queues(&conn).await?,
+            pools: pools(config, &db, &mut redis).await?,
+            settle: SettleView {
+                queued: None,
+                lag_seconds: None,
+            },
+            problems: Vec::new(),
+        };
+        now.settle = settle(&now.queues, &db).await?;
+        now.problems = problems(&now, before.as_ref());
+        if args.json {
+            println!("{}", serde_json::to_string(&now)?);
+        } else {
+            print(&now);
+        }
+        let Some(every) = args.watch else { break };
+        before = Some(now);
+        tokio::time::sleep(Duration::from_secs(every.max(1))).await;
+    }
+    let _ = conn.close(200, "bye".into()).await;
+    Ok(())
+}
+
+/// Depth and consumers of every queue that dead-letters, and of its DLQ.
+async fn queues(conn: &Connection) -> anyhow::Result<Vec<QueueView>> {
+    let mut out = Vec::new();
+    for route in amqp::ROUTES.into_iter().chain([crate::audit::ROUTE]) {
+        let queue = declared(conn, route.queue).await?;
+        let dlq = declared(conn, route.dlq).await?;
+        out.push(QueueView {
+            queue: route.queue.into(),
+            messages: queue.map(|q| q.0),
+            consumers: queue.map(|q| q.1),
+            dlq: route.dlq.into(),
+            dlq_messages: dlq.map(|q| q.0),
+        });
+    }
+    Ok(out)
+}
+
+/// (ready messages, consumers) of `queue`, `None` if it does not exist.
+async fn declared(conn: &Connection, queue: &str) -> anyhow::Result<Option<(u32, u32)>> {
+    // A passive declare of a missing queue closes its channel: one each.
+    let channel = conn.create_channel().await?;
+    let found = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await;
+    let _ = channel.close(200, "counted".into()).await;
+    Ok(found.ok().map(|q| (q.message_count(), q.consumer_count())))
+}
+
+/// Every lucky-gift pool in the registry: its counters in Redis and what
+/// the ledger paid for it.
+async fn pools(
+    config: &Config,
+    db: &sqlx::PgPool,
+    redis: &mut crate::redis_conn::RedisConn,
+) -> anyhow::Result<Vec<PoolView>> {
+    let registered: Vec<(String, Option<i64>)> = sqlx::query_as(
+        "SELECT p.id, (SELECT (v.config->>'max_count')::bigint FROM pool_versions v
+                        WHERE v.pool_id = p.id ORDER BY v.version DESC LIMIT 1)
+         FROM pools p WHERE p.kind = 'lucky_gift' ORDER BY p.id",
+    )
+    .fetch_all(db)
+    .await
+    .context("listing the pools")?;
+    let paid: Vec<(String, String, i64, i64)> = sqlx::query_as(
+        "SELECT ref->>'pool', asset, coalesce(sum(amount), 0)::bigint, count(*)
+         FROM ledger_entries WHERE reason = 'lucky_gift' GROUP BY 1, 2 ORDER BY 1, 2",
+    )
+    .fetch_all(db)
+    .await
+    .context("summing the payouts")?;
+    let mut payouts: BTreeMap<String, Vec<Payout>> = BTreeMap::new();
+    for (pool, asset, amount, entries) in paid {
+        payouts.entry(pool).or_default().push(Payout {
+            asset,
+            amount,
+            entries,
+        });
+    }
+    let scripts = Scripts::new();
+    let mut out = Vec::new();
+    for (id, max_count) in registered {
+        let Some(status) = crate::pools::status(redis, &scripts, &config.redis_prefix, &id)
+            .await
+            .with_context(|| format!("reading pool {id}"))?
+        else {
+            continue;
+        };
+        let s = status.total;
+        out.push(PoolView {
+            batches: s.generation,
+            stocked: s.stocked,
+            prizes_drawn: s.drawn,
+            in_pool: s.in_pool,
+            max_count,
+            payouts: payouts.remove(&id).unwrap_or_default(),
+            pool: id,
+        });
+    }
+    Ok(out)
+}
+
+/// The settle queue's depth and, while it holds messages, how long the
+/// ledger has taken no entry.
+async fn settle(queues: &[QueueView], db: &sqlx::PgPool) -> anyhow::Result<SettleView> {
+    let queued = queues
+        .iter()
+        .find(|q| q.queue == amqp::SETTLE.queue)
+        .and_then(|q| q.messages);
+    let lag_seconds = if queued.unwrap_or(0) == 0 {
+        Some(0)
+    } else {
+        sqlx::query_scalar::<_, Option<i64>>(
+            "SELECT extract(epoch FROM now() - max(created_at))::bigint FROM ledger_entries",
+        )
+        .fetch_one(db)
+        .await
+        .context("reading the ledger's last entry")?
+    };
+    Ok(SettleView {
+        queued,
+        lag_seconds,
+    })
+}
+
+/// What looks wrong now, and what grew since `before`.
+fn problems(now: &FleetStatus, before: Option<&FleetStatus>) -> Vec<Problem> {
+    let mut out = Vec::new();
+    let mut add = |kind, subject: &str, detail: String| {
+        out.push(Problem {
+            kind,
+            subject: subject.to_owned(),
+            detail,
+        })
+    };
+    for q in &now.queues {
+        match q.consumers {
+            None => add(
+                "queue_missing",
+                &q.queue,
+                "not declared: no worker ever started".into(),
+            ),
+            Some(0) => add(
+                "no_consumers",
+                &q.queue,
+                format!(
+                    "{} messages wait and no worker consumes",
+                    q.messages.unwrap_or(0)
+                ),
+            ),
+            Some(_) => {}
+        }
+        let dead = q.dlq_messages.unwrap_or(0);
+        let was = before
+            .and_then(|b| b.queues.iter().find(|p| p.dlq == q.dlq))
+            .and_then(|p| p.dlq_messages);
+        match was {
+            Some(was) if dead > was => add(
+                "dlq_growing",
+                &q.dlq,
+                format!(
+                    "{was} -> {dead} dead letters (prizepool dlq list {})",
+                    q.queue
+                ),
+            ),
+            _ if dead > 0 => add(
+                "dead_letters",
+                &q.dlq,
+                format!("{dead} dead letters (prizepool dlq list {})", q.queue),
+            ),
+            _ => {}
+        }
+    }
+    for p in &now.pools {
+        if p.max_count.is_some_and(|m| (p.in_pool as i64) < m) {
+            add(
+                "pool_short",
+                &p.pool,
+                format!(
+                    "{} prizes in pool, fewer than max_count {}; is the refill worker running?",
+                    p.in_pool,
+                    p.max_count.unwrap_or(0)
+                ),
+            );
+        }
+    }
+    if let Some(lag) = now.settle.lag_seconds.filter(|l| *l > LAG_LIMIT_S) {
+        add(
+            "settle_lagging",
+            amqp::SETTLE.queue,
+            format!(
+                "{} settlements wait and the ledger took no entry for {lag} s",
+                now.settle.queued.unwrap_or(0)
+            ),
+        );
+    }
+    out
+}
+
+fn print(s: &FleetStatus) {
+    let n = |v: Option<u32>| v.map_or("-".to_owned(), |v| v.to_string());
+    println!("prizepool status at {}", s.at);
+    println!(
+        "{:<20} {:>9} {:>9} {:>13}",
+        "queue", "messages", "consumers", "dead letters"
+    );
+    for q in &s.queues {
+        println!(
+            "{:<20} {:>9} {:>9} {:>13}",
+            q.queue,
+            n(q.messages),
+            n(q.consumers),
+            n(q.dlq_messages)
+        );
+    }
+    println!(
+        "{:<20} {:>8} {:>10} {:>10} {:>10}  payouts",
+        "pool", "batches", "stocked", "drawn", "in pool"
+    );
+    for p in &s.pools {
+        let paid: Vec<String> = p
+            .payouts
+            .iter()
+            .map(|x| format!("{} {} in {} entries", x.amount, x.asset, x.entries))
+            .collect();
+        println!(
+            "{:<20} {:>8} {:>10} {:>10} {:>10}  {}",
+            p.pool,
+            p.batches,
+            p.stocked,
+            p.prizes_drawn,
+            p.in_pool,
+            paid.join(", ")
+        );
+    }
+    let lag = s
+        .settle
+        .lag_seconds
+        .map_or("unknown".to_owned(), |l| format!("{l} s"));
+    println!(
+        "settle lag {lag} ({} settlements queued)",
+        n(s.settle.queued)
+    );
+    if s.problems.is_empty() {
+        println!("nothing looks wrong");
+    }
+    for p in &s.problems {
+        println!("WRONG {} {}: {}", p.kind, p.subject, p.detail);
+    }
+}
