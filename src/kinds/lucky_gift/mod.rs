@@ -60,6 +60,7 @@ mod draw;
 pub mod jackpot;
 mod stocking;
 mod storage;
+mod stored;
 
 use redis::aio::ConnectionLike;
 
@@ -70,11 +71,10 @@ pub use coalesce::{Coalescer, MAX_PER_CALL, MAX_PRIZES_PER_CALL};
 pub use codes::{Batch, CodeTable};
 pub use config::{parse_file, PoolConfig};
 pub(crate) use draw::draw_call;
-pub use draw::{
-    draw, draw_many, draw_once, draw_script, stored_award, Decoder, DrawStep, Drawn, Pending,
-};
+pub use draw::{draw, draw_many, draw_once, draw_script, Decoder, DrawStep, Pending};
 pub use stocking::{StockError, StockOutcome};
 pub use storage::Storage;
+pub use stored::{stored_award, Drawn};
 
 use crate::scripts::{PoolKeys, Scripts};
 
