@@ -123,7 +123,7 @@ impl From<redis::RedisError> for HandleError {
 /// timed out, any I/O), the cluster (slots moving, a failover, a node down)
 /// or the server's state (loading a dump, busy with a slow script, out of
 /// memory, unable to persist) is at fault, not the request.
-fn redis_is_transient(e: &redis::RedisError) -> bool {
+pub(super) fn redis_is_transient(e: &redis::RedisError) -> bool {
     use redis::{ErrorKind, ServerErrorKind};
     if e.is_io_error()
         || e.is_connection_dropped()
@@ -174,7 +174,7 @@ impl From<sqlx::Error> for HandleError {
 }
 
 /// Whether retrying later may succeed (see [`From<sqlx::Error>`]).
-fn sqlx_is_transient(e: &sqlx::Error) -> bool {
+pub(super) fn sqlx_is_transient(e: &sqlx::Error) -> bool {
     match e {
         // The connection broke or could not be made, or the pool had none
         // to give (all busy, or closing for a shutdown). A protocol error
@@ -987,7 +987,8 @@ async fn handle_caught<H: Handler>(
         .catch_unwind()
         .await
     {
-        Ok(result) => result,
+        // A lost connection is retried wherever it was classified.
+        Ok(result) => super::transient::settled(result),
         Err(panic) => {
             metrics::counter!("prizepool_handler_panics_total").increment(1);
             Err(HandleError::Internal(anyhow::anyhow!(
