@@ -27,10 +27,12 @@
 //! before the commit.
 
 mod entries;
+mod fleet_key;
 mod seal;
 
 pub use entries::{Unsealed, ENTRIES};
-pub use seal::{FleetSealer, Sealer, INTERNAL_ID_PREFIXES, INTERNAL_REASONS};
+pub use fleet_key::{FleetSealer, KEY_REFRESH};
+pub use seal::{Sealer, INTERNAL_ID_PREFIXES, INTERNAL_REASONS, KEY_RING};
 
 use std::borrow::Cow;
 use std::collections::HashMap;

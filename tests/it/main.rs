@@ -44,6 +44,7 @@ mod red_packets;
 mod redis_auth;
 mod redis_commands;
 mod review_attacks;
+mod seal_key;
 mod settle;
 mod tls;
 mod traces;
