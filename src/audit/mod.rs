@@ -20,6 +20,7 @@
 //! pool's state ([`commitments`]).
 
 mod commitments;
+mod recorder;
 mod verify;
 
 use std::{sync::Arc, time::Duration};
@@ -36,12 +37,13 @@ use sqlx::{types::Json, PgPool};
 use tokio_util::sync::CancellationToken;
 
 pub use commitments::{pool_refilled, CATCH_UP};
+pub use recorder::{drain_outbox, keep_draining, PgRecorder, OUTBOX, RECORD_WAIT};
 pub use verify::{verify, verify_pool, BatchVerdict, Mismatch, Verdict};
 
 use crate::{
     amqp::{self, HandleError, Handler, Outcome, Publisher, Route},
     config::Config,
-    kinds::lucky_gift::{Commitment, Recorder},
+    kinds::lucky_gift::Commitment,
     ledger::{FleetSealer, Sealer},
     messages::{DrawResult, Invalid, PoolRefilled, Reveal, Status},
     ops::Health,
@@ -226,99 +228,9 @@ fn recordable(result: &DrawResult) -> Option<(&str, i64, i64, i64)> {
     }
 }
 
-/// The refill worker's [`Recorder`]: writes each commitment to Postgres
-/// before its batch becomes visible, and keeps it for the `pool.refilled`
-/// event. A Postgres that is away (or slower than [`RECORD_WAIT`]) is
-/// logged and skipped: stocking must go on, and the event brings the
-/// commitment to Postgres later.
-#[derive(Debug)]
-pub struct PgRecorder<'a> {
-    db: &'a PgPool,
-    last: std::sync::Mutex<Option<Commitment>>,
-}
-
 /// How old the key may be when a record did not check with it, before it
 /// is read again: a burst of forgeries costs Redis a read a second at most.
 const SEAL_RECHECK: Duration = Duration::from_secs(1);
-
-/// How long stocking waits for Postgres to take a commitment.
-pub const RECORD_WAIT: Duration = Duration::from_millis(500);
-
-impl<'a> PgRecorder<'a> {
-    /// A recorder writing to `db`.
-    pub fn new(db: &'a PgPool) -> Self {
-        Self {
-            db,
-            last: std::sync::Mutex::new(None),
-        }
-    }
-
-    /// The last commitment recorded (for the `pool.refilled` event).
-    pub fn take(&self) -> Option<Commitment> {
-        self.last.lock().unwrap_or_else(|e| e.into_inner()).take()
-    }
-}
-
-/// After a commitment failed to reach Postgres, stocking stops trying for
-/// this long: while Postgres is away each batch would otherwise wait
-/// [`RECORD_WAIT`], and draws would meet a short pool. The events bring
-/// those commitments to Postgres later.
-const AWAY_FOR: Duration = Duration::from_secs(5);
-
-/// Until when commitments skip each database (by host, port and name; see
-/// [`AWAY_FOR`]).
-static AWAY_UNTIL: std::sync::Mutex<Vec<(String, std::time::Instant)>> =
-    std::sync::Mutex::new(Vec::new());
-
-impl Recorder for PgRecorder<'_> {
-    async fn record(&self, c: &Commitment) {
-        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(c.clone());
-        let options = self.db.connect_options();
-        let database = format!(
-            "{}:{}/{}",
-            options.get_host(),
-            options.get_port(),
-            options.get_database().unwrap_or_default()
-        );
-        let away = |until: Option<std::time::Instant>| {
-            let mut all = AWAY_UNTIL.lock().unwrap_or_else(|e| e.into_inner());
-            let now = std::time::Instant::now();
-            all.retain(|(d, t)| *d != database && *t > now);
-            if let Some(until) = until {
-                all.push((database.clone(), until));
-            }
-        };
-        let skip = AWAY_UNTIL
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .any(|(d, until)| *d == database && std::time::Instant::now() < *until);
-        if skip {
-            tracing::debug!(
-                pool = %c.pool, generation = c.generation,
-                "Postgres was away a moment ago; the pool.refilled event will bring the commitment"
-            );
-            return;
-        }
-        match tokio::time::timeout(RECORD_WAIT, record_batch(self.db, c)).await {
-            Ok(Ok(())) => away(None),
-            Ok(Err(e)) => {
-                away(Some(std::time::Instant::now() + AWAY_FOR));
-                tracing::warn!(
-                    pool = %c.pool, generation = c.generation, error = %e,
-                    "commitment not recorded in Postgres yet; the pool.refilled event will bring it"
-                );
-            }
-            Err(_) => {
-                away(Some(std::time::Instant::now() + AWAY_FOR));
-                tracing::warn!(
-                    pool = %c.pool, generation = c.generation,
-                    "Postgres is slow; the commitment will be recorded from the pool.refilled event"
-                );
-            }
-        }
-    }
-}
 
 /// The audit consumer: records the events of [`EVENTS`], each checked
 /// first (anyone who may publish on the events exchange could otherwise

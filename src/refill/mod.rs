@@ -145,7 +145,8 @@ impl RefillWorker {
         loop {
             // The batch's commitment goes to Postgres before the batch is
             // visible, and into the `pool.refilled` event.
-            let recorder = crate::audit::PgRecorder::new(&self.db);
+            let recorder = crate::audit::PgRecorder::new(&self.db)
+                .with_outbox(self.redis.clone(), &self.config.redis_prefix);
             let outcome = lucky_gift::stock_committed(
                 &mut conn,
                 &self.scripts,
@@ -589,6 +590,14 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let redis = crate::redis_conn::connect(&config.redis_url).await?;
     let db = crate::db::connect(&config.database_url).await?;
+    // Commitments Postgres could not take while it was away reach it from
+    // the outbox in Redis once it is back.
+    tokio::spawn(crate::audit::keep_draining(
+        db.clone(),
+        redis.clone(),
+        config.redis_prefix.clone(),
+        shutdown.clone(),
+    ));
     let worker = Arc::new(RefillWorker::new(config.clone(), redis, db));
     tokio::spawn(amqp::depth::watch(
         config.amqp_url.clone(),

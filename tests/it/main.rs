@@ -27,6 +27,7 @@ mod cluster_changes;
 mod deploy;
 mod digests;
 mod draw_shards;
+mod fair_outages;
 mod fairness;
 mod faults;
 mod fleet;
