@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use commitments::{pool_refilled, CATCH_UP};
 pub use recorder::{drain_outbox, keep_draining, PgRecorder, OUTBOX, RECORD_WAIT};
-pub use verify::{verify, verify_pool, BatchVerdict, Mismatch, Verdict};
+pub use verify::{merged, verify, verify_pool, BatchVerdict, Mismatch, Verdict};
 
 use crate::{
     amqp::{self, HandleError, Handler, Outcome, Publisher, Route},

@@ -312,11 +312,10 @@ async fn audit(config: &Config, command: AuditCommand) -> anyhow::Result<()> {
         .context("reading the audit trail")?;
     let ok = verdicts.iter().all(|v| v.ok);
     if json {
-        // One verdict, or one per sub-pool of a sharded pool.
-        match verdicts.as_slice() {
-            [verdict] => println!("{}", serde_json::to_string_pretty(verdict)?),
-            all => println!("{}", serde_json::to_string_pretty(all)?),
-        }
+        // One shape for every pool: a sharded pool's batches name their
+        // sub-pools.
+        let verdict = crate::audit::merged(&pool, verdicts);
+        println!("{}", serde_json::to_string_pretty(&verdict)?);
     } else {
         for verdict in &verdicts {
             if verdicts.len() > 1 {

@@ -166,6 +166,28 @@ async fn a_sharded_pool_spreads_its_draws_and_keeps_every_invariant() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // `audit verify --json` answers a sharded pool in the shape of a plain
+    // one: one object, its batches naming their sub-pools.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_prizepool"))
+        .args(["audit", "verify", "hot", "--json"])
+        .envs(env.env())
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let verdict: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&verdict["pool"], &verdict["ok"]),
+        (&json!("hot"), &json!(true))
+    );
+    let batches = verdict["batches"].as_array().unwrap();
+    let pools: std::collections::BTreeSet<&str> = batches
+        .iter()
+        .map(|b| b["pool"].as_str().unwrap())
+        .collect();
+    let subs: Vec<String> = (0..SHARDS).map(|i| format!("hot~{i}")).collect();
+    assert_eq!(pools, subs.iter().map(String::as_str).collect());
     // Every refill of a sub-pool was a genuine `pool.refilled`: the audit
     // recorded each one (its commitment is the one the refill worker wrote)
     // and dead-lettered none.

@@ -28,6 +28,7 @@ mod deploy;
 mod digests;
 mod draw_shards;
 mod fair_outages;
+mod fair_vectors;
 mod fairness;
 mod faults;
 mod fleet;
