@@ -33,6 +33,7 @@ mod fairness;
 mod faults;
 mod fleet;
 mod graceful;
+mod graceful_burst;
 mod hostile;
 mod hot_pools;
 mod lottery;
