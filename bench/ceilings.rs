@@ -56,7 +56,7 @@ pub(crate) enum Caller {
     /// The worker's own path, one draw a call ([`Kinds::draw`]), its
     /// answer read into the award.
     Wrapper,
-    /// The same script with the same keys and arguments as a bare EVALSHA
+    /// The same script with the same keys and arguments as a bare FCALL
     /// ([`Kinds::script_call`]), reply ignored: the raw ceiling of the draw
     /// step.
     Raw,
@@ -94,7 +94,7 @@ fn token(id: &str) -> Vec<u8> {
 struct Drawer {
     kinds: Kinds,
     conn: RedisConn,
-    trivial: Arc<redis::Script>,
+    trivial: Arc<prizepool::scripts::Script>,
 }
 
 impl Drawer {
@@ -197,7 +197,7 @@ async fn draw_loop(redis: &RedisConn, prefix: &str, pass: Pass) -> anyhow::Resul
         caller,
     } = pass;
     let target = Arc::new(target);
-    let trivial = Arc::new(redis::Script::new(
+    let trivial = Arc::new(prizepool::scripts::Script::new(
         "return redis.call('HGET', KEYS[1], 'kind')",
     ));
     let stop = Arc::new(AtomicBool::new(false));
@@ -285,7 +285,8 @@ pub(super) async fn amqp_round_trip(
             FieldTable::default(),
         )
         .await?;
-    let broker_before = super::stats::service_cpu();
+    let ports = super::stats::ServicePorts::of(config);
+    let broker_before = super::stats::service_cpu(&ports);
     let epoch = Instant::now();
     let latencies = Arc::new(Mutex::new(Latencies::default()));
     let received = Arc::new(AtomicU64::new(0));
@@ -355,7 +356,7 @@ pub(super) async fn amqp_round_trip(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let broker_cpu_s = super::stats::service_cpu_since(&broker_before)
+    let broker_cpu_s = super::stats::service_cpu_since(&ports, &broker_before)
         .into_iter()
         .find(|(name, _)| *name == "rabbitmq")
         .map(|(_, s)| s);

@@ -71,7 +71,8 @@ pub(crate) async fn fleet_run(
     // A server that refuses CONFIG (a managed one) leaves the count out.
     let counted = prizepool::redis_conn::reset_stats(&mut redis).await.is_ok();
     let cpu_before = fleet.cpu();
-    let services_before = stats::service_cpu();
+    let ports = stats::ServicePorts::of(svc.config);
+    let services_before = stats::service_cpu(&ports);
     let own_before = stats::cpu_time(std::process::id()).unwrap_or_default();
     let duration = Duration::from_secs(args.duration);
     let rate = (args.rate > 0.0).then_some(args.rate);
@@ -89,7 +90,7 @@ pub(crate) async fn fleet_run(
     } else {
         None
     };
-    let services: Vec<report::ServiceCpu> = stats::service_cpu_since(&services_before)
+    let services: Vec<report::ServiceCpu> = stats::service_cpu_since(&ports, &services_before)
         .into_iter()
         .map(|(name, cpu_s)| report::ServiceCpu { name, cpu_s })
         .collect();

@@ -107,33 +107,30 @@ async fn remembered_results(
     let scripts = &svc.scripts;
     let ttl = svc.config.result_ttl.as_secs();
     let store = PoolKeys::new(&svc.config.redis_prefix, &unique("bench-results")).results();
-    let claim_sha = scripts.claim.prepare_invoke().load_async(&mut conn).await?;
-    let answer_sha = scripts
-        .remember_refusal
-        .prepare_invoke()
-        .load_async(&mut conn)
-        .await?;
+    scripts.claim.load(&mut conn).await?;
+    scripts.remember_refusal.load(&mut conn).await?;
+    let (claim_fn, answer_fn) = (scripts.claim.name(), scripts.remember_refusal.name());
     let fingerprint = kinds::fingerprint("bench", &[]);
     let ids: Vec<String> = (0..n).map(|i| unique(&format!("r{i}"))).collect();
     let mut memory = [prizepool::redis_conn::used_memory(&mut conn).await?, 0, 0];
     let mut samples = [String::new(), String::new()];
-    for (half, sha) in [&claim_sha, &answer_sha].into_iter().enumerate() {
+    for (half, function) in [claim_fn, answer_fn].into_iter().enumerate() {
         for chunk in ids.chunks(500) {
             let mut pipe = redis::pipe();
             for id in chunk {
                 let tokens =
                     kinds::Tokens::new(&svc.config.redis_prefix, "rq", id, fingerprint, ttl);
                 if half == 0 {
-                    pipe.cmd("EVALSHA")
-                        .arg(sha)
+                    pipe.cmd("FCALL")
+                        .arg(function)
                         .arg(1)
                         .arg(&tokens.claim_store)
                         .arg(&tokens.claim)
                         .arg("claim")
                         .ignore();
                 } else {
-                    pipe.cmd("EVALSHA")
-                        .arg(sha)
+                    pipe.cmd("FCALL")
+                        .arg(function)
                         .arg(1)
                         .arg(&store)
                         .arg(&tokens.answer)

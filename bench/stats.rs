@@ -68,44 +68,142 @@ pub(super) fn cpu_time(pid: u32) -> Option<Duration> {
     Some(Duration::from_millis((utime + stime) * 10))
 }
 
-/// CPU time used so far by the local service processes, summed by service
-/// (`rabbitmq`, `redis`, `postgres`). A service running on another host does
-/// not appear.
-pub(super) fn service_cpu() -> Vec<(&'static str, Duration)> {
+/// The local servers the bench measures: the TCP port each listens on, from
+/// the configured URLs. A server on another host (or a URL that names no
+/// port the bench can find) is left out.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ServicePorts {
+    ports: Vec<(&'static str, u16)>,
+}
+
+impl ServicePorts {
+    /// The ports of `config`'s RabbitMQ, Redis and Postgres when they are on
+    /// this host.
+    pub(crate) fn of(config: &prizepool::config::Config) -> Self {
+        let local = |url: &str, default: u16| -> Option<u16> {
+            let url = url::Url::parse(url).ok()?;
+            let host = url.host_str().unwrap_or("localhost");
+            matches!(host, "127.0.0.1" | "localhost" | "::1" | "[::1]")
+                .then(|| url.port().unwrap_or(default))
+        };
+        let ports = [
+            ("rabbitmq", local(&config.amqp_url, 5672)),
+            ("redis", local(&config.redis_url, 6379)),
+            ("postgres", local(&config.database_url, 5432)),
+        ]
+        .into_iter()
+        .filter_map(|(name, port)| Some((name, port?)))
+        .collect();
+        Self { ports }
+    }
+}
+
+/// CPU time used so far by the servers the bench talks to, summed by
+/// service (`rabbitmq`, `redis`, `postgres`). A server is the process that
+/// listens on its configured port and, for Postgres, the backends and
+/// helpers it forked; other servers of the same program on this machine (a
+/// test's private Redis, say) are not counted.
+pub(super) fn service_cpu(ports: &ServicePorts) -> Vec<(&'static str, Duration)> {
+    let listeners = listening_pids(ports);
+    let parents = parent_pids();
     let mut totals: Vec<(&'static str, Duration)> = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return totals;
-    };
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/comm")) else {
-            continue;
-        };
-        let service = match comm.trim() {
-            "beam.smp" => "rabbitmq",
-            "redis-server" => "redis",
-            "postgres" => "postgres",
-            _ => continue,
-        };
-        let used = cpu_time(pid).unwrap_or_default();
-        match totals.iter_mut().find(|(name, _)| *name == service) {
-            Some((_, total)) => *total += used,
-            None => totals.push((service, used)),
+    for (name, pid) in listeners {
+        let mut used = cpu_time(pid).unwrap_or_default();
+        if name == "postgres" {
+            used += parents
+                .iter()
+                .filter(|(_, ppid)| *ppid == pid)
+                .filter_map(|(child, _)| cpu_time(*child))
+                .sum::<Duration>();
         }
+        totals.push((name, used));
     }
     totals.sort_by_key(|(name, _)| *name);
     totals
 }
 
+/// The process listening on each port of `ports` (IPv4 or IPv6), found
+/// through the socket's inode in `/proc/net/tcp*` and `/proc/<pid>/fd`.
+fn listening_pids(ports: &ServicePorts) -> Vec<(&'static str, u32)> {
+    // Socket inodes in state LISTEN (0A), by local port.
+    let mut inodes: Vec<(&'static str, u64)> = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(state), Some(inode)) = (f.get(1), f.get(3), f.get(9)) else {
+                continue;
+            };
+            let port = local
+                .rsplit(':')
+                .next()
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            let Some(&(name, _)) = ports.ports.iter().find(|(_, p)| Some(*p) == port) else {
+                continue;
+            };
+            if *state == "0A" {
+                if let Ok(inode) = inode.parse() {
+                    inodes.push((name, inode));
+                }
+            }
+        }
+    }
+    let mut found: Vec<(&'static str, u32)> = Vec::new();
+    for pid in pids() {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            let Ok(target) = std::fs::read_link(fd.path()) else {
+                continue;
+            };
+            let target = target.to_string_lossy();
+            let Some(inode) = target
+                .strip_prefix("socket:[")
+                .and_then(|t| t.strip_suffix(']'))
+                .and_then(|t| t.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            if let Some(&(name, _)) = inodes.iter().find(|(_, i)| *i == inode) {
+                if !found.contains(&(name, pid)) {
+                    found.push((name, pid));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Every process id in `/proc`.
+fn pids() -> impl Iterator<Item = u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+}
+
+/// Each process with its parent, from `/proc/<pid>/stat`.
+fn parent_pids() -> Vec<(u32, u32)> {
+    pids()
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let ppid = rest.split_whitespace().nth(1)?.parse().ok()?;
+            Some((pid, ppid))
+        })
+        .collect()
+}
+
 /// CPU seconds each service used between two [`service_cpu`] readings.
-pub(super) fn service_cpu_since(before: &[(&'static str, Duration)]) -> Vec<(&'static str, f64)> {
-    service_cpu()
+pub(super) fn service_cpu_since(
+    ports: &ServicePorts,
+    before: &[(&'static str, Duration)],
+) -> Vec<(&'static str, f64)> {
+    service_cpu(ports)
         .into_iter()
         .map(|(name, now)| {
             let was = before

@@ -76,8 +76,11 @@ local codes, origins = jackpot_take(KEYS[3], plan)
 -- The refill flag of any prize popped, parked jackpots included.
 local trigger = -1
 for _, v in ipairs(popped) do
-  local flagged = tonumber(string.match(v, '^%d+f(%d+)$'))
-  if flagged and flagged > trigger then trigger = flagged end
+  -- A plain find first: one prize in a batch carries a flag.
+  if string.find(v, 'f', 1, true) then
+    local flagged = tonumber(string.match(v, '^%d+f(%d+)$'))
+    if flagged and flagged > trigger then trigger = flagged end
+  end
 end
 local fields = {}
 if plan.used > 0 then

@@ -15,7 +15,7 @@ use prizepool::{config::Config, kinds::lucky_gift::Storage};
 pub(super) struct Ceilings {
     /// The draw step as the workers call it.
     pub(crate) redis_draw: Rate,
-    /// Bare EVALSHA of the draw script: the raw ceiling.
+    /// Bare FCALL of the draw script: the raw ceiling.
     pub(crate) redis_raw: Rate,
     pub(crate) redis_trivial: Rate,
     /// The lucky-gift draw step coalesced as the workers coalesce it,

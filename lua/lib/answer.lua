@@ -1,4 +1,4 @@
--- Prelude of every script that answers a request (prepended by scripts.rs).
+-- Prelude of every script that answers a request (the prelude of its scripts' function libraries, src/scripts/).
 --
 -- Every final answer is remembered, refusals included, so a request once
 -- told "no" never draws later; and every answer is bound to what its request

@@ -25,16 +25,27 @@ local function codes_text(codes)
   return table.concat(out, ',')
 end
 
--- `n` (0 <= n < 2^53) as a base-128 varint.
+-- `n` (0 <= n < 2^53) as a base-128 varint, built with one string.char
+-- (no table: this runs five times a draw).
 local function varint(n)
-  local out = {}
+  if n < 128 then return string.char(n) end
+  local b1 = n % 128
+  n = (n - b1) / 128
+  if n < 128 then return string.char(b1 + 128, n) end
+  local b2 = n % 128
+  n = (n - b2) / 128
+  if n < 128 then return string.char(b1 + 128, b2 + 128, n) end
+  local b3 = n % 128
+  n = (n - b3) / 128
+  if n < 128 then return string.char(b1 + 128, b2 + 128, b3 + 128, n) end
+  local bytes = {b1 + 128, b2 + 128, b3 + 128}
   repeat
     local b = n % 128
     n = (n - b) / 128
     if n > 0 then b = b + 128 end
-    out[#out + 1] = string.char(b)
+    bytes[#bytes + 1] = b
   until n == 0
-  return table.concat(out)
+  return string.char(unpack(bytes))
 end
 
 -- The varint at `pos` of `s`, and the position after it.

@@ -1,5 +1,5 @@
 -- The frame every lucky-gift draw script shares, whatever its storage
--- (prepended by scripts.rs after lib/answer.lua, lib/award.lua and
+-- (a prelude of the draw scripts' libraries, src/scripts/, after lib/answer.lua, lib/award.lua and
 -- lib/jackpot.lua): the short answer and the writes that end an award.
 --
 -- A storage's draw script reads its meta fields, checks the request, asks

@@ -1,5 +1,5 @@
 -- Prelude of the lucky-gift draw scripts, after lib/answer.lua: the jackpot
--- rule, written once for both storages (prepended by scripts.rs).
+-- rule, written once for both storages (the prelude of its scripts' function libraries, src/scripts/).
 --
 -- A prize is a jackpot when its code is in the pool's `jackpot_codes` (the
 -- codes whose multiplier reaches the rule's minimum). While the day's

@@ -1,5 +1,5 @@
 -- Prelude of every lottery strategy's draw script, after lib/answer.lua
--- (prepended by scripts.rs). KEYS and ARGV as draw_wheel.lua lists them.
+-- (the prelude of its scripts' function libraries, src/scripts/). KEYS and ARGV as draw_wheel.lua lists them.
 
 -- Counts today's visit (PV) and visitor (UV HyperLogLog). The day's first
 -- visit creates both keys and sets their expiry.

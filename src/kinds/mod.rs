@@ -334,7 +334,7 @@ impl Kinds {
     /// keys and arguments, but nothing around it: no reply read, no
     /// coalescing. What the step's bare round trip costs (`prizepool
     /// bench`); a draw goes through [`Kinds::draw`].
-    pub fn script_call(&self, kind: Kind, ask: &Ask<'_>) -> redis::ScriptInvocation<'_> {
+    pub fn script_call(&self, kind: Kind, ask: &Ask<'_>) -> crate::scripts::ScriptInvocation<'_> {
         let keys = self.keys(ask.pool);
         let scripts = &self.scripts;
         match kind {

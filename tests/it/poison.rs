@@ -655,7 +655,7 @@ async fn server_errors_are_classified_as_they_arrive() {
             .query_async(&mut redis)
             .await
             .unwrap();
-        let e = redis::Script::new(script)
+        let e = prizepool::scripts::Script::new(script)
             .key(&key)
             .invoke_async::<i64>(&mut redis)
             .await

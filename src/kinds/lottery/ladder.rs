@@ -32,7 +32,7 @@ impl Strategy for Ladder {
         keys: &PoolKeys,
         ask: &Ask<'_>,
         random: &str,
-    ) -> redis::ScriptInvocation<'a> {
+    ) -> crate::scripts::ScriptInvocation<'a> {
         super::wheel::call(&scripts.draw_ladder, keys, ask, random)
     }
 }

@@ -77,7 +77,7 @@ pub trait Strategy: Send + Sync + std::fmt::Debug {
         keys: &PoolKeys,
         ask: &Ask<'_>,
         random: &str,
-    ) -> redis::ScriptInvocation<'a>;
+    ) -> crate::scripts::ScriptInvocation<'a>;
 }
 
 /// Random values for a strategy's pick: four integers uniform in

@@ -31,7 +31,7 @@ impl Strategy for Wheel {
         keys: &PoolKeys,
         ask: &Ask<'_>,
         random: &str,
-    ) -> redis::ScriptInvocation<'a> {
+    ) -> crate::scripts::ScriptInvocation<'a> {
         call(&scripts.draw_wheel, keys, ask, random)
     }
 }
@@ -39,11 +39,11 @@ impl Strategy for Wheel {
 /// The call of a lottery draw script with the keys and arguments
 /// `draw_wheel.lua` lists (other strategies' scripts take the same).
 pub(super) fn call<'a>(
-    script: &'a redis::Script,
+    script: &'a crate::scripts::Script,
     keys: &PoolKeys,
     ask: &Ask<'_>,
     random: &str,
-) -> redis::ScriptInvocation<'a> {
+) -> crate::scripts::ScriptInvocation<'a> {
     let day = crate::scripts::utc_day();
     let mut call = script.prepare_invoke();
     call.key(keys.meta())

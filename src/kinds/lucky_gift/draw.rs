@@ -249,7 +249,7 @@ pub enum DrawStep {
 }
 
 /// The draw script of `storage`.
-pub fn draw_script(scripts: &Scripts, storage: Storage) -> &redis::Script {
+pub fn draw_script(scripts: &Scripts, storage: Storage) -> &crate::scripts::Script {
     storage.draw_script(scripts)
 }
 
@@ -260,14 +260,14 @@ pub fn draw_script(scripts: &Scripts, storage: Storage) -> &redis::Script {
 /// floor).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn draw_call<'a>(
-    script: &'a redis::Script,
+    script: &'a crate::scripts::Script,
     keys: &PoolKeys,
     storage: Storage,
     day: &str,
     count: u32,
     result_ttl_s: u64,
     token: &[u8],
-) -> redis::ScriptInvocation<'a> {
+) -> crate::scripts::ScriptInvocation<'a> {
     let layout = storage.layout();
     let mut call = script.prepare_invoke();
     layout.draw_keys(&mut call, keys, day);
@@ -319,7 +319,7 @@ pub struct Pending {
 /// wrong length fails them all; a draw whose reply does not read fails alone.
 pub async fn draw_many<C: ConnectionLike + Send>(
     conn: &mut C,
-    script: &redis::Script,
+    script: &crate::scripts::Script,
     keys: &PoolKeys,
     storage: Storage,
     draws: &[Pending],

@@ -20,12 +20,12 @@ use crate::{
 /// and what [`crate::kinds::Kinds::script_call`] hands out. `script` is
 /// `grab_red_packet.lua`.
 pub(crate) fn grab_call<'a>(
-    script: &'a redis::Script,
+    script: &'a crate::scripts::Script,
     keys: &PoolKeys,
     user: i64,
     result_ttl_s: u64,
     token: &[u8],
-) -> redis::ScriptInvocation<'a> {
+) -> crate::scripts::ScriptInvocation<'a> {
     let mut call = script.prepare_invoke();
     call.key(keys.meta())
         .key(keys.shares())

@@ -21,7 +21,7 @@
 //! step, so no other draw ever sees them out.
 
 use futures_util::future::BoxFuture;
-use redis::{Script, ScriptInvocation};
+use crate::scripts::{Script, ScriptInvocation};
 
 use super::{Conn, Layout};
 use crate::{

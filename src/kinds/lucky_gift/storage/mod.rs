@@ -24,14 +24,14 @@ mod list;
 mod sparse;
 
 use futures_util::future::BoxFuture;
-use redis::{aio::ConnectionLike, Cmd, Pipeline, RedisFuture, Script, ScriptInvocation, Value};
+use redis::{aio::ConnectionLike, Cmd, Pipeline, RedisFuture, Value};
 use serde::{Deserialize, Serialize};
 
 use super::{
     batches::{Attempt, Claimed, Filling},
     StockError, StockOutcome,
 };
-use crate::scripts::{PoolKeys, Scripts};
+use crate::scripts::{PoolKeys, Script, ScriptInvocation, Scripts};
 
 /// How a pool keeps its prizes in Redis (`storage = "…"` in a pool file,
 /// `meta.storage` in Redis). A pool never changes storage.

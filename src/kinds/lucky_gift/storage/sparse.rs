@@ -26,7 +26,7 @@
 use std::collections::HashSet;
 
 use futures_util::future::BoxFuture;
-use redis::{Script, ScriptInvocation};
+use crate::scripts::{Script, ScriptInvocation};
 
 use super::{Conn, Layout};
 use crate::{

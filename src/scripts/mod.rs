@@ -3,69 +3,73 @@
 //! The scripts live in `lua/` as plain files with a contract header. Each one
 //! receives every key it touches in `KEYS` (Redis Cluster needs that), and all
 //! keys of one pool share the pool's `{hash tag}`, so a script touches one slot.
-//! `redis::Script` calls EVALSHA and falls back to loading the script when the
-//! server answers NOSCRIPT (after a restart or failover).
+//! Each runs as a Redis function ([`Script`]): its shared preludes from
+//! `lua/lib/` run once when its library is loaded, and a call that finds the
+//! library missing (after a restart or failover) loads it and calls again.
 
-use redis::Script;
+mod function;
+
+pub use function::{Script, ScriptInvocation};
 
 /// A script that answers requests: `lua/lib/answer.lua` (fingerprints,
-/// stored answers, integer formatting) followed by the script itself. Redis
-/// has no `require`, so the shared rules travel in front of each script.
+/// stored answers, integer formatting) as its prelude, then the script.
 macro_rules! answering {
     ($path:literal) => {
-        Script::new(concat!(
-            include_str!("../lua/lib/answer.lua"),
-            include_str!($path)
-        ))
+        Script::with_prelude(include_str!("../../lua/lib/answer.lua"), include_str!($path))
     };
 }
 
-/// A lottery strategy's draw script: the answer prelude, then
+/// A lottery strategy's draw script: the answer prelude and
 /// `lua/lib/lottery.lua` (window, chances, visits, the award), then the
 /// strategy's pick.
 macro_rules! lottery {
     ($path:literal) => {
-        Script::new(concat!(
-            include_str!("../lua/lib/answer.lua"),
-            include_str!("../lua/lib/lottery.lua"),
-            include_str!($path)
-        ))
+        Script::with_prelude(
+            concat!(
+                include_str!("../../lua/lib/answer.lua"),
+                include_str!("../../lua/lib/lottery.lua")
+            ),
+            include_str!($path),
+        )
     };
 }
 
-/// A lucky-gift draw script (or a step on its parked jackpots): the answer
-/// prelude, `lua/lib/award.lua` (how an award is stored) and
-/// `lua/lib/jackpot.lua` (the jackpot rule, once for both storages), then
-/// the script.
+/// A lucky-gift script on its parked jackpots: the answer prelude,
+/// `lua/lib/award.lua` (how an award is stored) and `lua/lib/jackpot.lua`
+/// (the jackpot rule, once for both storages), then the script.
 macro_rules! lucky_gift {
     ($path:literal) => {
-        Script::new(concat!(
-            include_str!("../lua/lib/answer.lua"),
-            include_str!("../lua/lib/award.lua"),
-            include_str!("../lua/lib/jackpot.lua"),
-            include_str!($path)
-        ))
+        Script::with_prelude(
+            concat!(
+                include_str!("../../lua/lib/answer.lua"),
+                include_str!("../../lua/lib/award.lua"),
+                include_str!("../../lua/lib/jackpot.lua")
+            ),
+            include_str!($path),
+        )
     };
 }
 
 /// A lucky-gift storage's draw script, applying several draws of one pool
 /// per call: the [`lucky_gift!`] preludes, `lua/lib/draw.lua` (the frame
-/// every storage's draw shares: short answer, the award's last writes), the
-/// script's body as a function of its arguments, and the driver
-/// `lua/lib/many.lua`, which calls it once per draw (ARGV[1] = arguments per
-/// draw, then each draw's arguments).
+/// every storage's draw shares: short answer, the award's last writes) and
+/// the script's body as a function of its arguments make the prelude; the
+/// driver `lua/lib/many.lua`, which calls it once per draw (ARGV[1] =
+/// arguments per draw, then each draw's arguments), is the body.
 macro_rules! coalesced {
     ($path:literal) => {
-        Script::new(concat!(
-            include_str!("../lua/lib/answer.lua"),
-            include_str!("../lua/lib/award.lua"),
-            include_str!("../lua/lib/jackpot.lua"),
-            include_str!("../lua/lib/draw.lua"),
-            "local function step(ARGV)\n",
-            include_str!($path),
-            "\nend\n",
-            include_str!("../lua/lib/many.lua")
-        ))
+        Script::with_prelude(
+            concat!(
+                include_str!("../../lua/lib/answer.lua"),
+                include_str!("../../lua/lib/award.lua"),
+                include_str!("../../lua/lib/jackpot.lua"),
+                include_str!("../../lua/lib/draw.lua"),
+                "local function step(ARGV)\n",
+                include_str!($path),
+                "\nend\n"
+            ),
+            include_str!("../../lua/lib/many.lua"),
+        )
     };
 }
 
@@ -101,29 +105,29 @@ impl Scripts {
     /// Builds the script table (hashing only; nothing is sent to Redis yet).
     pub fn new() -> Self {
         Self {
-            draw_lucky_gift: coalesced!("../lua/draw_lucky_gift.lua"),
-            regate_held: lucky_gift!("../lua/regate_held.lua"),
-            stock_begin: Script::new(include_str!("../lua/stock_begin.lua")),
-            stock_trim: Script::new(include_str!("../lua/stock_trim.lua")),
-            stock_push: Script::new(include_str!("../lua/stock_push.lua")),
-            stock_commit: Script::new(include_str!("../lua/stock_commit.lua")),
-            fair_seed: Script::new(include_str!("../lua/fair_seed.lua")),
-            configure_pool: Script::new(include_str!("../lua/configure_pool.lua")),
-            pool_status: Script::new(include_str!("../lua/pool_status.lua")),
-            stock_red_packet: Script::new(include_str!("../lua/stock_red_packet.lua")),
-            grab_red_packet: answering!("../lua/grab_red_packet.lua"),
-            close_red_packet: answering!("../lua/close_red_packet.lua"),
-            configure_activity: Script::new(include_str!("../lua/configure_activity.lua")),
-            draw_wheel: lottery!("../lua/draw_wheel.lua"),
-            draw_ladder: lottery!("../lua/draw_ladder.lua"),
-            grant_chances: Script::new(include_str!("../lua/grant_chances.lua")),
-            draw_sparse: coalesced!("../lua/draw_sparse.lua"),
-            sparse_stock: Script::new(include_str!("../lua/sparse_stock.lua")),
-            red_packet_status: Script::new(include_str!("../lua/red_packet_status.lua")),
-            claim: answering!("../lua/claim.lua"),
-            remember_refusal: answering!("../lua/remember_refusal.lua"),
-            forget: answering!("../lua/forget.lua"),
-            red_packet_expiry: Script::new(include_str!("../lua/red_packet_expiry.lua")),
+            draw_lucky_gift: coalesced!("../../lua/draw_lucky_gift.lua"),
+            regate_held: lucky_gift!("../../lua/regate_held.lua"),
+            stock_begin: Script::new(include_str!("../../lua/stock_begin.lua")),
+            stock_trim: Script::new(include_str!("../../lua/stock_trim.lua")),
+            stock_push: Script::new(include_str!("../../lua/stock_push.lua")),
+            stock_commit: Script::new(include_str!("../../lua/stock_commit.lua")),
+            fair_seed: Script::new(include_str!("../../lua/fair_seed.lua")),
+            configure_pool: Script::new(include_str!("../../lua/configure_pool.lua")),
+            pool_status: Script::new(include_str!("../../lua/pool_status.lua")),
+            stock_red_packet: Script::new(include_str!("../../lua/stock_red_packet.lua")),
+            grab_red_packet: answering!("../../lua/grab_red_packet.lua"),
+            close_red_packet: answering!("../../lua/close_red_packet.lua"),
+            configure_activity: Script::new(include_str!("../../lua/configure_activity.lua")),
+            draw_wheel: lottery!("../../lua/draw_wheel.lua"),
+            draw_ladder: lottery!("../../lua/draw_ladder.lua"),
+            grant_chances: Script::new(include_str!("../../lua/grant_chances.lua")),
+            draw_sparse: coalesced!("../../lua/draw_sparse.lua"),
+            sparse_stock: Script::new(include_str!("../../lua/sparse_stock.lua")),
+            red_packet_status: Script::new(include_str!("../../lua/red_packet_status.lua")),
+            claim: answering!("../../lua/claim.lua"),
+            remember_refusal: answering!("../../lua/remember_refusal.lua"),
+            forget: answering!("../../lua/forget.lua"),
+            red_packet_expiry: Script::new(include_str!("../../lua/red_packet_expiry.lua")),
         }
     }
 }
