@@ -603,9 +603,18 @@ impl Link {
             acker,
             ..
         } = self;
-        // The acker ends once every handle is gone and its frames are out.
+        // Every ack handed on so far (those of every answered delivery: see
+        // `Groupers::closed`) goes out before the flush below, however
+        // long it takes a busy machine to get there: a lost ack is a
+        // redelivery answered twice. Deliveries still running past the
+        // grace period hold the acker open; they answer nothing.
+        let sent = acks.barrier();
         drop(acks);
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), acker).await;
+        if tokio::time::timeout(ACKS_SENT, sent).await.is_err() {
+            tracing::warn!("the last acks were not sent in time; their deliveries come back");
+        }
+        // The acker ends once every handle is gone and its frames are out.
+        let _ = tokio::time::timeout(std::time::Duration::from_millis(100), acker).await;
         // A synchronous round trip on the consuming channel: the broker
         // handles a channel's frames in order, so once qos-ok arrives every
         // ack sent before it has been processed (acks written just before a
@@ -809,6 +818,10 @@ struct Groupers {
 
 /// Held from a delivery's reply until its ack is handed on.
 type Replied = Option<OwnedRwLockReadGuard<bool>>;
+
+/// How long a closing session waits for its last acks to be sent (each
+/// frame is bounded on its own, `super::BROKER_OP_TIMEOUT`).
+const ACKS_SENT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Handles one delivery end to end and says how to settle it; never panics.
 async fn process<H: Handler>(

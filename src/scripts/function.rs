@@ -191,8 +191,13 @@ mod tests {
         let a = Script::with_prelude("local X = 1", "return X");
         let b = Script::with_prelude("local X = 2", "return X");
         assert_ne!(a.name(), b.name());
-        assert_eq!(a.name(), Script::with_prelude("local X = 1", "return X").name());
-        assert!(a.library().starts_with(&format!("#!lua name={}\n", a.name())));
+        assert_eq!(
+            a.name(),
+            Script::with_prelude("local X = 1", "return X").name()
+        );
+        assert!(a
+            .library()
+            .starts_with(&format!("#!lua name={}\n", a.name())));
     }
 
     #[test]

@@ -15,7 +15,10 @@ pub use function::{Script, ScriptInvocation};
 /// stored answers, integer formatting) as its prelude, then the script.
 macro_rules! answering {
     ($path:literal) => {
-        Script::with_prelude(include_str!("../../lua/lib/answer.lua"), include_str!($path))
+        Script::with_prelude(
+            include_str!("../../lua/lib/answer.lua"),
+            include_str!($path),
+        )
     };
 }
 

@@ -20,8 +20,8 @@
 //! reads them and pushes them back if the draw ends short, all in the one
 //! step, so no other draw ever sees them out.
 
-use futures_util::future::BoxFuture;
 use crate::scripts::{Script, ScriptInvocation};
+use futures_util::future::BoxFuture;
 
 use super::{Conn, Layout};
 use crate::{

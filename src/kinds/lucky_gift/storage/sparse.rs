@@ -25,8 +25,8 @@
 
 use std::collections::HashSet;
 
-use futures_util::future::BoxFuture;
 use crate::scripts::{Script, ScriptInvocation};
+use futures_util::future::BoxFuture;
 
 use super::{Conn, Layout};
 use crate::{
