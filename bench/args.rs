@@ -2,7 +2,14 @@
 
 use prizepool::kinds::lucky_gift::Storage;
 
-use super::{kinds::Kind, plan};
+use super::{
+    kinds::{Kind, Load},
+    plan,
+};
+
+/// Seconds of each Redis ceiling pass, unless `--ceiling-pass-ms` says
+/// otherwise.
+pub(crate) const CEILING_PASS_S: u64 = 3;
 
 /// Options of `prizepool bench`.
 #[derive(Debug, clap::Args)]
@@ -37,7 +44,7 @@ pub(crate) struct BenchArgs {
     pub(super) quick: bool,
     /// Milliseconds of each Redis ceiling pass (a quick check of the
     /// bench itself, such as the tests' runs, can do with less).
-    #[arg(long, value_name = "MS", default_value_t = super::ceilings::CEILING_PASS_S * 1000,
+    #[arg(long, value_name = "MS", default_value_t = CEILING_PASS_S * 1000,
           value_parser = clap::value_parser!(u64).range(100..))]
     pub(super) ceiling_pass_ms: u64,
     /// Requests claimed and answered to measure what a remembered result
@@ -79,10 +86,17 @@ pub(crate) struct BenchArgs {
 impl BenchArgs {
     /// The storage `--storage` names.
     pub(super) fn storage(&self) -> anyhow::Result<Storage> {
-        match self.storage.as_str() {
-            "list" => Ok(Storage::List),
-            "sparse" => Ok(Storage::Sparse),
-            other => anyhow::bail!("unknown storage {other:?}"),
+        self.load().storage()
+    }
+
+    /// What the kinds' workloads read of these options.
+    pub(super) fn load(&self) -> Load {
+        Load {
+            users: self.users,
+            count: self.count,
+            storage: self.storage.clone(),
+            duration: self.duration,
+            ceiling_pass_ms: self.ceiling_pass_ms,
         }
     }
 }

@@ -33,10 +33,6 @@ use super::{
     stats::{Latencies, Percentiles},
 };
 
-/// Seconds of each Redis ceiling pass, unless `--ceiling-pass-ms` says
-/// otherwise.
-pub(crate) const CEILING_PASS_S: u64 = 3;
-
 /// A measured rate with its latencies.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
 pub(crate) struct Rate {

@@ -25,7 +25,7 @@ pub(crate) async fn fleet_run(
 ) -> anyhow::Result<report::Run> {
     let Services { config, db, .. } = svc;
     let id = unique("bench");
-    let target = args.kind.fleet(svc, args, &id).await?;
+    let target = args.kind.fleet(svc, &args.load(), &id).await?;
     // The ids whose ledger credits the run's rewards must add up to.
     let pools: Vec<String> = target.pools.to_vec();
     let make = target.requests();

@@ -112,7 +112,7 @@ async fn redis_ceilings(
     for caller in [Caller::Raw, Caller::Wrapper, Caller::Raw, Caller::Wrapper] {
         let target = match &endless {
             Some(target) => target.clone(),
-            None => args.kind.ceiling(svc, args).await?,
+            None => args.kind.ceiling(svc, &args.load()).await?,
         };
         if target.endless {
             endless = Some(target.clone());
@@ -131,7 +131,7 @@ async fn redis_ceilings(
         // pools, the best kept like the others.
         let mut best = Rate::default();
         for _ in 0..2 {
-            let target = args.kind.ceiling(svc, args).await?;
+            let target = args.kind.ceiling(svc, &args.load()).await?;
             let caller = Caller::Coalesced(report::COALESCED);
             let rate = ceilings::redis_draws(config, pass(target, caller)).await?;
             if rate.per_s > best.per_s {

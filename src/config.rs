@@ -35,6 +35,9 @@ pub const MIN_RESULT_TTL_S: u64 = 86_400;
 /// refuses somewhat under 8,000 values; half of that leaves a margin.
 pub const MAX_REFILL_CHUNK: u64 = 4_000;
 
+/// Most draw shards (`DRAW_SHARDS`).
+pub const MAX_DRAW_SHARDS: u16 = 16;
+
 /// A setting that could not be used, or a command line that makes no sense.
 #[derive(Debug, thiserror::Error)]
 #[error("{}", self.message())]
@@ -109,7 +112,7 @@ struct Settings {
     /// Quorum queues the draw requests are spread over (count, 1–16; 1 is
     /// the single `prizepool.draw`).
     #[arg(long, env = "DRAW_SHARDS", value_name = "COUNT", default_value_t = 1,
-          value_parser = clap::value_parser!(u16).range(1..=crate::amqp::MAX_DRAW_SHARDS as i64))]
+          value_parser = clap::value_parser!(u16).range(1..=MAX_DRAW_SHARDS as i64))]
     draw_shards: u16,
     /// Ledger entries written per transaction at most (count, ≥ 1).
     #[arg(long, env = "SETTLE_BATCH_SIZE", value_name = "COUNT", default_value_t = 500,
@@ -360,7 +363,7 @@ pub struct Config {
     /// `DELIVERY_LIMIT`: redeliveries before the broker dead-letters a message.
     pub delivery_limit: u32,
     /// `DRAW_SHARDS`: quorum queues the draw requests are spread over
-    /// (`prizepool.draw`, `prizepool.draw.1`, …; see [`crate::amqp`]).
+    /// (`prizepool.draw`, `prizepool.draw.1`, …; the broker module declares them).
     pub draw_shards: u16,
     /// `SETTLE_BATCH_SIZE`: ledger entries written per transaction at most.
     pub settle_batch_size: usize,

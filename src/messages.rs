@@ -1066,12 +1066,12 @@ impl SettleMessage {
 impl SettleRequest {
     /// Checks ids, the asset name and the movement: a known reason, the
     /// sign its direction asks for and a bounded amount (the ledger's rules,
-    /// [`crate::ledger::check_movement`]).
+    /// `ledger/reasons.rs`).
     pub fn validate(&self) -> Result<(), Invalid> {
         check_entry_id(&self.entry_id)?;
         check_id("asset", &self.asset)?;
         check_account("account", self.account)?;
-        crate::ledger::check_movement(&self.reason, self.amount).map_err(Invalid::new)
+        crate::ledger::reasons::check_movement(&self.reason, self.amount).map_err(Invalid::new)
     }
 }
 

@@ -5,7 +5,7 @@
 use futures_util::{future::BoxFuture, FutureExt};
 use prizepool::scripts::PoolKeys;
 
-use super::{spread, BenchArgs, Services, Target, Workload};
+use super::{spread, Load, Services, Target, Workload};
 
 /// Lottery activities.
 pub(super) struct Lottery;
@@ -22,7 +22,7 @@ impl Workload for Lottery {
     fn ceiling<'a>(
         &'a self,
         svc: &'a Services<'a>,
-        args: &'a BenchArgs,
+        args: &'a Load,
     ) -> BoxFuture<'a, anyhow::Result<Target>> {
         async move {
             let id = crate::bench::services::unique("bench-ceiling");
@@ -39,7 +39,7 @@ impl Workload for Lottery {
     fn fleet<'a>(
         &'a self,
         svc: &'a Services<'a>,
-        args: &'a BenchArgs,
+        args: &'a Load,
         id: &'a str,
     ) -> BoxFuture<'a, anyhow::Result<Target>> {
         async move {

@@ -2,7 +2,7 @@
 
 use futures_util::{future::BoxFuture, FutureExt};
 
-use super::{spread, BenchArgs, Services, Target, Workload};
+use super::{spread, Load, Services, Target, Workload};
 use crate::bench::services::{borrow, pool_config, spec_combos, unique};
 
 /// Lucky-gift pools.
@@ -24,7 +24,7 @@ impl Workload for LuckyGift {
     fn ceiling<'a>(
         &'a self,
         svc: &'a Services<'a>,
-        args: &'a BenchArgs,
+        args: &'a Load,
     ) -> BoxFuture<'a, anyhow::Result<Target>> {
         async move {
             // Big enough to last a pass: 20 for a pass of 3 s, in proportion
@@ -45,7 +45,7 @@ impl Workload for LuckyGift {
     fn fleet<'a>(
         &'a self,
         svc: &'a Services<'a>,
-        args: &'a BenchArgs,
+        args: &'a Load,
         id: &'a str,
     ) -> BoxFuture<'a, anyhow::Result<Target>> {
         async move {

@@ -11,7 +11,34 @@ use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 
-use super::{args::BenchArgs, fleet, services::Services};
+use super::{fleet, services::Services};
+
+/// What a workload reads of the bench's command line (`BenchArgs::load`).
+#[derive(Clone, Debug)]
+pub(crate) struct Load {
+    /// Simulated users.
+    pub(crate) users: u64,
+    /// Prizes per lucky-gift draw.
+    pub(crate) count: u32,
+    /// Storage of the lucky-gift pool under load.
+    pub(crate) storage: String,
+    /// Seconds of each load phase.
+    pub(crate) duration: u64,
+    /// Milliseconds of each Redis ceiling pass.
+    pub(crate) ceiling_pass_ms: u64,
+}
+
+impl Load {
+    /// The storage `--storage` names.
+    pub(crate) fn storage(&self) -> anyhow::Result<prizepool::kinds::lucky_gift::Storage> {
+        use prizepool::kinds::lucky_gift::Storage;
+        match self.storage.as_str() {
+            "list" => Ok(Storage::List),
+            "sparse" => Ok(Storage::Sparse),
+            other => anyhow::bail!("unknown storage {other:?}"),
+        }
+    }
+}
 
 /// Every kind `--kind` can name, in its order. A new kind is a file here
 /// and one entry in this list.
@@ -36,14 +63,14 @@ pub(crate) trait Workload: Sync {
     fn ceiling<'a>(
         &'a self,
         svc: &'a Services<'a>,
-        args: &'a BenchArgs,
+        args: &'a Load,
     ) -> BoxFuture<'a, anyhow::Result<Target>>;
     /// The pools of one fleet run, named after `id`, enough to last its
     /// phases.
     fn fleet<'a>(
         &'a self,
         svc: &'a Services<'a>,
-        args: &'a BenchArgs,
+        args: &'a Load,
         id: &'a str,
     ) -> BoxFuture<'a, anyhow::Result<Target>>;
 }

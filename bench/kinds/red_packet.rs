@@ -12,7 +12,7 @@ use prizepool::{
     messages::{RedPacketCreate, SettleRequest},
 };
 
-use super::{BenchArgs, Services, Target, Workload};
+use super::{Load, Services, Target, Workload};
 
 /// Red packets.
 pub(super) struct RedPacket;
@@ -29,7 +29,7 @@ impl Workload for RedPacket {
     fn ceiling<'a>(
         &'a self,
         svc: &'a Services<'a>,
-        args: &'a BenchArgs,
+        args: &'a Load,
     ) -> BoxFuture<'a, anyhow::Result<Target>> {
         async move {
             let shares = packet_shares(args.users);
@@ -50,7 +50,7 @@ impl Workload for RedPacket {
     fn fleet<'a>(
         &'a self,
         svc: &'a Services<'a>,
-        args: &'a BenchArgs,
+        args: &'a Load,
         id: &'a str,
     ) -> BoxFuture<'a, anyhow::Result<Target>> {
         async move {

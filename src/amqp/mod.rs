@@ -85,8 +85,7 @@ pub const SETTLE: Route = Route {
 /// Every work queue.
 pub const ROUTES: [Route; 3] = [DRAW, REFILL, SETTLE];
 
-/// Most draw shards (`DRAW_SHARDS`).
-pub const MAX_DRAW_SHARDS: u16 = 16;
+pub use crate::config::MAX_DRAW_SHARDS;
 
 /// The exchange that spreads routing key `draw` over the draw shards when
 /// `DRAW_SHARDS` > 1 (type `x-random`: each message goes to one bound

@@ -41,7 +41,7 @@ pub use recorder::{drain_outbox, keep_draining, PgRecorder, OUTBOX, RECORD_WAIT}
 pub use verify::{merged, verify, verify_pool, BatchVerdict, Mismatch, Verdict};
 
 use crate::{
-    amqp::{self, HandleError, Handler, Outcome, Publisher, Route},
+    amqp::{self, Group, HandleError, Handler, Outcome, Publisher, Route},
     config::Config,
     kinds::lucky_gift::Commitment,
     ledger::{FleetSealer, Sealer},
@@ -56,6 +56,11 @@ pub const ROUTE: Route = Route {
     dlq: "prizepool.audit.dlq",
 };
 
+/// `draw.completed` events (with `DRAW_EVENTS=grouped`), grouped as
+/// `draw.completed.batch` under the same routing key on the events exchange.
+/// The draw worker publishes them; the trail is their reader.
+pub const DRAW_COMPLETED: Group = Group::event("draw.completed", "draw.completed.batch", "events");
+
 /// Routing keys of the events the audit trail records.
 pub const EVENTS: [&str; 2] = ["draw.completed", "pool.refilled"];
 
@@ -67,7 +72,7 @@ pub const EVENTS: [&str; 2] = ["draw.completed", "pool.refilled"];
 /// goes unsealed: downstream consumers still hear of the draw, the audit
 /// refuses it and counts the refusal.
 pub fn draw_completed(sealer: &FleetSealer, config: &Config, fields: &[u8]) -> Vec<u8> {
-    let mut event = crate::messages::retype(crate::draw::DRAW_COMPLETED.routing_key, fields);
+    let mut event = crate::messages::retype(DRAW_COMPLETED.routing_key, fields);
     let Some(sealer) = sealer.ready(config) else {
         return event;
     };

@@ -50,9 +50,7 @@ pub struct DrawWorker {
     sealer: crate::ledger::FleetSealer,
 }
 
-/// `draw.completed` events (with `DRAW_EVENTS=grouped`), grouped as
-/// `draw.completed.batch` under the same routing key on the events exchange.
-pub const DRAW_COMPLETED: Group = Group::event("draw.completed", "draw.completed.batch", "events");
+pub use crate::audit::DRAW_COMPLETED;
 
 /// Most pools whose last urgent refill a worker remembers.
 const MAX_URGENT_POOLS: usize = 10_000;

@@ -9,13 +9,13 @@
 //! - An `entry_id` is bound to its content (account, asset, amount, reason):
 //!   the same entry again is a [`Verdict::Duplicate`] and moves nothing, the
 //!   same id with other content is a [`Verdict::Conflict`] and moves nothing.
-//! - Only the reasons of [`DEBIT_REASONS`] may carry a negative amount, only
-//!   those of [`CREDIT_REASONS`] a positive one; a debit never takes a balance
-//!   below zero ([`Verdict::InsufficientFunds`]).
+//! - Only debit reasons may carry a negative amount, only credit reasons a
+//!   positive one (each reason is declared once, in [`reasons`]); a debit
+//!   never takes a balance below zero ([`Verdict::InsufficientFunds`]).
 //! - Every amount stays within [`MAX_AMOUNT`] (2^53 − 1), so every figure
 //!   is exact in any JSON reader and no sum can overflow. A credit from
 //!   outside the fleet may not take a balance above it either; a prize the
-//!   fleet already promised in a reply ([`INTERNAL_REASONS`], sealed) is
+//!   fleet already promised in a reply (a kind's reason, sealed) is
 //!   paid even past it (a balance is a 64-bit integer): a reply's promise is
 //!   never dead-lettered unpaid.
 //!
@@ -28,11 +28,13 @@
 
 mod entries;
 mod fleet_key;
+pub mod reasons;
 mod seal;
 
 pub use entries::{Unsealed, ENTRIES};
 pub use fleet_key::{FleetSealer, KEY_REFRESH};
-pub use seal::{Sealer, INTERNAL_ID_PREFIXES, INTERNAL_REASONS, KEY_RING};
+pub use reasons::{check_movement, MAX_AMOUNT};
+pub use seal::{Sealer, INTERNAL_ID_PREFIXES, KEY_RING};
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -45,57 +47,6 @@ use sqlx::{
 };
 
 use crate::messages::{ErrorCode, SettleRequest};
-
-/// Reasons whose entries add to a balance (`amount > 0`).
-pub const CREDIT_REASONS: &[&str] = &[
-    "topup",
-    "lucky_gift",
-    "red_packet",
-    "red_packet_refund",
-    "lottery",
-];
-
-/// Reasons whose entries take from a balance (`amount < 0`).
-/// `red_packet_escrow` is what creating a red packet takes from its sender.
-pub const DEBIT_REASONS: &[&str] = &["withdrawal", "purchase", "red_packet_escrow"];
-
-/// The largest magnitude of an amount, and the largest balance: 2^53 − 1,
-/// the largest integer every JSON reader (and Lua) holds exactly.
-pub const MAX_AMOUNT: i64 = (1 << 53) - 1;
-
-/// Checks that `amount` may be booked under `reason`: a known reason, the
-/// sign its direction asks for, a magnitude of 1 to [`MAX_AMOUNT`].
-pub fn check_movement(reason: &str, amount: i64) -> Result<(), String> {
-    if amount == 0 {
-        return Err("`amount` must not be zero".into());
-    }
-    if amount.unsigned_abs() > MAX_AMOUNT.unsigned_abs() {
-        return Err(format!(
-            "`amount` must be between -{MAX_AMOUNT} and {MAX_AMOUNT}, got {amount}"
-        ));
-    }
-    let debit = amount < 0;
-    if DEBIT_REASONS.contains(&reason) {
-        if !debit {
-            return Err(format!(
-                "reason {reason:?} is a debit: `amount` must be negative"
-            ));
-        }
-    } else if CREDIT_REASONS.contains(&reason) {
-        if debit {
-            return Err(format!(
-                "reason {reason:?} is a credit: `amount` must be positive"
-            ));
-        }
-    } else {
-        return Err(format!(
-            "unknown reason {reason:?}; credits: {}; debits: {}",
-            CREDIT_REASONS.join(", "),
-            DEBIT_REASONS.join(", ")
-        ));
-    }
-    Ok(())
-}
 
 /// What the ledger made of one entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -337,7 +288,7 @@ async fn judge(
         let running = balances
             .get_mut(&(entry.account, entry.asset.as_str()))
             .ok_or_else(|| sqlx::Error::Protocol("a balance was not locked".into()))?;
-        let promised = INTERNAL_REASONS.contains(&entry.reason.as_str());
+        let promised = reasons::is_sealed(&entry.reason);
         let verdict = running.take(entry.amount, promised);
         if !verdict.landed() {
             refused_ids.insert(entry.entry_id.as_str(), verdict.clone());
@@ -619,20 +570,6 @@ pub async fn totals(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn movements_follow_their_reason() {
-        assert!(check_movement("topup", 1).is_ok());
-        assert!(check_movement("withdrawal", -1).is_ok());
-        assert!(check_movement("red_packet_escrow", -MAX_AMOUNT).is_ok());
-        assert!(check_movement("topup", -1).is_err());
-        assert!(check_movement("lottery", -5).is_err());
-        assert!(check_movement("purchase", 5).is_err());
-        assert!(check_movement("bonus", 5).is_err());
-        assert!(check_movement("topup", 0).is_err());
-        assert!(check_movement("topup", MAX_AMOUNT + 1).is_err());
-        assert!(check_movement("withdrawal", i64::MIN).is_err());
-    }
 
     #[test]
     fn a_refusal_is_a_permanent_database_error_with_its_sqlstate() {

@@ -5,7 +5,7 @@
 //! lottery prize). Both arrive the same way, so the workers' entries carry a
 //! seal: HMAC-SHA256 over the entry's id, account, asset, amount and reason,
 //! keyed with a secret upstreams never see. The settle worker applies an
-//! entry with an internal reason ([`INTERNAL_REASONS`]) only when its seal
+//! entry with a sealed reason ([`super::reasons`]) only when its seal
 //! matches, and refuses any unsealed entry whose id lies in an internal
 //! namespace ([`INTERNAL_ID_PREFIXES`]), so an upstream can neither forge a
 //! reward nor squat the id a real reward will use.
@@ -31,15 +31,6 @@ use redis::aio::ConnectionLike;
 use sha2::Sha256;
 
 use crate::messages::{Invalid, SettleRequest};
-
-/// Reasons only the fleet may publish: entries with them must be sealed.
-pub const INTERNAL_REASONS: &[&str] = &[
-    "lucky_gift",
-    "red_packet",
-    "red_packet_refund",
-    "red_packet_escrow",
-    "lottery",
-];
 
 /// Entry-id namespaces of the fleet's own entries (`draw:<request_id>`,
 /// `redpacket:<packet>:…`, `lottery:<request_id>`).
@@ -246,7 +237,7 @@ impl Sealer {
     /// Refuses an entry an upstream may not publish: an internal reason or
     /// id namespace without a matching seal.
     pub fn check(&self, entry: &SettleRequest) -> Result<(), Invalid> {
-        let internal = INTERNAL_REASONS.contains(&entry.reason.as_str())
+        let internal = super::reasons::is_sealed(&entry.reason)
             || INTERNAL_ID_PREFIXES
                 .iter()
                 .any(|p| entry.entry_id.starts_with(p));

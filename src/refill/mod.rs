@@ -4,8 +4,8 @@
 //! A request names its trigger (the batch that asked), and the stocking
 //! steps in Redis compare it with the pool's batch counter, so any number of
 //! duplicate or concurrent requests for one trigger stock exactly one batch.
-//! It also creates red packets and closes them at expiry (the red-packet
-//! races are explained in [`crate::kinds::red_packet`]).
+//! Red-packet creates and expiries travel on the same queue; the worker
+//! hands them to the red-packet kind ([`crate::kinds::red_packet::lifecycle`]).
 //!
 //! # Races and ordering
 //!
@@ -47,12 +47,12 @@ use crate::{
     config::Config,
     kinds::{
         lucky_gift::{self, StockError, StockOutcome},
-        red_packet::{self, Close, CreateError, ExpireReply, Expiry, RejectedReply},
+        red_packet,
     },
     ledger::{self, Unsealed},
     messages::{
-        decode_typed, typed_json, with_type, ErrorCode, Invalid, PoolRefilled, RedPacketCreate,
-        RedPacketExpire, RefillQueueMessage, RefillRequest, RefillResult, Status,
+        decode_typed, typed_json, Invalid, PoolRefilled, RedPacketCreate, RedPacketExpire,
+        RefillQueueMessage, RefillRequest, RefillResult, Status,
     },
     scripts::{PoolKeys, Scripts},
 };
@@ -297,225 +297,25 @@ impl RefillWorker {
         }))
     }
 
-    /// Creates a red packet and schedules its expiry. Bad or conflicting
-    /// input (a reused `packet_id` with other content, an id of another
-    /// kind, a number out of bounds) is refused as invalid and moves nothing.
-    /// A create refused for funds is remembered: sent again, it is refused
-    /// again. The expiry it schedules becomes the packet's one pending
-    /// expiry (a create sent again replaces the one before).
+    /// Creates a red packet and schedules its expiry
+    /// ([`red_packet::lifecycle::create`]).
     pub async fn create_red_packet(&self, req: RedPacketCreate) -> Result<Unsealed, HandleError> {
-        fn body(value: &impl serde::Serialize) -> Result<Vec<u8>, HandleError> {
-            red_packet::encode(value).map_err(|e| HandleError::Internal(e.into()))
-        }
-        let mut conn = self.redis.clone();
-        let created = match red_packet::create(
-            &self.db,
-            &mut conn,
-            &self.scripts,
-            &self.config.redis_prefix,
-            &req,
-        )
-        .await
-        {
-            Ok(created) => created,
-            Err(CreateError::Invalid(message)) => return Err(Invalid::new(message).into()),
-            Err(e @ CreateError::InsufficientFunds { .. }) => {
-                let reply =
-                    RejectedReply::new(&req.packet_id, ErrorCode::InsufficientFunds, e.to_string());
-                return Ok(Unsealed {
-                    reply: Some(body(&reply)?),
-                    ..Unsealed::default()
-                });
-            }
-            Err(CreateError::Internal(message)) => return Err(HandleError::internal(message)),
-            Err(CreateError::Db(e)) => return Err(e.into()),
-            Err(CreateError::Redis(e)) => return Err(e.into()),
-        };
-        let mut effects = Vec::new();
-        if !created.closed {
-            // This create's expiry message becomes the packet's one pending
-            // expiry: one sent by an earlier copy of the create is dropped
-            // when it comes.
-            let keys = PoolKeys::new(&self.config.redis_prefix, &created.packet_id);
-            let token = ulid::Ulid::new().to_string();
-            let token = match red_packet::arm_expiry(&mut conn, &self.scripts, &keys, &token)
-                .await?
-            {
-                Expiry::Pending(token) => Some(Some(token)),
-                // Closed in Redis, not yet in Postgres: an expiry (due, so
-                // no token needed) records the close and sends the refund.
-                Expiry::Closed | Expiry::Stale => Some(None),
-                Expiry::Unknown => {
-                    // Stocked once and never again: its shares may have
-                    // been grabbed and paid. The escrow waits for an
-                    // operator (docs/design.md, Durability).
-                    tracing::error!(
-                        packet = %created.packet_id,
-                        "red packet is open in Postgres but missing from Redis; it is not stocked again: an operator must settle its escrow"
-                    );
-                    metrics::counter!("prizepool_red_packets_lost_total").increment(1);
-                    None
-                }
-            };
-            if let Some(token) = token {
-                let expire = RedPacketExpire {
-                    packet_id: created.packet_id.clone(),
-                    expires_at: Some(created.expires_at),
-                    token,
-                };
-                effects.push(Outgoing::delayed(
-                    remaining_ms(created.expires_at),
-                    &with_type(red_packet::EXPIRE_TYPE, &expire),
-                ));
-            }
-        }
-        effects.push(Outgoing::event_raw(
-            red_packet::CREATED_EVENT,
-            body(&created.event())?,
-        ));
-        Ok(Unsealed {
-            effects,
-            reply: Some(body(&created.reply())?),
-            ..Unsealed::default()
-        })
+        red_packet::lifecycle::create(&self.life(), req).await
     }
 
-    /// Closes a red packet whose own stored expiry has come and refunds
-    /// what is left. The message's `expires_at` is not trusted: a message
-    /// that comes early (forged or not) closes nothing and is answered with
-    /// the packet still open; it is delayed again to the stored expiry only
-    /// if it is the packet's one pending expiry (its `token`), otherwise it
-    /// is dropped, so forged expiries never multiply.
+    /// Closes a red packet whose stored expiry has come and refunds what is
+    /// left ([`red_packet::lifecycle::expire`]).
     pub async fn expire_red_packet(&self, req: RedPacketExpire) -> Result<Unsealed, HandleError> {
-        /// The outcome of a closed packet: its answer, its refund entry
-        /// and, when this call closed it, its event.
-        fn closed(
-            id: &str,
-            packet: &red_packet::Stored,
-            refunded: i64,
-            now: bool,
-            reveal: Option<red_packet::fair::Reveal>,
-        ) -> Result<Unsealed, HandleError> {
-            let mut effects = Vec::new();
-            let mut ledger = Vec::new();
-            if refunded > 0 {
-                ledger.push(red_packet::refund_entry(
-                    id,
-                    packet.sender,
-                    &packet.asset,
-                    refunded,
-                ));
-            }
-            if now {
-                tracing::info!(packet = %id, refunded, "red packet closed");
-                let event = red_packet::closed_event(id, refunded, reveal);
-                effects.push(Outgoing::event_raw(red_packet::CLOSED_EVENT, body(&event)?));
-            }
-            Ok(Unsealed {
-                reply: Some(body(&ExpireReply::closed(id, refunded))?),
-                effects,
-                ledger,
-                ..Unsealed::default()
-            })
-        }
-        /// Answers that packet `id` stays open until `expires_at` and, if
-        /// `token` names its pending expiry, sends that expiry again, due
-        /// then.
-        fn expire_later(
-            id: &str,
-            expires_at: chrono::DateTime<chrono::Utc>,
-            token: Option<String>,
-        ) -> Result<Unsealed, HandleError> {
-            let mut effects = Vec::new();
-            if let Some(token) = token {
-                let again = RedPacketExpire {
-                    packet_id: id.to_owned(),
-                    expires_at: Some(expires_at),
-                    token: Some(token),
-                };
-                effects.push(Outgoing::delayed(
-                    remaining_ms(expires_at),
-                    &with_type(red_packet::EXPIRE_TYPE, &again),
-                ));
-            }
-            Ok(Unsealed {
-                reply: Some(body(&ExpireReply::open_until(id, expires_at))?),
-                effects,
-                ..Unsealed::default()
-            })
-        }
-        fn body(value: &impl serde::Serialize) -> Result<Vec<u8>, HandleError> {
-            red_packet::encode(value).map_err(|e| HandleError::Internal(e.into()))
-        }
-        crate::messages::check_id("packet_id", &req.packet_id)?;
-        if let Some(token) = &req.token {
-            crate::messages::check_id("token", token)?;
-        }
-        let id = &req.packet_id;
-        let Some(packet) = red_packet::stored(&self.db, id).await? else {
-            return Err(Invalid::new(format!("no red packet named {id}")).into());
-        };
-        if let Some(refunded) = packet.refunded {
-            // Closed and recorded: answer again, and send the refund again in
-            // case the first send was lost (its entry id makes it once).
-            return closed(id, &packet, refunded, false, None);
-        }
-        let keys = PoolKeys::new(&self.config.redis_prefix, id);
-        let mut conn = self.redis.clone();
-        let missing = || {
-            HandleError::internal(format!(
-                "red packet {id} is open in Postgres but missing from Redis"
-            ))
-        };
-        // Early: delayed again if it is the pending expiry, else answered
-        // and dropped. (Closed in Redis but not yet recorded: close below.)
-        let mut early = if remaining_ms(packet.expires_at) > 0 {
-            Some(packet.expires_at)
-        } else {
-            None
-        };
-        loop {
-            if let Some(expires_at) = early {
-                match red_packet::pending_expiry(
-                    &mut conn,
-                    &self.scripts,
-                    &keys,
-                    req.token.as_deref(),
-                )
-                .await?
-                {
-                    Expiry::Pending(token) => return expire_later(id, expires_at, Some(token)),
-                    Expiry::Stale => {
-                        tracing::debug!(packet = %id, "an expiry that is not the pending one came early; dropped");
-                        return expire_later(id, expires_at, None);
-                    }
-                    Expiry::Closed => {}
-                    Expiry::Unknown => return Err(missing()),
-                }
-            }
-            match red_packet::close(&mut conn, &self.scripts, &keys).await? {
-                Close::Closed { refunded, .. } => {
-                    // Announced by whoever records the close, which the Redis
-                    // step's closer may not have lived to do.
-                    let first = red_packet::record_closed(&self.db, id, refunded).await?;
-                    // The close reveals the split the create committed to.
-                    let reveal = if first {
-                        red_packet::fair::reveal(&self.db, id).await?
-                    } else {
-                        None
-                    };
-                    return closed(id, &packet, refunded, first, reveal);
-                }
-                // Redis keeps its own copy of the expiry, which the grab
-                // script obeys; closing follows the same clock.
-                Close::Early { expires_at } if early.is_none() => early = Some(expires_at),
-                Close::Early { .. } => {
-                    return Err(HandleError::internal(format!(
-                        "red packet {id} is neither closed nor closable in Redis"
-                    )))
-                }
-                Close::Unknown => return Err(missing()),
-            }
+        red_packet::lifecycle::expire(&self.life(), req).await
+    }
+
+    /// What a red packet's lifecycle steps use of this worker.
+    fn life(&self) -> red_packet::lifecycle::Life<'_> {
+        red_packet::lifecycle::Life {
+            db: &self.db,
+            redis: &self.redis,
+            scripts: &self.scripts,
+            prefix: &self.config.redis_prefix,
         }
     }
 }
@@ -530,14 +330,6 @@ fn refilled(pool: &str, generation: u64) -> Vec<u8> {
             generation,
         },
     )
-}
-
-/// Milliseconds until `at` (0 when past).
-fn remaining_ms(at: chrono::DateTime<chrono::Utc>) -> u64 {
-    (at - chrono::Utc::now())
-        .num_milliseconds()
-        .max(0)
-        .unsigned_abs()
 }
 
 impl Handler for RefillWorker {

@@ -21,7 +21,10 @@
 //! the steps of one call (`OPEN` in `lua/lib/answer.lua`) is reset at the
 //! start of each call: a function library's locals outlive the call.
 
-use std::sync::Arc;
+use std::sync::{
+    atomic::{AtomicU64, Ordering},
+    Arc,
+};
 
 use redis::{aio::ConnectionLike, FromRedisValue, RedisResult, ToRedisArgs};
 use sha2::{Digest, Sha256};
@@ -31,6 +34,18 @@ use sha2::{Digest, Sha256};
 pub struct Script {
     name: Arc<str>,
     library: Arc<str>,
+    loads: Arc<Loads>,
+}
+
+/// One load at a time per script: when many calls find the library missing
+/// at once (a worker with hundreds of draws in flight after a Redis
+/// restart), the first loads it and the others call again, instead of each
+/// compiling the library while Redis waits.
+#[derive(Debug, Default)]
+struct Loads {
+    lock: tokio::sync::Mutex<()>,
+    /// Loads this process has made of the library.
+    done: AtomicU64,
 }
 
 impl Script {
@@ -74,6 +89,7 @@ impl Script {
         Self {
             name: name.into(),
             library: library.into(),
+            loads: Arc::default(),
         }
     }
 
@@ -155,19 +171,27 @@ impl ScriptInvocation<'_> {
 
     /// Calls the function, loading its library first if Redis does not
     /// have it.
-    pub async fn invoke_async<C, T>(&self, conn: &mut C) -> RedisResult<T>
-    where
-        C: ConnectionLike + Send,
-        T: FromRedisValue,
-    {
+    pub async fn invoke_async<T: FromRedisValue>(
+        &self,
+        conn: &mut (impl ConnectionLike + Send),
+    ) -> RedisResult<T> {
         let mut call = redis::cmd("FCALL");
         call.arg(self.script.name())
             .arg(self.keys.len())
             .arg(&self.keys[..])
             .arg(&self.args[..]);
+        let loads = &self.script.loads;
+        let before = loads.done.load(Ordering::Acquire);
         match call.query_async(conn).await {
             Err(e) if missing(&e) => {
-                self.script.load(conn).await?;
+                {
+                    let _one = loads.lock.lock().await;
+                    // Loaded by another call since this one failed: call again.
+                    if loads.done.load(Ordering::Acquire) == before {
+                        self.script.load(conn).await?;
+                        loads.done.fetch_add(1, Ordering::Release);
+                    }
+                }
                 call.query_async(conn).await
             }
             other => other,

@@ -30,6 +30,16 @@ async fn snapshot(env: &TestEnv, keys: &PoolKeys, day: &str) -> Vec<String> {
         .await
         .unwrap();
     meta.remove("due");
+    // The answer store's epochs ("<start>:<length>:<buckets>;…"): their
+    // start is the clock when the first answer was stored, which two pools
+    // drawn a moment apart need not share; their geometry must agree.
+    if let Some(epochs) = meta.get_mut("r.e") {
+        *epochs = epochs
+            .split(';')
+            .map(|e| e.split_once(':').map_or(e, |(_, rest)| rest))
+            .collect::<Vec<_>>()
+            .join(";");
+    }
     let mut out = vec![format!("{meta:?}")];
     for list in [keys.queue(), keys.held()] {
         let items: Vec<String> = redis::cmd("LRANGE")

@@ -657,7 +657,7 @@ async fn server_errors_are_classified_as_they_arrive() {
             .unwrap();
         let e = prizepool::scripts::Script::new(script)
             .key(&key)
-            .invoke_async::<_, i64>(&mut redis)
+            .invoke_async::<i64>(&mut redis)
             .await
             .unwrap_err();
         assert!(!is_transient(e), "{script}");

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-pub use super::{jackpot::Jackpot, storage::Storage};
+pub use super::{jackpot::Jackpot, storage::name::Storage};
 
 /// Largest batch a pool may define (prizes per batch).
 pub const MAX_BATCH_SIZE: u64 = 50_000_000;

@@ -58,13 +58,13 @@ pub mod codes;
 pub mod config;
 mod draw;
 pub mod jackpot;
+mod stocking;
 mod storage;
 
 use redis::aio::ConnectionLike;
 
 pub use batches::{
-    composition, stock_committed, stock_next, stock_next_as, Commitment, Recorder, StockError,
-    StockOutcome, DEFAULT_LEASE_MS,
+    composition, stock_committed, stock_next, stock_next_as, Commitment, Recorder, DEFAULT_LEASE_MS,
 };
 pub use coalesce::{Coalescer, MAX_PER_CALL, MAX_PRIZES_PER_CALL};
 pub use codes::{Batch, CodeTable};
@@ -73,6 +73,7 @@ pub(crate) use draw::draw_call;
 pub use draw::{
     draw, draw_many, draw_once, draw_script, stored_award, Decoder, DrawStep, Drawn, Pending,
 };
+pub use stocking::{StockError, StockOutcome};
 pub use storage::Storage;
 
 use crate::scripts::{PoolKeys, Scripts};

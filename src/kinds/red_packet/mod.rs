@@ -71,6 +71,7 @@
 
 pub mod fair;
 mod grab;
+pub mod lifecycle;
 pub mod split;
 
 pub use grab::grab;

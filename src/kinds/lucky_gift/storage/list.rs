@@ -26,8 +26,8 @@ use futures_util::future::BoxFuture;
 use super::{Conn, Layout};
 use crate::{
     kinds::lucky_gift::{
-        batches::{unclaimed, Attempt, Claimed, Filling},
-        StockError, StockOutcome, SPENT_TTL_S,
+        stocking::{unclaimed, Attempt, Claimed, Filling, StockError, StockOutcome},
+        SPENT_TTL_S,
     },
     scripts::{now_ms, PoolKeys, Scripts},
 };
@@ -37,10 +37,6 @@ use crate::{
 pub(super) struct List;
 
 impl Layout for List {
-    fn label(&self) -> &'static str {
-        "list"
-    }
-
     fn draw_script<'s>(&self, scripts: &'s Scripts) -> &'s Script {
         &scripts.draw_lucky_gift
     }

@@ -17,37 +17,23 @@
 //! keys `meta`, `held`, `spent:YYYYMMDD` and `rs` (see [`super`]).
 //!
 //! Adding a storage: a file here implementing [`Layout`], a variant of
-//! [`Storage`] with its arm in [`Storage::layout`] and its place in
-//! [`Storage::ALL`], and its draw script in [`crate::scripts::Scripts`].
+//! [`Storage`] (`name.rs`) with its label and its place in [`Storage::ALL`],
+//! its arm in [`Storage::layout`], and its draw script in
+//! [`crate::scripts::Scripts`].
 
 mod list;
+pub(super) mod name;
 mod sparse;
+
+pub use name::Storage;
 
 use futures_util::future::BoxFuture;
 use redis::{aio::ConnectionLike, Cmd, Pipeline, RedisFuture, Value};
-use serde::{Deserialize, Serialize};
 
-use super::{
-    batches::{Attempt, Claimed, Filling},
-    StockError, StockOutcome,
-};
+use super::stocking::{Attempt, Claimed, Filling, StockError, StockOutcome};
 use crate::scripts::{PoolKeys, Script, ScriptInvocation, Scripts};
 
-/// How a pool keeps its prizes in Redis (`storage = "…"` in a pool file,
-/// `meta.storage` in Redis). A pool never changes storage.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Storage {
-    /// Every prize is a list element (two bytes each for small codes).
-    List,
-    /// Only non-zero prizes are stored, by index.
-    Sparse,
-}
-
 impl Storage {
-    /// Every storage, in the order a config error lists them.
-    pub const ALL: [Storage; 2] = [Storage::List, Storage::Sparse];
-
     /// The implementation of this storage: the one place storages are
     /// registered.
     pub(super) fn layout(self) -> &'static dyn Layout {
@@ -55,31 +41,6 @@ impl Storage {
             Self::List => &list::List,
             Self::Sparse => &sparse::Sparse,
         }
-    }
-
-    /// The name pool files and `meta.storage` use.
-    pub fn label(self) -> &'static str {
-        self.layout().label()
-    }
-
-    /// The storage named `name` in a pool file, if there is one.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|s| s.label() == name)
-    }
-
-    /// The storage a pool's `meta.storage` names (`list` when absent).
-    pub fn from_label(label: Option<&str>) -> Self {
-        label.and_then(Self::from_name).unwrap_or(Self::List)
-    }
-
-    /// The names pool files may use, as a config error lists them
-    /// (`"list" or "sparse"`).
-    pub fn names() -> String {
-        Self::ALL
-            .iter()
-            .map(|s| format!("{:?}", s.label()))
-            .collect::<Vec<_>>()
-            .join(" or ")
     }
 
     /// The draw script of this storage.
@@ -106,9 +67,6 @@ impl Storage {
 /// counting and measuring a pool's prizes. Implementations are unit
 /// structs; [`Storage::layout`] hands them out.
 pub(super) trait Layout: Send + Sync {
-    /// The name pool files and `meta.storage` use.
-    fn label(&self) -> &'static str;
-
     /// The storage's draw script (`lua/draw_*.lua`, built by `coalesced!`).
     fn draw_script<'s>(&self, scripts: &'s Scripts) -> &'s Script;
 

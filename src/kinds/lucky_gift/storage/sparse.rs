@@ -31,8 +31,8 @@ use futures_util::future::BoxFuture;
 use super::{Conn, Layout};
 use crate::{
     kinds::lucky_gift::{
-        batches::{unclaimed, Attempt, Claimed, Filling},
-        StockError, StockOutcome, SPARSE_BUCKET, SPENT_TTL_S,
+        stocking::{unclaimed, Attempt, Claimed, Filling, StockError, StockOutcome},
+        SPARSE_BUCKET, SPENT_TTL_S,
     },
     scripts::{now_ms, PoolKeys, Scripts},
 };
@@ -71,10 +71,6 @@ async fn push(
 }
 
 impl Layout for Sparse {
-    fn label(&self) -> &'static str {
-        "sparse"
-    }
-
     fn draw_script<'s>(&self, scripts: &'s Scripts) -> &'s Script {
         &scripts.draw_sparse
     }

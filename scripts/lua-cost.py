@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Instructions Redis spends on one lucky-gift draw step, and where.
+
+Runs a private redis-server under valgrind's callgrind, loads the pool of
+examples/pools.toml into it (`prizepool pool load`, which needs the
+DATABASE_URL Postgres), loads the list-storage draw script as a function
+library built the way src/scripts/function.rs builds it, makes 20 warm-up
+draws of 10 prizes and then counts the instructions of 250 more. Counting
+instructions, not seconds, gives the same figure on a busy machine.
+
+Each argument is a line of the draw script's prelude (lib/*.lua and
+draw_lucky_gift.lua) before which the step returns early, so the figure is
+the cost of everything up to that line; `-` runs the whole step:
+
+    python3 scripts/lua-cost.py - "local plan, in_pool = jackpot_pick"
+
+An argument indented by two spaces cuts inside a function (the function
+returns nil, 0 there). Needs valgrind, redis-server, a release build of
+`prizepool` (PRIZEPOOL, default target/release/prizepool) and the redis
+Python package, which the script installs into target/lua-cost-venv.
+"""
+
+import glob
+import os
+import re
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VENV = os.path.join(ROOT, "target", "lua-cost-venv")
+
+if not os.environ.get("LUA_COST_VENV"):
+    if not os.path.exists(os.path.join(VENV, "bin", "python")):
+        subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
+        subprocess.run([os.path.join(VENV, "bin", "pip"), "install", "-q", "redis>=5"], check=True)
+    os.environ["LUA_COST_VENV"] = "1"
+    os.execv(os.path.join(VENV, "bin", "python"), [os.path.join(VENV, "bin", "python")] + sys.argv)
+
+import redis  # noqa: E402  (installed above)
+
+LUA = os.path.join(ROOT, "lua")
+PRIZEPOOL = os.environ.get("PRIZEPOOL", os.path.join(ROOT, "target", "release", "prizepool"))
+PORT = int(os.environ.get("LUA_COST_PORT", "6399"))
+CALLS = 250
+
+
+def read(path):
+    with open(os.path.join(LUA, path)) as f:
+        return f.read()
+
+
+def library(name, cut=None):
+    """The draw script's library, as src/scripts/function.rs lays it out."""
+    prelude = (read("lib/answer.lua") + read("lib/award.lua") + read("lib/jackpot.lua")
+               + read("lib/draw.lua") + "local function step(ARGV)\n"
+               + read("draw_lucky_gift.lua") + "\nend\n")
+    if cut:
+        early = "do return nil, 0 end\n" if cut.startswith("  ") else "do return {'cut','',0} end\n"
+        if cut not in prelude:
+            sys.exit(f"no such line in the prelude: {cut!r}")
+        prelude = prelude.replace(cut, early + cut, 1)
+    return (f"#!lua name={name}\nlocal KEYS, ARGV\n{prelude}\n"
+            f"local function body()\n{read('lib/many.lua')}\nend\n"
+            f"redis.register_function('{name}', function(keys, args)\n"
+            "KEYS, ARGV = keys, args\nOPEN = {}\nreturn body()\nend)\n")
+
+
+def measure(cut):
+    out = os.path.join(ROOT, "target", "lua-cost")
+    os.makedirs(out, exist_ok=True)
+    for f in glob.glob(os.path.join(out, "cg.*")):
+        os.remove(f)
+    server = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg.%p",
+         "redis-server", "--port", str(PORT), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    r = redis.Redis(port=PORT)
+    for _ in range(300):
+        try:
+            r.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.1)
+    pool = open(os.path.join(ROOT, "examples", "pools.toml")).read().replace("gift-1001", "cost")
+    with open(os.path.join(out, "pool.toml"), "w") as f:
+        f.write(pool)
+    env = dict(os.environ, REDIS_URL=f"redis://127.0.0.1:{PORT}")
+    subprocess.run([PRIZEPOOL, "pool", "load", os.path.join(out, "pool.toml")],
+                   check=True, capture_output=True, env=env)
+    r.function_load(library("cost", cut), replace=True)
+    day = time.strftime("%Y%m%d", time.gmtime())
+    keys = [f"pp:{{cost}}:{k}" for k in ("meta", "q", "held", f"spent:{day}", "rs")]
+
+    def draw():
+        token = b"90000:%d:" % int(time.time()) + os.urandom(24)
+        return r.fcall("cost", 5, *keys, 4, 10, 90000, 0, token)
+
+    for _ in range(20):
+        draw()
+    subprocess.run(["callgrind_control", "-z", str(server.pid)], capture_output=True)
+    for _ in range(CALLS):
+        reply = draw()
+    subprocess.run(["callgrind_control", "-d", str(server.pid)], capture_output=True)
+    r.shutdown(nosave=True)
+    server.wait()
+    for path in glob.glob(os.path.join(out, "cg.*.1")):
+        m = re.search(r"^(?:summary|totals):\s*(\d+)", open(path).read(), re.M)
+        if m:
+            return int(m.group(1)) // CALLS, reply[0].decode()
+    sys.exit("callgrind wrote no dump")
+
+
+if __name__ == "__main__":
+    for arg in sys.argv[1:] or ["-"]:
+        per_call, status = measure(None if arg == "-" else arg)
+        print(f"{per_call:>9,} instructions a call ({status})  {arg[:60]}")
