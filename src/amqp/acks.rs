@@ -19,7 +19,10 @@ use lapin::{
     options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions},
     Channel,
 };
-use tokio::{sync::mpsc, task::JoinHandle};
+use tokio::{
+    sync::{mpsc, oneshot},
+    task::JoinHandle,
+};
 use tokio_util::sync::CancellationToken;
 
 /// How a delivery ends.
@@ -126,10 +129,19 @@ impl AckWindow {
     }
 }
 
+/// What the acker is handed.
+#[derive(Debug)]
+enum Note {
+    /// A finished delivery.
+    Finished(u64, Settle),
+    /// Answered once everything handed on before it is sent.
+    Barrier(oneshot::Sender<()>),
+}
+
 /// The sending half, cloned into every delivery's task.
 #[derive(Debug, Clone)]
 pub struct Acks {
-    tx: mpsc::UnboundedSender<(u64, Settle)>,
+    tx: mpsc::UnboundedSender<Note>,
     /// Cancelled once a frame could not be sent: the channel is gone or
     /// stuck, and the session should end (the broker redelivers whatever it
     /// had not seen settled).
@@ -146,9 +158,13 @@ impl Acks {
         let task = tokio::spawn(async move {
             let mut window = AckWindow::default();
             let mut batch = Vec::with_capacity(256);
+            let mut barriers = Vec::new();
             while rx.recv_many(&mut batch, 1024).await > 0 {
-                for (tag, how) in batch.drain(..) {
-                    window.finish(tag, how);
+                for note in batch.drain(..) {
+                    match note {
+                        Note::Finished(tag, how) => window.finish(tag, how),
+                        Note::Barrier(done) => barriers.push(done),
+                    }
                 }
                 // All of a round's frames are queued at once, in order (a
                 // frame takes its place on the channel on its first poll),
@@ -172,6 +188,11 @@ impl Acks {
                     }
                 }
                 metrics::gauge!("prizepool_acks_held_ahead").set(window.ahead() as f64);
+                // This round's frames are on the channel, ahead of anything
+                // the caller of the barrier sends next.
+                for done in barriers.drain(..) {
+                    let _ = done.send(());
+                }
             }
         });
         (Self { tx, failed }, task)
@@ -185,7 +206,20 @@ impl Acks {
     /// Hands a finished delivery to the acker.
     pub fn finish(&self, tag: u64, how: Settle) {
         // Only fails once the acker is gone, and then so is the channel.
-        let _ = self.tx.send((tag, how));
+        let _ = self.tx.send(Note::Finished(tag, how));
+    }
+
+    /// Resolves once every delivery handed on before this call has had its
+    /// frame sent (or the acker is gone). A closing session waits for it,
+    /// not for the acker to end: deliveries still running past the grace
+    /// period keep the acker alive, and the acks of those that were
+    /// answered must not wait behind them.
+    pub fn barrier(&self) -> impl std::future::Future<Output = ()> + use<> {
+        let (done, sent) = oneshot::channel();
+        let _ = self.tx.send(Note::Barrier(done));
+        async move {
+            let _ = sent.await;
+        }
     }
 }
 

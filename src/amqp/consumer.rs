@@ -123,7 +123,7 @@ impl From<redis::RedisError> for HandleError {
 /// timed out, any I/O), the cluster (slots moving, a failover, a node down)
 /// or the server's state (loading a dump, busy with a slow script, out of
 /// memory, unable to persist) is at fault, not the request.
-fn redis_is_transient(e: &redis::RedisError) -> bool {
+pub(super) fn redis_is_transient(e: &redis::RedisError) -> bool {
     use redis::{ErrorKind, ServerErrorKind};
     if e.is_io_error()
         || e.is_connection_dropped()
@@ -174,7 +174,7 @@ impl From<sqlx::Error> for HandleError {
 }
 
 /// Whether retrying later may succeed (see [`From<sqlx::Error>`]).
-fn sqlx_is_transient(e: &sqlx::Error) -> bool {
+pub(super) fn sqlx_is_transient(e: &sqlx::Error) -> bool {
     match e {
         // The connection broke or could not be made, or the pool had none
         // to give (all busy, or closing for a shutdown). A protocol error
@@ -603,9 +603,18 @@ impl Link {
             acker,
             ..
         } = self;
-        // The acker ends once every handle is gone and its frames are out.
+        // Every ack handed on so far (those of every answered delivery: see
+        // `Groupers::closed`) goes out before the flush below, however
+        // long it takes a busy machine to get there: a lost ack is a
+        // redelivery answered twice. Deliveries still running past the
+        // grace period hold the acker open; they answer nothing.
+        let sent = acks.barrier();
         drop(acks);
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), acker).await;
+        if tokio::time::timeout(ACKS_SENT, sent).await.is_err() {
+            tracing::warn!("the last acks were not sent in time; their deliveries come back");
+        }
+        // The acker ends once every handle is gone and its frames are out.
+        let _ = tokio::time::timeout(std::time::Duration::from_millis(100), acker).await;
         // A synchronous round trip on the consuming channel: the broker
         // handles a channel's frames in order, so once qos-ok arrives every
         // ack sent before it has been processed (acks written just before a
@@ -810,6 +819,10 @@ struct Groupers {
 /// Held from a delivery's reply until its ack is handed on.
 type Replied = Option<OwnedRwLockReadGuard<bool>>;
 
+/// How long a closing session waits for its last acks to be sent (each
+/// frame is bounded on its own, `super::BROKER_OP_TIMEOUT`).
+const ACKS_SENT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Handles one delivery end to end and says how to settle it; never panics.
 async fn process<H: Handler>(
     config: &Config,
@@ -987,7 +1000,8 @@ async fn handle_caught<H: Handler>(
         .catch_unwind()
         .await
     {
-        Ok(result) => result,
+        // A lost connection is retried wherever it was classified.
+        Ok(result) => super::transient::settled(result),
         Err(panic) => {
             metrics::counter!("prizepool_handler_panics_total").increment(1);
             Err(HandleError::Internal(anyhow::anyhow!(

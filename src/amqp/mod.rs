@@ -34,6 +34,7 @@ pub mod grouped;
 mod publish;
 mod reply;
 pub mod rpc;
+mod transient;
 
 use anyhow::Context;
 
@@ -320,7 +321,10 @@ async fn declare_draw_routing(
 /// The queues a worker of `route` consumes: the route's queue and, for the
 /// draw route, every draw shard: the `shards` configured, and any further
 /// one a larger `DRAW_SHARDS` left behind (found by a passive declare, so a
-/// request already on it is still answered).
+/// request already on it is still answered). Every shard number up to
+/// [`MAX_DRAW_SHARDS`] is probed: an operator who deleted some of the
+/// shards left behind (the empty ones) may have kept a higher one that
+/// still holds requests.
 pub(crate) async fn consumed_queues(
     conn: &Connection,
     route: Route,
@@ -346,7 +350,8 @@ pub(crate) async fn consumed_queues(
             .await
             .is_ok();
         if !found {
-            break;
+            // The broker closed the probe's channel; a gap, not the end.
+            continue;
         }
         let _ = bounded("closing a probe", probe.close(200, "probed".into())).await;
         queues.push(draw_shard(k));

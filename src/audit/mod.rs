@@ -16,8 +16,11 @@
 //! `pool.refilled` event, which the audit queue keeps until Postgres is
 //! back. Events are checked before they are recorded ([`AuditWorker`]): a
 //! draw record by the seal the draw worker put on it ([`draw_completed`]),
-//! a commitment against the pool's state.
+//! a commitment by the seal the refill worker put on it, or else against the
+//! pool's state ([`commitments`]).
 
+mod commitments;
+mod recorder;
 mod verify;
 
 use std::{sync::Arc, time::Duration};
@@ -33,12 +36,14 @@ use serde_json::Value;
 use sqlx::{types::Json, PgPool};
 use tokio_util::sync::CancellationToken;
 
-pub use verify::{verify, verify_pool, BatchVerdict, Mismatch, Verdict};
+pub use commitments::{pool_refilled, CATCH_UP};
+pub use recorder::{drain_outbox, keep_draining, PgRecorder, OUTBOX, RECORD_WAIT};
+pub use verify::{merged, verify, verify_pool, BatchVerdict, Mismatch, Verdict};
 
 use crate::{
     amqp::{self, Group, HandleError, Handler, Outcome, Publisher, Route},
     config::Config,
-    kinds::lucky_gift::{Commitment, Recorder},
+    kinds::lucky_gift::Commitment,
     ledger::{FleetSealer, Sealer},
     messages::{DrawResult, Invalid, PoolRefilled, Reveal, Status},
     ops::Health,
@@ -228,95 +233,9 @@ fn recordable(result: &DrawResult) -> Option<(&str, i64, i64, i64)> {
     }
 }
 
-/// The refill worker's [`Recorder`]: writes each commitment to Postgres
-/// before its batch becomes visible, and keeps it for the `pool.refilled`
-/// event. A Postgres that is away (or slower than [`RECORD_WAIT`]) is
-/// logged and skipped: stocking must go on, and the event brings the
-/// commitment to Postgres later.
-#[derive(Debug)]
-pub struct PgRecorder<'a> {
-    db: &'a PgPool,
-    last: std::sync::Mutex<Option<Commitment>>,
-}
-
-/// How long stocking waits for Postgres to take a commitment.
-pub const RECORD_WAIT: Duration = Duration::from_millis(500);
-
-impl<'a> PgRecorder<'a> {
-    /// A recorder writing to `db`.
-    pub fn new(db: &'a PgPool) -> Self {
-        Self {
-            db,
-            last: std::sync::Mutex::new(None),
-        }
-    }
-
-    /// The last commitment recorded (for the `pool.refilled` event).
-    pub fn take(&self) -> Option<Commitment> {
-        self.last.lock().unwrap_or_else(|e| e.into_inner()).take()
-    }
-}
-
-/// After a commitment failed to reach Postgres, stocking stops trying for
-/// this long: while Postgres is away each batch would otherwise wait
-/// [`RECORD_WAIT`], and draws would meet a short pool. The events bring
-/// those commitments to Postgres later.
-const AWAY_FOR: Duration = Duration::from_secs(5);
-
-/// Until when commitments skip each database (by host, port and name; see
-/// [`AWAY_FOR`]).
-static AWAY_UNTIL: std::sync::Mutex<Vec<(String, std::time::Instant)>> =
-    std::sync::Mutex::new(Vec::new());
-
-impl Recorder for PgRecorder<'_> {
-    async fn record(&self, c: &Commitment) {
-        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(c.clone());
-        let options = self.db.connect_options();
-        let database = format!(
-            "{}:{}/{}",
-            options.get_host(),
-            options.get_port(),
-            options.get_database().unwrap_or_default()
-        );
-        let away = |until: Option<std::time::Instant>| {
-            let mut all = AWAY_UNTIL.lock().unwrap_or_else(|e| e.into_inner());
-            let now = std::time::Instant::now();
-            all.retain(|(d, t)| *d != database && *t > now);
-            if let Some(until) = until {
-                all.push((database.clone(), until));
-            }
-        };
-        let skip = AWAY_UNTIL
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .any(|(d, until)| *d == database && std::time::Instant::now() < *until);
-        if skip {
-            tracing::debug!(
-                pool = %c.pool, generation = c.generation,
-                "Postgres was away a moment ago; the pool.refilled event will bring the commitment"
-            );
-            return;
-        }
-        match tokio::time::timeout(RECORD_WAIT, record_batch(self.db, c)).await {
-            Ok(Ok(())) => away(None),
-            Ok(Err(e)) => {
-                away(Some(std::time::Instant::now() + AWAY_FOR));
-                tracing::warn!(
-                    pool = %c.pool, generation = c.generation, error = %e,
-                    "commitment not recorded in Postgres yet; the pool.refilled event will bring it"
-                );
-            }
-            Err(_) => {
-                away(Some(std::time::Instant::now() + AWAY_FOR));
-                tracing::warn!(
-                    pool = %c.pool, generation = c.generation,
-                    "Postgres is slow; the commitment will be recorded from the pool.refilled event"
-                );
-            }
-        }
-    }
-}
+/// How old the key may be when a record did not check with it, before it
+/// is read again: a burst of forgeries costs Redis a read a second at most.
+const SEAL_RECHECK: Duration = Duration::from_secs(1);
 
 /// The audit consumer: records the events of [`EVENTS`], each checked
 /// first (anyone who may publish on the events exchange could otherwise
@@ -331,8 +250,11 @@ pub struct AuditWorker {
     db: PgPool,
     redis: crate::redis_conn::RedisConn,
     prefix: String,
-    /// The fleet's key, which seals every `draw.completed` record.
-    sealer: Sealer,
+    /// The fleet's key, which seals every `draw.completed` record and every
+    /// `pool.refilled`, read again as the fleet's key changes.
+    sealer: FleetSealer,
+    /// `LEDGER_SEAL_KEY`, when set.
+    key: Option<String>,
 }
 
 impl AuditWorker {
@@ -348,8 +270,41 @@ impl AuditWorker {
             db,
             redis,
             prefix: prefix.to_owned(),
-            sealer,
+            sealer: FleetSealer::fixed(sealer),
+            key: None,
         }
+    }
+
+    /// A consumer that checks records with the fleet's key as the workers
+    /// hold it: `LEDGER_SEAL_KEY` (`key`), or the key kept in Redis under
+    /// `prefix`, read again when it changes.
+    pub fn of_fleet(
+        db: PgPool,
+        redis: crate::redis_conn::RedisConn,
+        prefix: &str,
+        key: Option<String>,
+    ) -> Self {
+        Self {
+            db,
+            redis,
+            prefix: prefix.to_owned(),
+            sealer: FleetSealer::default(),
+            key,
+        }
+    }
+
+    /// The fleet's sealer; read again from Redis first when `fresh` (a
+    /// record did not check with the one held: the key may have changed).
+    async fn sealer(&self, fresh: bool) -> Result<std::sync::Arc<Sealer>, HandleError> {
+        let max_age = match fresh {
+            true => SEAL_RECHECK,
+            false => crate::ledger::KEY_REFRESH,
+        };
+        let mut conn = self.redis.clone();
+        Ok(self
+            .sealer
+            .get_with(&mut conn, &self.prefix, self.key.as_deref(), max_age)
+            .await?)
     }
 
     /// Reads one `draw.completed` record and refuses it unless it carries
@@ -358,7 +313,7 @@ impl AuditWorker {
     /// worker sealed (the record's `type` and `seal` are not part of them,
     /// and a field the result does not know cannot reach the trail). Pure
     /// CPU: no Redis, however many records a group holds.
-    fn check_draw(&self, event: &Value) -> Result<DrawResult, HandleError> {
+    fn check_draw(sealer: &Sealer, event: &Value) -> Result<DrawResult, HandleError> {
         let result = DrawResult::deserialize(event)
             .map_err(|e| Invalid::new(format!("a draw.completed that does not read: {e}")))?;
         // Only what the trail records needs a seal; other results are skipped.
@@ -381,7 +336,7 @@ impl AuditWorker {
         };
         let canonical = serde_json::to_vec(&result)
             .map_err(|e| HandleError::internal(format!("serialising a draw record: {e}")))?;
-        if !self.sealer.check_record(&canonical, seal) {
+        if !sealer.check_record(&canonical, seal) {
             return Err(Invalid::new(format!(
                 "draw {} of pool {pool} does not carry the fleet's seal over its content",
                 result.request_id
@@ -391,53 +346,36 @@ impl AuditWorker {
         Ok(result)
     }
 
-    /// Refuses a commitment the pool's state does not vouch for.
-    async fn check_batch(&self, c: &Commitment) -> Result<(), HandleError> {
-        crate::messages::check_id("pool", &c.pool)?;
-        let keys = crate::scripts::PoolKeys::new(&self.prefix, &c.pool);
-        let mut conn = self.redis.clone();
-        let kept: Option<String> = redis::cmd("HGET")
-            .arg(keys.meta())
-            .arg(format!("c:{}", c.generation))
-            .query_async(&mut conn)
-            .await?;
-        let seed = match kept.as_deref().and_then(|k| k.split_once('|')) {
-            Some((version, seed)) if version.parse::<i64>().ok() == Some(c.version) => {
-                Some(seed.to_owned())
+    /// The draw records of `events` that carry the fleet's seal, checked
+    /// with the key held and, for any that fails, once more with the key
+    /// read again (the fleet's key may have just changed). A lone record
+    /// that fails is refused (dead-lettered); one bad record of a group is
+    /// logged and counted and the others are recorded.
+    async fn checked_draws(&self, events: &[Value]) -> Result<Vec<DrawResult>, HandleError> {
+        let sealer = self.sealer(false).await?;
+        let mut checked = Vec::with_capacity(events.len());
+        let mut fresh = None;
+        for e in events {
+            let result = match Self::check_draw(&sealer, e) {
+                Err(HandleError::Invalid(_)) => {
+                    if fresh.is_none() {
+                        fresh = Some(self.sealer(true).await?);
+                    }
+                    Self::check_draw(fresh.as_deref().unwrap_or(&sealer), e)
+                }
+                other => other,
+            };
+            match result {
+                Ok(result) => checked.push(result),
+                Err(HandleError::Invalid(invalid)) if events.len() > 1 => {
+                    metrics::counter!("prizepool_audit_refused_total").increment(1);
+                    let request_id = e.get("request_id").and_then(Value::as_str);
+                    tracing::error!(request.id = request_id.unwrap_or_default(), reason = %invalid, "draw record refused by the audit");
+                }
+                Err(e) => return Err(e),
             }
-            Some(_) => None,
-            None => sqlx::query_scalar(
-                "SELECT seed FROM fair_reveals WHERE pool = $1 AND generation = $2 AND version = $3",
-            )
-            .bind(&c.pool)
-            .bind(c.generation as i64)
-            .bind(c.version)
-            .fetch_optional(&self.db)
-            .await?,
-        };
-        let seed_ok = seed
-            .as_deref()
-            .and_then(crate::fairness::Seed::from_hex)
-            .is_some_and(|s| s.commitment() == c.commitment);
-        let config: Option<Json<crate::kinds::lucky_gift::PoolConfig>> = sqlx::query_scalar(
-            "SELECT config FROM pool_versions WHERE pool_id = $1 AND version = $2",
-        )
-        .bind(&c.pool)
-        .bind(c.version)
-        .fetch_optional(&self.db)
-        .await?;
-        let composition_ok = config.is_some_and(|Json(config)| {
-            crate::kinds::lucky_gift::composition(&config) == c.composition
-                && config.batch_size() == c.size
-        });
-        if !(seed_ok && composition_ok) {
-            return Err(Invalid::new(format!(
-                "the commitment of batch {} of pool {} does not match the pool's state",
-                c.generation, c.pool
-            ))
-            .into());
         }
-        Ok(())
+        Ok(checked)
     }
 
     /// Records one event.
@@ -448,35 +386,30 @@ impl AuditWorker {
             .unwrap_or_default();
         match kind {
             "draw.completed" => {
-                let result = self.check_draw(event)?;
-                record_draw(&self.db, &result).await?;
+                let result = self.checked_draws(std::slice::from_ref(event)).await?;
+                record_draws(&self.db, &result).await?;
             }
             "draw.completed.batch" => {
                 let events = event
                     .get("events")
                     .and_then(Value::as_array)
                     .ok_or_else(|| Invalid::new("draw.completed.batch without events"))?;
-                let mut checked = Vec::with_capacity(events.len());
-                for e in events {
-                    // One bad record must not keep the others of its group
-                    // out of the trail: it is logged and counted, the rest
-                    // recorded (a lone bad event is dead-lettered).
-                    match self.check_draw(e) {
-                        Ok(result) => checked.push(result),
-                        Err(HandleError::Invalid(invalid)) => {
-                            metrics::counter!("prizepool_audit_refused_total").increment(1);
-                            let request_id = e.get("request_id").and_then(Value::as_str);
-                            tracing::error!(request.id = request_id.unwrap_or_default(), reason = %invalid, "draw record refused by the audit");
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
+                let checked = self.checked_draws(events).await?;
                 record_draws(&self.db, &checked).await?;
             }
             "pool.refilled" => {
-                let event: PoolRefilled = serde_json::from_value(event.clone()).map_err(|e| {
+                let raw = event;
+                let event: PoolRefilled = serde_json::from_value(raw.clone()).map_err(|e| {
                     Invalid::new(format!("a pool.refilled that does not read: {e}"))
                 })?;
+                // The refill worker's seal vouches for the event whatever
+                // state the pool is in by now; an unsealed one is checked
+                // against that state.
+                let mut sealed = commitments::is_sealed(&*self.sealer(false).await?, raw, &event);
+                if !sealed && raw.get("seal").is_some() {
+                    // Sealed with a key this consumer does not hold yet.
+                    sealed = commitments::is_sealed(&*self.sealer(true).await?, raw, &event);
+                }
                 if let (Some(commitment), Some(composition)) = (event.commitment, event.composition)
                 {
                     let c = Commitment {
@@ -487,7 +420,10 @@ impl AuditWorker {
                         size: event.size as u64,
                         composition,
                     };
-                    self.check_batch(&c).await?;
+                    crate::messages::check_id("pool", &c.pool)?;
+                    if !sealed {
+                        commitments::check_state(&self.db, &self.redis, &self.prefix, &c).await?;
+                    }
                     record_batch(&self.db, &c).await?;
                 }
             }
@@ -621,11 +557,8 @@ pub async fn run(
     if !declare_queue(&config, &shutdown).await? {
         return Ok(());
     }
-    let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
-    let key = config.ledger_seal_key.as_ref().map(|k| k.0.as_str());
-    let sealer = Sealer::load(&mut redis, &config.redis_prefix, key)
-        .await
-        .context("loading the fleet's seal key")?;
-    let worker = AuditWorker::new(db, redis, &config.redis_prefix, sealer);
+    let redis = crate::redis_conn::connect(&config.redis_url).await?;
+    let key = config.ledger_seal_key.as_ref().map(|k| k.0.clone());
+    let worker = AuditWorker::of_fleet(db, redis, &config.redis_prefix, key);
     amqp::run(&config, Arc::new(worker), health, shutdown).await
 }

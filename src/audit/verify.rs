@@ -24,6 +24,9 @@ pub struct Verdict {
 /// The verdict on one batch.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct BatchVerdict {
+    /// The pool whose batch this is: the pool verified, or for a sharded
+    /// pool the sub-pool (`<pool>~<shard>`) that was stocked with it.
+    pub pool: String,
     pub generation: u64,
     /// `ok`, `unrevealed` (the seed is still secret: nothing to check yet),
     /// or `mismatch` (see `first_mismatch`).
@@ -180,6 +183,17 @@ pub async fn verify_pool(
     Ok(verdicts)
 }
 
+/// The verdicts of [`verify_pool`] as one: the pool's, holding every
+/// sub-pool's batches (each naming its sub-pool), so a plain pool and a
+/// sharded one answer in one shape (`audit verify --json`).
+pub fn merged(pool: &str, verdicts: Vec<Verdict>) -> Verdict {
+    Verdict {
+        pool: pool.to_owned(),
+        ok: verdicts.iter().all(|v| v.ok),
+        batches: verdicts.into_iter().flat_map(|v| v.batches).collect(),
+    }
+}
+
 async fn verify_batch(db: &PgPool, pool: &str, g: u64) -> Result<BatchVerdict, sqlx::Error> {
     let rows: Vec<(i64, String, i64, Json<Vec<ComboStock>>)> = sqlx::query_as(
         "SELECT version, commitment, size, composition FROM fair_batches
@@ -197,6 +211,7 @@ async fn verify_batch(db: &PgPool, pool: &str, g: u64) -> Result<BatchVerdict, s
     .fetch_optional(db)
     .await?;
     let mut verdict = BatchVerdict {
+        pool: pool.to_owned(),
         generation: g,
         status: "ok",
         version: rows.first().map(|r| r.0),

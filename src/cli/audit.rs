@@ -76,14 +76,10 @@ pub(super) async fn run(config: &Config, command: AuditCommand) -> anyhow::Resul
         .context("reading the audit trail")?;
     let ok = verdicts.iter().all(|v| v.ok);
     if json {
-        // One verdict, or the pool's and one per sub-pool of a sharded pool.
-        match verdicts.as_slice() {
-            [verdict] => println!("{}", serde_json::to_string_pretty(verdict)?),
-            all => {
-                let out = serde_json::json!({"pool": pool, "ok": ok, "sub_pools": all});
-                println!("{}", serde_json::to_string_pretty(&out)?)
-            }
-        }
+        // One shape for every pool: a sharded pool's batches name their
+        // sub-pools.
+        let verdict = crate::audit::merged(&pool, verdicts);
+        println!("{}", serde_json::to_string_pretty(&verdict)?);
     } else {
         for verdict in &verdicts {
             if verdicts.len() > 1 {

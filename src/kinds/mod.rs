@@ -125,6 +125,27 @@ impl Kind {
 /// over (a kind is one Redis read away).
 const MAX_CACHED_KINDS: usize = 100_000;
 
+/// `kind`, `storage`, `strategy`, `shards` and `r.e` of a pool's meta hash.
+type MetaFields = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<u32>,
+    Option<String>,
+);
+
+/// What [`Kinds`] remembers of a pool id.
+#[derive(Clone, Copy, Debug)]
+struct Resolved {
+    kind: Kind,
+    shards: u32,
+    /// A sharded pool whose own answer store holds answers: refusals
+    /// stored before the pool was loaded with its shards (an
+    /// `unknown_pool`), which its requests' retries must still find
+    /// ([`Kinds::answered_before`]).
+    answered_before: bool,
+}
+
 /// The dispatch: resolves a pool's kind and runs its draw step.
 #[derive(Debug)]
 pub struct Kinds {
@@ -135,7 +156,7 @@ pub struct Kinds {
     /// kind (the registry in Postgres enforces one namespace) and a pool
     /// never changes its shards (`pool load` refuses it), so entries never
     /// go stale.
-    kinds: RwLock<HashMap<String, (Kind, u32)>>,
+    kinds: RwLock<HashMap<String, Resolved>>,
     lucky: lucky_gift::Decoder,
     lucky_calls: lucky_gift::Coalescer,
 }
@@ -172,7 +193,17 @@ impl Kinds {
     /// The kind of pool `id`, from the cache or Redis; `None` if unknown.
     /// A sub-pool of a sharded pool resolves as the kind it holds.
     pub async fn resolve(&self, id: &str) -> Result<Option<Kind>, HandleError> {
-        Ok(self.resolve_sharded(id).await?.map(|(kind, _)| kind))
+        Ok(self.resolve_sharded(id).await?.map(|r| r.kind))
+    }
+
+    /// Whether pool `pool` routes its draws to sub-pools while its own
+    /// answer store holds answers from before it was loaded (see
+    /// [`Kinds::open`]).
+    pub(crate) async fn answered_before(&self, pool: &str) -> Result<bool, HandleError> {
+        Ok(self
+            .resolve_sharded(pool)
+            .await?
+            .is_some_and(|r| r.answered_before))
     }
 
     /// Where a draw of `user` from pool `pool` runs: the pool's kind and the
@@ -186,7 +217,7 @@ impl Kinds {
         pool: &str,
         user: i64,
     ) -> Result<Option<(Kind, String)>, HandleError> {
-        let Some((kind, shards)) = self.resolve_sharded(pool).await? else {
+        let Some(Resolved { kind, shards, .. }) = self.resolve_sharded(pool).await? else {
             return Ok(None);
         };
         if matches!(kind, Kind::LuckyGift(_))
@@ -201,22 +232,20 @@ impl Kinds {
         Ok(Some((kind, lucky_gift::config::sub_pool_id(pool, shard))))
     }
 
-    async fn resolve_sharded(&self, id: &str) -> Result<Option<(Kind, u32)>, HandleError> {
-        if let Some(kind) = self.kinds.read().await.get(id) {
-            return Ok(Some(*kind));
+    async fn resolve_sharded(&self, id: &str) -> Result<Option<Resolved>, HandleError> {
+        if let Some(resolved) = self.kinds.read().await.get(id) {
+            return Ok(Some(*resolved));
         }
         let mut conn = self.redis.clone();
-        let (label, storage, strategy, shards): (
-            Option<String>,
-            Option<String>,
-            Option<String>,
-            Option<u32>,
-        ) = redis::cmd("HMGET")
+        // `r.e`: the epochs of the pool's own answer store, there once an
+        // answer was stored under the pool's id (lua/lib/answer.lua).
+        let (label, storage, strategy, shards, epochs): MetaFields = redis::cmd("HMGET")
             .arg(self.keys(id).meta())
             .arg("kind")
             .arg("storage")
             .arg("strategy")
             .arg("shards")
+            .arg("r.e")
             .query_async(&mut conn)
             .await?;
         let kind = match label.as_deref() {
@@ -252,8 +281,13 @@ impl Kinds {
         if kinds.len() >= MAX_CACHED_KINDS {
             kinds.clear();
         }
-        kinds.insert(id.to_owned(), (kind, shards));
-        Ok(Some((kind, shards)))
+        let resolved = Resolved {
+            kind,
+            shards,
+            answered_before: shards > 1 && epochs.is_some(),
+        };
+        kinds.insert(id.to_owned(), resolved);
+        Ok(Some(resolved))
     }
 
     /// One draw step of `kind` for `ask`.

@@ -96,13 +96,20 @@ impl Kinds {
             return Err(answer::reused("request_id", &req.request_id));
         }
         match self.route(&req.pool, req.user_id).await? {
-            Some((kind, home)) => Ok(Opened::Ready(Prepared {
-                req,
-                tokens,
-                kind,
-                home,
-                ttl,
-            })),
+            Some((kind, home)) => {
+                if home != req.pool && self.answered_before(&req.pool).await? {
+                    if let Some(refusal) = self.answer_before_shards(&req.pool, &tokens).await? {
+                        return Ok(Opened::Answered(req, Step::Refused(refusal)));
+                    }
+                }
+                Ok(Opened::Ready(Prepared {
+                    req,
+                    tokens,
+                    kind,
+                    home,
+                    ttl,
+                }))
+            }
             None => {
                 let ask = Ask {
                     request_id: &req.request_id,
@@ -117,6 +124,40 @@ impl Kinds {
                     .await?;
                 Ok(Opened::Answered(req, step))
             }
+        }
+    }
+
+    /// The refusal stored for the request in the answer store of `pool`
+    /// itself, before `pool` was loaded with shards: an `unknown_pool`
+    /// answered while the id named no pool. Draws of a sharded pool run on
+    /// their user's sub-pool and store their answers there; a retry of a
+    /// request refused before the load must meet that first answer, not
+    /// draw. Only pools whose own store holds answers pay this look-up.
+    async fn answer_before_shards(
+        &self,
+        pool: &str,
+        tokens: &Tokens,
+    ) -> Result<Option<Refusal>, HandleError> {
+        let mut conn = self.redis();
+        let stored: Option<Vec<u8>> = self
+            .scripts()
+            .forget
+            .key(self.keys(pool).results())
+            .arg(&tokens.answer)
+            .arg("answer")
+            .arg("peek")
+            .invoke_async(&mut conn)
+            .await?;
+        let Some(body) = stored else {
+            return Ok(None);
+        };
+        // Only refusals are stored under a sharded pool's own id: its
+        // awards are its sub-pools'.
+        match String::from_utf8_lossy(&body).strip_prefix('!') {
+            Some(refusal) => Refusal::parse(refusal).map(Some),
+            None => Err(HandleError::internal(format!(
+                "pool {pool} holds an award under its own id though its draws run on sub-pools"
+            ))),
         }
     }
 

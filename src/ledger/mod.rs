@@ -27,12 +27,14 @@
 //! before the commit.
 
 mod entries;
+mod fleet_key;
 pub mod reasons;
 mod seal;
 
 pub use entries::{Unsealed, ENTRIES};
+pub use fleet_key::{FleetSealer, KEY_REFRESH};
 pub use reasons::{check_movement, MAX_AMOUNT};
-pub use seal::{FleetSealer, Sealer, INTERNAL_ID_PREFIXES};
+pub use seal::{Sealer, INTERNAL_ID_PREFIXES, KEY_RING};
 
 use std::borrow::Cow;
 use std::collections::HashMap;

@@ -41,6 +41,10 @@ pub const INTERNAL_ID_PREFIXES: &[&str] = &["draw:", "redpacket:", "lottery:"];
 /// way round.
 const RECORD_TAG: &[u8] = b"prizepool/draw.completed/v1\n";
 
+/// What a batch record's seal (`pool.refilled`) covers before the record's
+/// bytes: a batch seal passes neither as a draw seal nor as a ledger seal.
+const BATCH_TAG: &[u8] = b"prizepool/pool.refilled/v1\n";
+
 /// Seals and checks entries with the fleet's key.
 #[derive(Clone)]
 pub struct Sealer {
@@ -48,7 +52,18 @@ pub struct Sealer {
     /// again for every seal made or checked (two of the four SHA-256 blocks
     /// a short message costs).
     keyed: Hmac<Sha256>,
+    /// The key itself, to put it back in Redis if Redis lost it.
+    key: Vec<u8>,
+    /// The fleet's earlier keys ([`KEY_RING`]): what they sealed still
+    /// checks, so entries sealed just before the key changed, and their
+    /// dead letters, are not forgeries. Seals are made with `keyed` only.
+    earlier: Vec<Hmac<Sha256>>,
 }
+
+/// The suffix of the Redis set of every key the fleet has sealed with
+/// (`<prefix>:ledger-seal-key:ring`), next to the current key
+/// (`<prefix>:ledger-seal-key`).
+pub const KEY_RING: &str = ":ring";
 
 impl std::fmt::Debug for Sealer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -59,10 +74,11 @@ impl std::fmt::Debug for Sealer {
 impl Sealer {
     /// A sealer with `key`.
     pub fn new(key: impl AsRef<[u8]>) -> Self {
-        // Any key length is accepted by HMAC.
-        let keyed = <Hmac<Sha256> as Mac>::new_from_slice(key.as_ref())
-            .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"));
-        Self { keyed }
+        Self {
+            keyed: hmac_of(key.as_ref()),
+            key: key.as_ref().to_vec(),
+            earlier: Vec::new(),
+        }
     }
 
     /// The fleet's sealer: `key` (`LEDGER_SEAL_KEY`), or the key kept in
@@ -72,46 +88,114 @@ impl Sealer {
         prefix: &str,
         key: Option<&str>,
     ) -> Result<Self, redis::RedisError> {
-        if let Some(key) = key.filter(|k| !k.is_empty()) {
-            return Ok(Self::new(key));
+        match key.filter(|k| !k.is_empty()) {
+            Some(key) => Ok(Self::new(key)),
+            None => Self::kept(conn, prefix, None).await,
         }
-        let mut fresh = [0u8; 32];
-        rand::rng().fill_bytes(&mut fresh);
-        let fresh: String = fresh.iter().map(|b| format!("{b:02x}")).collect();
+    }
+
+    /// The key kept in Redis under `prefix`, with the fleet's earlier keys.
+    /// When Redis holds none (the first worker, or a Redis that lost it),
+    /// `keep` is put there (the key this process sealed with until now,
+    /// so the fleet goes on with it), else a fresh random key. `keep` is
+    /// added to the ring of earlier keys in any case: if another process
+    /// put a key of its own first, what this process sealed still checks.
+    pub(super) async fn kept<C: ConnectionLike + Send>(
+        conn: &mut C,
+        prefix: &str,
+        keep: Option<&[u8]>,
+    ) -> Result<Self, redis::RedisError> {
+        let candidate = match keep {
+            Some(key) => key.to_vec(),
+            None => {
+                let mut fresh = [0u8; 32];
+                rand::rng().fill_bytes(&mut fresh);
+                to_hex(&fresh).into_bytes()
+            }
+        };
         let key_name = format!("{prefix}:ledger-seal-key");
-        let previous: Option<String> = redis::cmd("SET")
+        let previous: Option<Vec<u8>> = redis::cmd("SET")
             .arg(&key_name)
-            .arg(&fresh)
+            .arg(&candidate)
             .arg("NX")
             .arg("GET")
             .query_async(conn)
             .await?;
-        Ok(Self::new(previous.unwrap_or(fresh)))
+        let current = previous.unwrap_or_else(|| candidate.clone());
+        let ring = format!("{key_name}{KEY_RING}");
+        let mut add = redis::cmd("SADD");
+        add.arg(&ring).arg(&current);
+        if let Some(keep) = keep {
+            add.arg(keep);
+        }
+        add.query_async::<()>(conn).await?;
+        let all: Vec<Vec<u8>> = redis::cmd("SMEMBERS").arg(&ring).query_async(conn).await?;
+        let mut sealer = Self::new(&current);
+        sealer.earlier = all
+            .iter()
+            .filter(|k| **k != current)
+            .map(|k| hmac_of(k))
+            .collect();
+        Ok(sealer)
+    }
+
+    /// The key this sealer seals with.
+    pub(super) fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// Whether this sealer seals with the same key as `other`.
+    pub fn same_key(&self, other: &Sealer) -> bool {
+        self.key == other.key
     }
 
     fn keyed(&self) -> Hmac<Sha256> {
         self.keyed.clone()
     }
 
-    fn mac(&self, entry: &SettleRequest) -> Hmac<Sha256> {
-        let mut mac = self.keyed();
-        // The numbers in decimal, written into a buffer on the stack: the
-        // settle worker checks every entry it takes.
-        let mut account = Decimal::default();
-        let mut amount = Decimal::default();
-        for field in [
-            entry.entry_id.as_bytes(),
-            account.of(entry.account),
-            entry.asset.as_bytes(),
-            amount.of(entry.amount),
-            entry.reason.as_bytes(),
-        ] {
-            mac.update(field);
-            mac.update(b"\n");
-        }
-        mac
+    /// Whether `seal` (hex) is the tag `mac` computes with the current key
+    /// or one of the earlier ones.
+    fn verifies(&self, seal: &str, mac: impl Fn(Hmac<Sha256>) -> Hmac<Sha256>) -> bool {
+        let Some(tag) = from_hex(seal) else {
+            return false;
+        };
+        std::iter::once(&self.keyed)
+            .chain(&self.earlier)
+            .any(|keyed| mac(keyed.clone()).verify_slice(&tag).is_ok())
     }
 
+    fn mac(&self, entry: &SettleRequest) -> Hmac<Sha256> {
+        entry_mac(self.keyed(), entry)
+    }
+}
+
+/// HMAC-SHA256 keyed with `key`.
+fn hmac_of(key: &[u8]) -> Hmac<Sha256> {
+    // Any key length is accepted by HMAC.
+    <Hmac<Sha256> as Mac>::new_from_slice(key)
+        .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"))
+}
+
+/// `mac` over a ledger entry's sealed fields.
+fn entry_mac(mut mac: Hmac<Sha256>, entry: &SettleRequest) -> Hmac<Sha256> {
+    // The numbers in decimal, written into a buffer on the stack: the
+    // settle worker checks every entry it takes.
+    let mut account = Decimal::default();
+    let mut amount = Decimal::default();
+    for field in [
+        entry.entry_id.as_bytes(),
+        account.of(entry.account),
+        entry.asset.as_bytes(),
+        amount.of(entry.amount),
+        entry.reason.as_bytes(),
+    ] {
+        mac.update(field);
+        mac.update(b"\n");
+    }
+    mac
+}
+
+impl Sealer {
     /// `entry` with its seal set.
     pub fn seal(&self, mut entry: SettleRequest) -> SettleRequest {
         entry.seal = Some(to_hex(&self.mac(&entry).finalize().into_bytes()));
@@ -119,10 +203,23 @@ impl Sealer {
     }
 
     fn record_mac(&self, record: &[u8]) -> Hmac<Sha256> {
-        let mut mac = self.keyed();
-        mac.update(RECORD_TAG);
-        mac.update(record);
-        mac
+        self.tagged_mac(RECORD_TAG, record)
+    }
+
+    fn tagged_mac(&self, tag: &[u8], record: &[u8]) -> Hmac<Sha256> {
+        tagged(self.keyed(), tag, record)
+    }
+
+    /// The seal of a batch record (a `pool.refilled` event) whose canonical
+    /// bytes are `record` (its `PoolRefilled`, as `serde_json::to_vec`
+    /// writes it): 64 hex digits.
+    pub fn seal_batch(&self, record: &[u8]) -> String {
+        to_hex(&self.tagged_mac(BATCH_TAG, record).finalize().into_bytes())
+    }
+
+    /// Whether `seal` is this key's seal of the batch record `record`.
+    pub fn check_batch(&self, record: &[u8], seal: &str) -> bool {
+        self.verifies(seal, |keyed| tagged(keyed, BATCH_TAG, record))
     }
 
     /// The seal of a draw record whose canonical bytes are `record` (the
@@ -134,7 +231,7 @@ impl Sealer {
     /// Whether `seal` is this key's seal of `record` (compared in constant
     /// time).
     pub fn check_record(&self, record: &[u8], seal: &str) -> bool {
-        from_hex(seal).is_some_and(|tag| self.record_mac(record).verify_slice(&tag).is_ok())
+        self.verifies(seal, |keyed| tagged(keyed, RECORD_TAG, record))
     }
 
     /// Refuses an entry an upstream may not publish: an internal reason or
@@ -147,8 +244,8 @@ impl Sealer {
         if !internal {
             return Ok(());
         }
-        match entry.seal.as_deref().and_then(from_hex) {
-            Some(tag) if self.mac(entry).verify_slice(&tag).is_ok() => Ok(()),
+        match entry.seal.as_deref() {
+            Some(seal) if self.verifies(seal, |keyed| entry_mac(keyed, entry)) => Ok(()),
             _ => Err(Invalid::new(format!(
                 "entry {:?} (reason {:?}) is the fleet's own kind of entry and carries no valid seal; upstreams publish {}",
                 entry.entry_id,
@@ -157,6 +254,13 @@ impl Sealer {
             ))),
         }
     }
+}
+
+/// `mac` over a tagged record.
+fn tagged(mut mac: Hmac<Sha256>, tag: &[u8], record: &[u8]) -> Hmac<Sha256> {
+    mac.update(tag);
+    mac.update(record);
+    mac
 }
 
 /// A stack buffer for an `i64` in decimal (at most 20 bytes: `-` and 19
@@ -212,91 +316,6 @@ fn from_hex(text: &str) -> Option<Vec<u8>> {
             u8::from_str_radix(pair, 16).ok()
         })
         .collect()
-}
-
-/// The fleet's [`Sealer`], loaded on first use and kept.
-#[derive(Debug, Default)]
-pub struct FleetSealer {
-    cell: tokio::sync::OnceCell<Sealer>,
-}
-
-impl FleetSealer {
-    /// The sealer, loading it through `conn` on first use.
-    pub async fn get<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        config: &crate::config::Config,
-    ) -> Result<&Sealer, redis::RedisError> {
-        let key = config.ledger_seal_key.as_ref().map(|k| k.0.as_str());
-        self.cell
-            .get_or_try_init(|| Sealer::load(conn, &config.redis_prefix, key))
-            .await
-    }
-
-    /// The sealer without waiting, for code that cannot await (building a
-    /// draw's `draw.completed` event): the one loaded already, else the one
-    /// `LEDGER_SEAL_KEY` names, else the key kept in Redis, read once per
-    /// process on a thread of its own (see [`load_blocking`]). `None` only
-    /// when Redis could not give the key; the caller's message then goes
-    /// unsealed, and the audit refuses it.
-    pub fn ready(&self, config: &crate::config::Config) -> Option<&Sealer> {
-        if let Some(sealer) = self.cell.get() {
-            return Some(sealer);
-        }
-        let loaded = match config.ledger_seal_key.as_ref().filter(|k| !k.0.is_empty()) {
-            Some(key) => Sealer::new(key.0.as_str()),
-            None => match load_blocking(config) {
-                Ok(sealer) => sealer,
-                Err(e) => {
-                    tracing::error!(
-                        error = format!("{e:#}"),
-                        "the seal key could not be read from Redis; this message goes unsealed"
-                    );
-                    return None;
-                }
-            },
-        };
-        // Another caller may have set it meanwhile: the same key either way.
-        let _ = self.cell.set(loaded);
-        self.cell.get()
-    }
-
-    /// `entries` sealed.
-    pub async fn seal_all<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        config: &crate::config::Config,
-        entries: Vec<SettleRequest>,
-    ) -> Result<Vec<SettleRequest>, redis::RedisError> {
-        if entries.is_empty() {
-            return Ok(entries);
-        }
-        let sealer = self.get(conn, config).await?;
-        Ok(entries.into_iter().map(|e| sealer.seal(e)).collect())
-    }
-}
-
-/// Reads the fleet's key kept in Redis from synchronous code, once per
-/// process: on a thread of its own with its own runtime and connection, so
-/// it neither needs nor blocks on the caller's runtime (which may be a
-/// current-thread one, whose connections a nested `block_on` would starve).
-/// The caller's thread waits for one Redis round trip (at most the
-/// connection's 5 s timeouts).
-fn load_blocking(config: &crate::config::Config) -> anyhow::Result<Sealer> {
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()?;
-                runtime.block_on(async {
-                    let mut conn = crate::redis_conn::connect(&config.redis_url).await?;
-                    anyhow::Ok(Sealer::load(&mut conn, &config.redis_prefix, None).await?)
-                })
-            })
-            .join()
-            .unwrap_or_else(|_| Err(anyhow::anyhow!("reading the seal key panicked")))
-    })
 }
 
 #[cfg(test)]
@@ -357,6 +376,12 @@ mod tests {
         ] {
             assert!(!sealer.check_record(record, junk), "{junk:?}");
         }
+        // A draw seal is no batch seal, and the other way round.
+        assert!(!sealer.check_batch(record, &seal));
+        let batch = sealer.seal_batch(record);
+        assert!(sealer.check_batch(record, &batch));
+        assert!(!sealer.check_record(record, &batch));
+        assert!(!Sealer::new("other").check_batch(record, &batch));
         // A ledger seal is no record seal, even over the same text.
         let entry = sealer.seal(entry("draw:r1", "lucky_gift", 600));
         let fields = b"draw:r1\n7\ncoin\n600\nlucky_gift\n";

@@ -110,7 +110,7 @@ impl RefillWorker {
         // the pool's counters: a Postgres outage does not stop refills.
         let stored = lucky_gift::stored_config(&mut conn, &keys)
             .await
-            .map_err(|e| HandleError::internal(format!("{e:#}")))?;
+            .map_err(HandleError::classify)?;
         let (version, pool, table) = match stored {
             Some((version, pool, table)) => (version, pool, table),
             // Pools loaded before the config was kept in Redis.
@@ -145,7 +145,8 @@ impl RefillWorker {
         loop {
             // The batch's commitment goes to Postgres before the batch is
             // visible, and into the `pool.refilled` event.
-            let recorder = crate::audit::PgRecorder::new(&self.db);
+            let recorder = crate::audit::PgRecorder::new(&self.db)
+                .with_outbox(self.redis.clone(), &self.config.redis_prefix);
             let outcome = lucky_gift::stock_committed(
                 &mut conn,
                 &self.scripts,
@@ -187,10 +188,7 @@ impl RefillWorker {
                     };
                     return Ok(Unsealed {
                         reply: Some(refilled(&req.pool, generation)),
-                        effects: vec![Outgoing::event_raw(
-                            "pool.refilled",
-                            typed_json("pool.refilled", &event),
-                        )],
+                        effects: vec![self.refilled_event(&event).await?],
                         ..Unsealed::default()
                     });
                 }
@@ -199,12 +197,13 @@ impl RefillWorker {
                     // The attempt that stocked the batch may have died before
                     // its `pool.refilled` left (a redelivery lands here): tell
                     // the commitment again while the batch is still secret.
-                    let effects = self
+                    let mut effects = Vec::new();
+                    if let Some(event) = self
                         .commitment_again(&keys, &pool, version, req.trigger + 1)
                         .await?
-                        .map(|event| Outgoing::event_raw("pool.refilled", typed_json("pool.refilled", &event)))
-                        .into_iter()
-                        .collect();
+                    {
+                        effects.push(self.refilled_event(&event).await?);
+                    }
                     return Ok(Unsealed {
                         reply: Some(refilled(&req.pool, generation)),
                         effects,
@@ -250,6 +249,17 @@ impl RefillWorker {
 }
 
 impl RefillWorker {
+    /// The `pool.refilled` event of `event`, sealed with the fleet's key so
+    /// the audit trail believes it whatever the pool's state is by the time
+    /// it reads it.
+    async fn refilled_event(&self, event: &PoolRefilled) -> Result<Outgoing, HandleError> {
+        let mut conn = self.redis.clone();
+        let sealer = self.sealer.get(&mut conn, &self.config).await?;
+        let body = crate::audit::pool_refilled(&sealer, event)
+            .map_err(|e| HandleError::Internal(e.into()))?;
+        Ok(Outgoing::event_raw("pool.refilled", body))
+    }
+
     /// The `pool.refilled` event of batch `generation` once more, with its
     /// commitment, if its seed is still secret and it was stocked under
     /// `version` (whose composition `pool` holds). Consumers key it by pool
@@ -372,6 +382,14 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let redis = crate::redis_conn::connect(&config.redis_url).await?;
     let db = crate::db::connect(&config.database_url).await?;
+    // Commitments Postgres could not take while it was away reach it from
+    // the outbox in Redis once it is back.
+    tokio::spawn(crate::audit::keep_draining(
+        db.clone(),
+        redis.clone(),
+        config.redis_prefix.clone(),
+        shutdown.clone(),
+    ));
     let worker = Arc::new(RefillWorker::new(config.clone(), redis, db));
     tokio::spawn(amqp::depth::watch(
         config.amqp_url.clone(),

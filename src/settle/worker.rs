@@ -44,7 +44,8 @@ pub(super) async fn run(
     metrics::gauge!("prizepool_settle_lag_seconds").set(0.0);
     let worker = SettleWorker {
         db,
-        sealer: OnceCell::new(),
+        sealer: ledger::FleetSealer::default(),
+        redis: OnceCell::new(),
         config: config.clone(),
     };
     amqp::run_batches(&config, std::sync::Arc::new(worker), health, shutdown).await
@@ -54,26 +55,24 @@ pub(super) async fn run(
 #[derive(Debug)]
 struct SettleWorker {
     db: PgPool,
-    /// The seal key of the fleet, to tell its own entries from forgeries.
-    /// Read once and kept for the life of the process, as the draw and
-    /// refill workers keep theirs: a later session that found the key gone
-    /// from Redis and made a new one would refuse every entry the others
-    /// still seal with the old one.
-    sealer: OnceCell<ledger::Sealer>,
+    /// The seal key of the fleet, to tell its own entries from forgeries:
+    /// read again from Redis every few seconds, with the fleet's earlier
+    /// keys, so one seal key holds for the whole fleet even after Redis
+    /// lost it (`ledger::FleetSealer`).
+    sealer: ledger::FleetSealer,
+    /// Where the key is kept, connected on first use.
+    redis: OnceCell<crate::redis_conn::RedisConn>,
     config: Config,
 }
 
 impl SettleWorker {
-    async fn sealer(&self) -> anyhow::Result<&ledger::Sealer> {
-        self.sealer
-            .get_or_try_init(|| async {
-                let mut redis = crate::redis_conn::connect(&self.config.redis_url).await?;
-                let key = self.config.ledger_seal_key.as_ref().map(|k| k.0.as_str());
-                let sealer =
-                    ledger::Sealer::load(&mut redis, &self.config.redis_prefix, key).await?;
-                anyhow::Ok(sealer)
-            })
-            .await
+    async fn sealer(&self) -> anyhow::Result<std::sync::Arc<ledger::Sealer>> {
+        let redis = self
+            .redis
+            .get_or_try_init(|| crate::redis_conn::connect(&self.config.redis_url))
+            .await?;
+        let mut redis = redis.clone();
+        Ok(self.sealer.get(&mut redis, &self.config).await?)
     }
 }
 
@@ -105,7 +104,7 @@ impl BatchHandler for SettleWorker {
                 .iter()
                 .map(|d| d.properties.headers().as_ref()),
         );
-        settle_batch(&self.db, sealer, &batch)
+        settle_batch(&self.db, &sealer, &batch)
             .instrument(span)
             .await
     }

@@ -156,3 +156,66 @@ async fn going_back_to_one_shard_drains_the_others_and_routes_straight_again() {
     assert_eq!(env1.status("dn").await.drawn, 60);
     env1.stop_workers().await;
 }
+
+/// The documented way down from four shards to one: lower `DRAW_SHARDS`,
+/// then delete the shards that are empty. Shards 1 and 2 are deleted while
+/// shard 3 still holds requests: the workers of one shard still find and
+/// consume shard 3 across the gap, and every request on it is drawn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_left_past_a_deleted_one_is_still_consumed() {
+    let env4 = TestEnv::new(&[("DRAW_SHARDS", "4")]).await;
+    env4.load(&pool_toml("dg", "max_count = 100", GIFT)).await;
+    // The client declares the four shards; requests then go on shard 3 alone.
+    env4.client().await.close().await;
+    let conn = prizepool::amqp::connect(&env4.config.amqp_url, "test")
+        .await
+        .unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    channel.confirm_select(Default::default()).await.unwrap();
+    for i in 0..20 {
+        let mut body = draw("dg", 1 + i % 5, 1);
+        body["request_id"] = format!("g-{i}").into();
+        channel
+            .basic_publish(
+                "".into(),
+                draw_shard(3).as_str().into(),
+                Default::default(),
+                body.to_string().as_bytes(),
+                lapin::BasicProperties::default().with_content_type("application/json".into()),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    env4.wait_depth(&draw_shard(3), 20).await;
+    for k in 1..3 {
+        channel
+            .queue_delete(draw_shard(k).as_str().into(), Default::default())
+            .await
+            .unwrap();
+    }
+    let _ = conn.close(200, "bye".into()).await;
+
+    let mut env1 = env4.sharing(|c| c.draw_shards = 1);
+    env1.start_fleet().await;
+    assert_eq!(
+        env1.consumers(&draw_shard(3)).await,
+        1,
+        "shard 3 is consumed"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let drawn = env1.status("dg").await.drawn;
+        if drawn == 20 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "drew {drawn} of the 20 requests on shard 3"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    env1.wait_depth(&draw_shard(3), 0).await;
+    env1.stop_workers().await;
+}

@@ -59,7 +59,35 @@ async fn a_postgres_outage_under_load_loses_and_doubles_nothing() {
     .await;
     assert!(env.status("pgf").await.generation > 10, "refills ran");
     assert_invariants(&env, "pgf", n, count, &replies).await;
-    for route in prizepool::amqp::ROUTES {
+    // The fairness trail survived the outage: every batch's commitment is
+    // recorded (the refill worker's own record, or its sealed event once
+    // Postgres was back), and the audit dead-lettered nothing genuine.
+    assert_trail_whole(&env, "pgf").await;
+    env.stop_workers().await;
+}
+
+/// Every dead-letter queue is empty, and once the audit consumer has
+/// caught up, `audit verify` finds every batch of `pool` committed and
+/// every revealed one matching its draws.
+async fn assert_trail_whole(env: &TestEnv, pool: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let verdict = prizepool::audit::verify(&env.db, pool, None).await.unwrap();
+        let generation = env.status(pool).await.generation;
+        let recorded = verdict.batches.len() as u64;
+        if verdict.ok && recorded >= generation {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{recorded} of {generation} batches recorded: {verdict:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let routes = prizepool::amqp::ROUTES
+        .into_iter()
+        .chain([prizepool::audit::ROUTE]);
+    for route in routes {
         assert_eq!(
             env.queue_depth(route.dlq).await,
             0,
@@ -67,7 +95,6 @@ async fn a_postgres_outage_under_load_loses_and_doubles_nothing() {
             route.queue
         );
     }
-    env.stop_workers().await;
 }
 
 /// A Redis with `appendfsync always` killed with SIGKILL under load and
@@ -124,6 +151,9 @@ async fn a_redis_killed_under_load_with_aof_loses_and_doubles_nothing() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_invariants(&env, "rf", n, count, &replies).await;
+    // A connection lost to the crash is a transient failure wherever it
+    // met a worker: nothing was dead-lettered, the trail is whole.
+    assert_trail_whole(&env, "rf").await;
     // This server is what zero loss asks for; the shared one (no AOF) is not.
     assert_eq!(
         prizepool::redis_conn::persistence(&mut env.redis.clone()).await,
@@ -214,4 +244,47 @@ async fn a_broker_restart_under_load_loses_and_doubles_nothing() {
     );
     assert_invariants(&env, "bf", n, count, &replies).await;
     env.stop_workers().await;
+}
+
+/// A refill whose Redis dies under it fails as transient (kept and retried
+/// by the consume loop), never as internal (dead-lettered): the first thing
+/// it reads, the pool's config, crossed an `anyhow` error on its way, which
+/// once turned a broken pipe into `internal: broken pipe`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refill_that_loses_redis_is_retried_not_dead_lettered() {
+    let dir = tempdir("lost");
+    let port = free_port();
+    let server = redis_server(port, &dir, &[]);
+    let url = format!("redis://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "private redis did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let env = TestEnv::new(&[("REDIS_URL", &url)]).await;
+    env.load(&pool_toml("lost", "max_count = 100", GIFT)).await;
+    let worker =
+        prizepool::refill::RefillWorker::new(env.config.clone(), env.redis.clone(), env.db.clone());
+    let request = prizepool::messages::RefillRequest {
+        pool: "lost".into(),
+        trigger: 1,
+        urgent: true,
+    };
+    // Its connection is cut (reset or broken pipe), then refused.
+    drop(server);
+    for _ in 0..2 {
+        let result = tokio::time::timeout(Duration::from_secs(30), worker.refill(request.clone()))
+            .await
+            .expect("a refill without Redis ends");
+        assert!(
+            matches!(result, Err(prizepool::amqp::HandleError::Transient(_))),
+            "{result:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -166,6 +166,114 @@ async fn a_sharded_pool_spreads_its_draws_and_keeps_every_invariant() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // `audit verify --json` answers a sharded pool in the shape of a plain
+    // one: one object, its batches naming their sub-pools.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_prizepool"))
+        .args(["audit", "verify", "hot", "--json"])
+        .envs(env.env())
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let verdict: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&verdict["pool"], &verdict["ok"]),
+        (&json!("hot"), &json!(true))
+    );
+    let batches = verdict["batches"].as_array().unwrap();
+    let pools: std::collections::BTreeSet<&str> = batches
+        .iter()
+        .map(|b| b["pool"].as_str().unwrap())
+        .collect();
+    let subs: Vec<String> = (0..SHARDS).map(|i| format!("hot~{i}")).collect();
+    assert_eq!(pools, subs.iter().map(String::as_str).collect());
+    // Every refill of a sub-pool was a genuine `pool.refilled`: the audit
+    // recorded each one (its commitment is the one the refill worker wrote)
+    // and dead-lettered none.
+    wait_audit_idle(&env).await;
+    assert_eq!(
+        env.queue_depth(audit::ROUTE.dlq).await,
+        0,
+        "audit dead letters"
+    );
+    let (recorded,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM fair_batches WHERE pool LIKE 'hot~%'")
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
+    let generations: u64 = status.shards.iter().map(|s| s.generation).sum();
+    assert!(
+        recorded as u64 >= generations,
+        "{recorded} of {generations}"
+    );
+    client.close().await;
+}
+
+/// Waits until the audit queue holds nothing, ready or unacked.
+async fn wait_audit_idle(env: &TestEnv) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = std::process::Command::new("rabbitmqctl")
+            .args(["list_queues", "-q", "-p", &env.vhost, "name", "messages"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let busy = text.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() == 2 && f[0] == audit::ROUTE.queue && f[1] != "0"
+        });
+        if out.status.success() && !busy {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the audit queue is still busy: {text}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// A request refused as `unknown_pool` before its pool existed is answered
+/// the same when it is retried after the pool was loaded with shards: the
+/// refusal was stored under the pool's own id, the retry is routed to its
+/// user's sub-pool, and it still meets its first answer instead of drawing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_stored_before_the_shards_is_found_after_them() {
+    let mut env = TestEnv::new(&[]).await;
+    env.start_fleet().await;
+    let client = env.client().await;
+    let early: Vec<Value> = (0..6).map(|user| draw("late", user, 1)).collect();
+    for body in &early {
+        let reply = client
+            .call("draw", body, Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert_eq!(reply["error"]["code"], "unknown_pool", "{reply}");
+    }
+    env.load(&hot_toml("late", 3)).await;
+    // Retries, through the running workers and through a fresh one (no
+    // cached kinds), answer as first answered and draw nothing.
+    for round in 0..2 {
+        for body in &early {
+            let reply = client
+                .call("draw", body, Duration::from_secs(30))
+                .await
+                .unwrap();
+            assert_eq!(reply["error"]["code"], "unknown_pool", "{round}: {reply}");
+        }
+        assert_eq!(env.status("late").await.drawn, 0);
+        env.stop_workers().await;
+        env.start_fleet().await;
+    }
+    // A new request draws from its user's sub-pool.
+    let reply = client
+        .call("draw", &draw("late", 4, 1), Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(reply["status"], "ok", "{reply}");
+    assert_eq!(reply["shard"], 1, "{reply}");
+    assert_eq!(env.status("late").await.drawn, 1);
     client.close().await;
 }
 

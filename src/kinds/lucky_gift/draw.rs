@@ -209,7 +209,7 @@ impl Decoder {
         }
         let (table, _) = super::load_codes(conn, keys)
             .await
-            .map_err(|e| HandleError::internal(format!("{e:#}")))?
+            .map_err(HandleError::classify)?
             .ok_or_else(|| HandleError::internal(format!("pool {pool} has no code table")))?;
         let table = Arc::new(table);
         let mut tables = self.tables.write().await;
