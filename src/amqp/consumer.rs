@@ -34,6 +34,7 @@ use super::{
     grouped::{Group, Grouper},
     publish::{with_header, without_expiration, Outgoing, Publisher},
     reply::{Replier, Sent},
+    transient::HandleError,
     Route, DLX, ERROR_CODE_HEADER, ERROR_HEADER,
 };
 use crate::{
@@ -79,135 +80,6 @@ impl Outcome {
 pub struct SpanFields {
     pub pool: &'static [&'static str],
     pub user: &'static [&'static str],
-}
-
-/// Why a request could not be handled.
-#[derive(Debug, thiserror::Error)]
-pub enum HandleError {
-    /// Bad input: dead-letter it, never retry.
-    #[error("invalid request: {0}")]
-    Invalid(#[from] Invalid),
-    /// A dependency failed: retry with backoff, then requeue.
-    #[error("transient failure: {0:#}")]
-    Transient(#[from] anyhow::Error),
-    /// A failure that can never succeed however often it is retried (a
-    /// stored value that does not parse, a script reply nobody expects, an
-    /// overflow, a panic): dead-letter with the reason and answer `internal`
-    /// at once.
-    #[error("internal failure: {0:#}")]
-    Internal(anyhow::Error),
-}
-
-impl HandleError {
-    /// An internal (permanent) failure described by `message`.
-    pub fn internal(message: impl std::fmt::Display) -> Self {
-        Self::Internal(anyhow::anyhow!("{message}"))
-    }
-}
-
-/// Redis errors are classified where they enter the handler: a server that
-/// is away, busy or moving slots is transient; anything the same request
-/// would hit again (a script's `error()`, a reply of an unexpected shape, a
-/// command Redis refuses) is internal.
-impl From<redis::RedisError> for HandleError {
-    fn from(e: redis::RedisError) -> Self {
-        if redis_is_transient(&e) {
-            Self::Transient(e.into())
-        } else {
-            Self::Internal(e.into())
-        }
-    }
-}
-
-/// Whether retrying later may succeed: the connection (refused, reset,
-/// timed out, any I/O), the cluster (slots moving, a failover, a node down)
-/// or the server's state (loading a dump, busy with a slow script, out of
-/// memory, unable to persist) is at fault, not the request.
-pub(super) fn redis_is_transient(e: &redis::RedisError) -> bool {
-    use redis::{ErrorKind, ServerErrorKind};
-    if e.is_io_error()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.is_timeout()
-        || e.is_cluster_error()
-    {
-        return true;
-    }
-    match e.kind() {
-        ErrorKind::Io
-        | ErrorKind::ClusterConnectionNotFound
-        // Credentials being rotated: a property of the connection, and
-        // dead-lettering every request until they work would empty the
-        // queue into its DLQ.
-        | ErrorKind::AuthenticationFailed
-        | ErrorKind::MasterNameNotFoundBySentinel
-        | ErrorKind::NoValidReplicasFoundBySentinel => true,
-        ErrorKind::Server(kind) => matches!(
-            kind,
-            ServerErrorKind::Moved
-                | ServerErrorKind::Ask
-                | ServerErrorKind::TryAgain
-                | ServerErrorKind::ClusterDown
-                | ServerErrorKind::MasterDown
-                | ServerErrorKind::BusyLoading
-                | ServerErrorKind::ReadOnly
-        ),
-        // Codes redis-rs has no kind for.
-        ErrorKind::Extension => matches!(
-            e.code(),
-            Some("BUSY" | "LOADING" | "OOM" | "MISCONF" | "NOREPLICAS" | "UNBLOCKED")
-        ),
-        _ => false,
-    }
-}
-
-/// sqlx errors are classified like Redis errors: the connection, the pool
-/// and the server's state are transient, the statement is internal.
-impl From<sqlx::Error> for HandleError {
-    fn from(e: sqlx::Error) -> Self {
-        if sqlx_is_transient(&e) {
-            Self::Transient(e.into())
-        } else {
-            Self::Internal(e.into())
-        }
-    }
-}
-
-/// Whether retrying later may succeed (see [`From<sqlx::Error>`]).
-pub(super) fn sqlx_is_transient(e: &sqlx::Error) -> bool {
-    match e {
-        // The connection broke or could not be made, or the pool had none
-        // to give (all busy, or closing for a shutdown). A protocol error
-        // means the connection lost its footing; the pool replaces it.
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::Protocol(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|code| sqlstate_is_transient(&code)),
-        _ => false,
-    }
-}
-
-/// Whether a Postgres SQLSTATE names a condition that passes: connection
-/// exceptions (class 08), serialization failures and deadlocks (40001,
-/// 40P01), insufficient resources (class 53), an administrator's shutdown or
-/// a server still starting (57P01–57P03), a statement timeout (57014), a
-/// lock not available (55P03), a read-only server after a failover (25006).
-fn sqlstate_is_transient(code: &str) -> bool {
-    code.starts_with("08")
-        || code.starts_with("53")
-        || matches!(
-            code,
-            "40001" | "40P01" | "57P01" | "57P02" | "57P03" | "57014" | "55P03" | "25006"
-        )
-}
-
-impl From<super::publish::PublishError> for HandleError {
-    fn from(e: super::publish::PublishError) -> Self {
-        Self::Transient(e.into())
-    }
 }
 
 /// A queue worker's business logic.

@@ -51,11 +51,12 @@ use lapin::{
 pub use acks::Settle;
 pub use consumer::{
     publish_dead_letter, publish_dead_letter_as, publish_dead_letter_part, run, run_batches, Batch,
-    BatchHandler, BatchLimits, HandleError, Handler, Outcome, SpanFields,
+    BatchHandler, BatchLimits, Handler, Outcome, SpanFields,
 };
 pub use grouped::Group;
 pub use publish::{Outgoing, Publisher};
 pub use reply::{Replier, Sent};
+pub use transient::HandleError;
 
 /// The request exchange (direct).
 pub const EXCHANGE: &str = "prizepool";
