@@ -94,7 +94,10 @@ impl BatchHandler for SettleWorker {
 
     async fn handle_batch(&self, batch: Batch) -> anyhow::Result<()> {
         let sealer = self.sealer().await?;
-        record_lag(&batch.deliveries, batch.empty_since);
+        // While the batch waits for the ledger (Postgres away, a slow
+        // commit), its lag keeps growing on the gauge, so a stalled ledger
+        // shows instead of freezing the last figure.
+        let _lag = keep_lag(&batch.deliveries, batch.empty_since);
         // One span per batch, in the trace of its first entry (linked to the others').
         let span = tracing::info_span!("settle.batch", entries = batch.deliveries.len());
         crate::telemetry::follow_traces(
@@ -480,17 +483,32 @@ async fn book_alone(
 /// than `floor` (unix seconds): the worker's start, or later the last time
 /// it found the queue empty. A forged old stamp can show no more lag than
 /// the queue really has.
-fn record_lag(batch: &[Delivery], floor: u64) {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    if let Some(lag) = lag_of(
-        batch.iter().filter_map(|d| *d.properties.timestamp()),
-        now,
-        floor,
-    ) {
-        metrics::gauge!("prizepool_settle_lag_seconds").set(lag as f64);
-    }
+///
+/// The figure is set at once and again every second until the returned
+/// handle is dropped (when the batch is booked or given up).
+fn keep_lag(batch: &[Delivery], floor: u64) -> tokio_util::task::AbortOnDropHandle<()> {
+    let stamps: Vec<u64> = batch
+        .iter()
+        .filter_map(|d| *d.properties.timestamp())
+        .collect();
+    let record = move || {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if let Some(lag) = lag_of(stamps.iter().copied(), now, floor) {
+            metrics::gauge!("prizepool_settle_lag_seconds").set(lag as f64);
+        }
+    };
+    record();
+    tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(1));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        every.tick().await;
+        loop {
+            every.tick().await;
+            record();
+        }
+    }))
 }
 
 /// The lag, in seconds, of the oldest of `stamps` at `now`, counted from no

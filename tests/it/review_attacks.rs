@@ -235,6 +235,67 @@ async fn an_upstream_timestamp_cannot_fake_the_settle_lag() {
     );
 }
 
+/// While the ledger is away the settle lag keeps growing on the gauge (it
+/// was set only when a batch arrived, so a stall froze the last figure and
+/// the lag alert never fired), and falls back once the batch is booked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_settle_lag_grows_while_the_ledger_is_away() {
+    let pg = common::PrivatePostgres::init();
+    pg.start();
+    let url = pg.url();
+    let env = TestEnv::new(&[("DATABASE_URL", &url)]).await;
+    let addr = format!("127.0.0.1:{}", common::free_port());
+    let _worker = common::KillOnDrop(
+        std::process::Command::new(env!("CARGO_BIN_EXE_settle-worker"))
+            .envs(env.env())
+            .env("METRICS_ADDR", &addr)
+            .env("RUST_LOG", "error")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let lag = || async {
+        metrics_text(&addr)
+            .await
+            .lines()
+            .find(|l| l.starts_with("prizepool_settle_lag_seconds"))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    let deadline = tokio::time::Instant::now() + T;
+    while lag().await.is_none() {
+        assert!(tokio::time::Instant::now() < deadline, "no lag gauge");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    pg.stop();
+    let raw = Raw::new(&env).await;
+    let body = serde_json::to_vec(&json!({"type": "settle", "entry_id": "topup:stall",
+        "account": 6, "asset": "coin", "amount": 100, "reason": "topup"}))
+    .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    raw.publish("settle", &body, raw.props("stall").with_timestamp(now))
+        .await;
+    // The batch waits for Postgres; its lag climbs second by second.
+    let deadline = tokio::time::Instant::now() + T;
+    loop {
+        let seen = lag().await.unwrap_or(-1.0);
+        if seen >= 4.0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lag stayed at {seen} s while the ledger was away"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    pg.start();
+    let reply = raw.reply("stall").await;
+    assert_eq!(reply["status"], "ok", "{reply}");
+}
+
 /// The worker's `/metrics` page (empty while the endpoint is not up).
 async fn metrics_text(addr: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
