@@ -33,6 +33,18 @@ pub struct TestEnv {
 }
 
 impl TestEnv {
+    /// Runs the `prizepool` command line against this environment without
+    /// blocking the runtime (in-process workers keep running).
+    pub async fn cli(&self, args: &[&str]) -> std::process::Output {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_prizepool"))
+            .args(args)
+            .envs(self.env())
+            .env("RUST_LOG", "warn")
+            .output()
+            .await
+            .unwrap()
+    }
+
     /// A fresh vhost, Redis prefix and database, with `overrides` applied to
     /// the configuration.
     pub async fn new(overrides: &[(&str, &str)]) -> Self {

@@ -8,17 +8,6 @@ use std::{process::Command, time::Duration};
 
 use common::{draw, free_port, pool_toml, redis_server, KillOnDrop, TestEnv};
 
-/// Runs the CLI without blocking the runtime (in-process workers keep running).
-async fn prizepool(env: &TestEnv, args: &[&str]) -> std::process::Output {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_prizepool"))
-        .args(args)
-        .envs(env.env())
-        .env("RUST_LOG", "warn")
-        .output()
-        .await
-        .unwrap()
-}
-
 #[tokio::test]
 async fn pool_load_rejects_a_bad_file_whole_and_status_reports_the_pool() {
     let env = TestEnv::new(&[]).await;
@@ -31,7 +20,7 @@ async fn pool_load_rejects_a_bad_file_whole_and_status_reports_the_pool() {
     );
     let bad_path = dir.join("bad.toml");
     std::fs::write(&bad_path, &bad).unwrap();
-    let out = prizepool(&env, &["pool", "load", bad_path.to_str().unwrap()]).await;
+    let out = env.cli(&["pool", "load", bad_path.to_str().unwrap()]).await;
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -44,21 +33,25 @@ async fn pool_load_rejects_a_bad_file_whole_and_status_reports_the_pool() {
         .await
         .unwrap();
     assert_eq!(n, 0);
-    let out = prizepool(&env, &["pool", "status", "ok-pool"]).await;
+    let out = env.cli(&["pool", "status", "ok-pool"]).await;
     assert!(!out.status.success());
 
     let good_path = dir.join("good.toml");
     std::fs::write(&good_path, &good).unwrap();
-    let out = prizepool(&env, &["pool", "load", good_path.to_str().unwrap()]).await;
+    let out = env
+        .cli(&["pool", "load", good_path.to_str().unwrap()])
+        .await;
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("version 1"));
-    let out = prizepool(&env, &["pool", "load", good_path.to_str().unwrap()]).await;
+    let out = env
+        .cli(&["pool", "load", good_path.to_str().unwrap()])
+        .await;
     assert!(String::from_utf8_lossy(&out.stdout).contains("version 2"));
-    let out = prizepool(&env, &["pool", "status", "ok-pool", "--json"]).await;
+    let out = env.cli(&["pool", "status", "ok-pool", "--json"]).await;
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(status["stocked"], 100);
     assert_eq!(status["in_pool"], 100);
@@ -86,11 +79,11 @@ async fn pool_status_reports_the_memory_of_either_storage() {
         let (bytes, rest) = line.split_once(" bytes ").unwrap();
         (bytes.parse::<u64>().unwrap(), rest.to_owned())
     };
-    let (list, how) = memory(prizepool(&env, &["pool", "status", "in-list"]).await);
+    let (list, how) = memory(env.cli(&["pool", "status", "in-list"]).await);
     assert!(how.starts_with("(list)"), "{how}");
     assert!(list > 0 && list as f64 / 10_000.0 <= 2.5, "{list} bytes");
     // Sparse storage keeps only the 1,000 non-zero prizes.
-    let (sparse, how) = memory(prizepool(&env, &["pool", "status", "in-sparse"]).await);
+    let (sparse, how) = memory(env.cli(&["pool", "status", "in-sparse"]).await);
     assert_eq!(how, "(sparse)");
     assert!(
         sparse > 0 && sparse as f64 / 1_000.0 <= 64.0,
@@ -104,11 +97,9 @@ async fn draw_and_balance_commands() {
     env.load(&pool_toml("cli", "", &[("c1", &[(3, 100)])]))
         .await;
     env.start_fleet().await;
-    let out = prizepool(
-        &env,
-        &["draw", "--pool", "cli", "--user", "5", "--count", "4"],
-    )
-    .await;
+    let out = env
+        .cli(&["draw", "--pool", "cli", "--user", "5", "--count", "4"])
+        .await;
     assert!(
         out.status.success(),
         "{}",
@@ -117,7 +108,7 @@ async fn draw_and_balance_commands() {
     let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(reply["reward"], 120);
     assert_eq!(env.wait_ledger("cli", 120).await, 120);
-    let out = prizepool(&env, &["balance", "5", "--json"]).await;
+    let out = env.cli(&["balance", "5", "--json"]).await;
     let balances: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         balances,

@@ -12,16 +12,6 @@ use common::{activity_toml, pool_toml, TestEnv};
 use prizepool::amqp;
 use serde_json::Value;
 
-async fn prizepool(env: &TestEnv, args: &[&str]) -> std::process::Output {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_prizepool"))
-        .args(args)
-        .envs(env.env())
-        .env("RUST_LOG", "warn")
-        .output()
-        .await
-        .unwrap()
-}
-
 fn text(out: &std::process::Output) -> (String, String) {
     (
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -57,7 +47,7 @@ fn assert_named(v: &Value, path: &str) {
 
 /// Runs a `--json` command and checks it printed one object of named fields.
 async fn json_object(env: &TestEnv, args: &[&str]) -> Value {
-    let out = prizepool(env, args).await;
+    let out = env.cli(args).await;
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{args:?}: {stderr}");
     let v: Value =
@@ -70,12 +60,14 @@ async fn json_object(env: &TestEnv, args: &[&str]) -> Value {
 #[tokio::test]
 async fn auditing_a_pool_that_does_not_exist_fails() {
     let env = TestEnv::new(&[]).await;
-    let out = prizepool(&env, &["audit", "verify", "no-such-pool"]).await;
+    let out = env.cli(&["audit", "verify", "no-such-pool"]).await;
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
     assert!(stderr.contains("no pool named no-such-pool"), "{stderr}");
     assert!(!stdout.contains("verdict: ok"), "{stdout}");
-    let out = prizepool(&env, &["audit", "verify", "no-such-pool", "--json"]).await;
+    let out = env
+        .cli(&["audit", "verify", "no-such-pool", "--json"])
+        .await;
     assert_eq!(out.status.code(), Some(1));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
@@ -86,7 +78,7 @@ async fn auditing_a_pool_that_does_not_exist_fails() {
     // committed and still secret, which is no mismatch.
     env.load(&pool_toml("known", "", &[("c1", &[(0, 9), (2, 1)])]))
         .await;
-    let out = prizepool(&env, &["audit", "verify", "known"]).await;
+    let out = env.cli(&["audit", "verify", "known"]).await;
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}{stderr}");
     assert!(stdout.contains("batch 1: unrevealed"), "{stdout}");
@@ -96,9 +88,8 @@ async fn auditing_a_pool_that_does_not_exist_fails() {
 async fn a_rejected_draw_fails_and_an_unanswered_one_names_its_queued_request() {
     let mut env = TestEnv::new(&[]).await;
     // No worker: the request is taken by the broker and waits.
-    let out = prizepool(
-        &env,
-        &[
+    let out = env
+        .cli(&[
             "draw",
             "--pool",
             "nowhere",
@@ -110,9 +101,8 @@ async fn a_rejected_draw_fails_and_an_unanswered_one_names_its_queued_request() 
             "1",
             "--retries",
             "0",
-        ],
-    )
-    .await;
+        ])
+        .await;
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(3), "{stdout}{stderr}");
     assert!(
@@ -141,9 +131,8 @@ async fn a_rejected_draw_fails_and_an_unanswered_one_names_its_queued_request() 
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let out = prizepool(
-        &env,
-        &[
+    let out = env
+        .cli(&[
             "draw",
             "--pool",
             "nowhere",
@@ -151,9 +140,8 @@ async fn a_rejected_draw_fails_and_an_unanswered_one_names_its_queued_request() 
             "1",
             "--request-id",
             "wait-1",
-        ],
-    )
-    .await;
+        ])
+        .await;
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
     let reply: Value = serde_json::from_str(&stdout).unwrap();
@@ -176,13 +164,13 @@ async fn toml_errors_keep_their_line_and_column_and_a_missing_demo_file_is_an_er
     )
     .unwrap();
     assert_eq!(good.lines().nth(3), Some("unit_price = 10"));
-    let out = prizepool(&env, &["pool", "load", pools.to_str().unwrap()]).await;
+    let out = env.cli(&["pool", "load", pools.to_str().unwrap()]).await;
     let (_, stderr) = text(&out);
     assert!(!out.status.success());
     assert!(stderr.contains("line 4, column 14"), "{stderr}");
     // A syntax error too.
     std::fs::write(&pools, format!("{good}\n[[pools]\n")).unwrap();
-    let out = prizepool(&env, &["pool", "load", pools.to_str().unwrap()]).await;
+    let out = env.cli(&["pool", "load", pools.to_str().unwrap()]).await;
     let (_, stderr) = text(&out);
     let line = good.lines().count() + 2;
     assert!(stderr.contains(&format!("line {line}, column")), "{stderr}");
@@ -198,7 +186,7 @@ async fn toml_errors_keep_their_line_and_column_and_a_missing_demo_file_is_an_er
     let line = bad.lines().position(|l| l.starts_with("strategy")).unwrap() + 1;
     let acts = dir.join("activities.toml");
     std::fs::write(&acts, bad).unwrap();
-    let out = prizepool(&env, &["activity", "load", acts.to_str().unwrap()]).await;
+    let out = env.cli(&["activity", "load", acts.to_str().unwrap()]).await;
     let (_, stderr) = text(&out);
     assert!(!out.status.success());
     assert!(
@@ -207,7 +195,9 @@ async fn toml_errors_keep_their_line_and_column_and_a_missing_demo_file_is_an_er
     );
 
     let missing = dir.join("no-such-pools.toml");
-    let out = prizepool(&env, &["demo", "--pool-file", missing.to_str().unwrap()]).await;
+    let out = env
+        .cli(&["demo", "--pool-file", missing.to_str().unwrap()])
+        .await;
     let (_, stderr) = text(&out);
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("no-such-pools.toml"), "{stderr}");

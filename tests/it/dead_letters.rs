@@ -19,19 +19,9 @@ use serde_json::Value;
 /// hash order, which is what reordered the DLQ before.
 const LETTERS: usize = 90;
 
-async fn prizepool(env: &TestEnv, args: &[&str]) -> std::process::Output {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_prizepool"))
-        .args(args)
-        .envs(env.env())
-        .env("RUST_LOG", "warn")
-        .output()
-        .await
-        .unwrap()
-}
-
 /// Runs the CLI, expects success, parses its stdout as one JSON object.
 async fn json(env: &TestEnv, args: &[&str]) -> Value {
-    let out = prizepool(env, args).await;
+    let out = env.cli(args).await;
     assert!(
         out.status.success(),
         "{args:?}: {}",
@@ -269,11 +259,9 @@ async fn dead_letters_are_filtered_exported_replayed_and_dropped_one_by_one() {
     assert_eq!(two["matched"], expect(&|i| i % 5 != 4 && i % 2 == 1).len());
 
     // Export: one JSON object per line, whole body and properties, moving nothing.
-    let out = prizepool(
-        &env,
-        &["dlq", "export", "prizepool.draw", "--type", "lottery.grant"],
-    )
-    .await;
+    let out = env
+        .cli(&["dlq", "export", "prizepool.draw", "--type", "lottery.grant"])
+        .await;
     assert!(
         out.status.success(),
         "{}",
@@ -297,7 +285,7 @@ async fn dead_letters_are_filtered_exported_replayed_and_dropped_one_by_one() {
     assert_eq!(lines[0]["queue"], "prizepool.draw");
 
     // Drop needs a choice; then drops exactly the chosen one.
-    let out = prizepool(&env, &["dlq", "drop", "prizepool.draw"]).await;
+    let out = env.cli(&["dlq", "drop", "prizepool.draw"]).await;
     assert!(!out.status.success());
     let victim = letters[7]["id"].as_str().unwrap();
     let dropped = json(

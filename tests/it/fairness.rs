@@ -235,17 +235,6 @@ fn committed_batches_pay_exactly_and_pass_chi_square_tests() {
     assert!(fails_a_test(&reused).contains(&"independence"));
 }
 
-/// Runs the `prizepool` command line against `env`.
-async fn cli(env: &TestEnv, args: &[&str]) -> std::process::Output {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_prizepool"))
-        .args(args)
-        .envs(env.env())
-        .env("RUST_LOG", "warn")
-        .output()
-        .await
-        .unwrap()
-}
-
 /// Draws `count` from `pool` straight through the seam (no broker) and
 /// records the result in the audit trail as the audit consumer would.
 async fn draw_and_record(env: &TestEnv, kinds: &Kinds, pool: &str, n: usize, count: u32) -> Step {
@@ -441,25 +430,23 @@ async fn a_sorted_batch_and_a_reused_seed_are_caught() {
     assert_eq!(m.request_id, expected, "{m:?}");
 
     // The same verdicts from the command line, and the reveal in `pool status`.
-    let out = cli(
-        &env,
-        &["audit", "verify", "sorted", "--generation", "1", "--json"],
-    )
-    .await;
+    let out = env
+        .cli(&["audit", "verify", "sorted", "--generation", "1", "--json"])
+        .await;
     assert_eq!(out.status.code(), Some(1));
     let verdict: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         verdict["batches"][0]["first_mismatch"]["request_id"],
         json!(expected)
     );
-    let out = cli(&env, &["audit", "verify", "honest"]).await;
+    let out = env.cli(&["audit", "verify", "honest"]).await;
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(
         text.contains("batch 1: ok") && text.contains("verdict: ok"),
         "{text}"
     );
-    let out = cli(&env, &["pool", "status", "honest"]).await;
+    let out = env.cli(&["pool", "status", "honest"]).await;
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains(&format!(
