@@ -1,4 +1,4 @@
-//! Logging set-up: `RUST_LOG` filters (default `info` for workers, `warn` for the CLI, whose own output is its report), `LOG_FORMAT=json`
+//! Logging set-up: `RUST_LOG` filters (default `info` for workers (lapin's channel-close reports left out), `warn` for the CLI, whose own output is its report), `LOG_FORMAT=json`
 //! switches to one JSON object per line, panics included.
 //!
 //! Traces: with `OTEL_EXPORTER_OTLP_ENDPOINT` set, [`export_traces`] sends the
@@ -107,6 +107,14 @@ where
         unsafe { <OtelLayer as Layer<S>>::downcast_raw(TRACE_LAYER.get()?, id) }
     }
 }
+
+/// The workers' log filter when `RUST_LOG` is unset: `info`, without
+/// lapin's own report of a channel the broker closed. The draw worker probes
+/// for draw shards a larger `DRAW_SHARDS` left behind with passive
+/// declarations, which the broker answers for each missing queue by closing
+/// the probe's channel; and every other channel failure reaches the
+/// worker's own code, which logs it with what it means.
+pub const WORKER_LOG_FILTER: &str = "info,lapin::channel=off";
 
 /// Installs the global subscriber for `service` with `RUST_LOG` as the filter,
 /// or `default_level` when it is unset. Safe to call twice (the second call

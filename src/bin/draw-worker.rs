@@ -22,7 +22,7 @@ const ABOUT: &str =
 // cost more CPU than it saved (docs/performance.md). Scale with replicas.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    telemetry::init(SERVICE, "info");
+    telemetry::init(SERVICE, telemetry::WORKER_LOG_FILTER);
     let config = match Config::from_args(SERVICE, ABOUT) {
         Ok(config) => config,
         Err(exit) => return exit,

@@ -20,7 +20,7 @@ const ABOUT: &str =
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    telemetry::init(SERVICE, "info");
+    telemetry::init(SERVICE, telemetry::WORKER_LOG_FILTER);
     let config = match Config::from_args(SERVICE, ABOUT) {
         Ok(config) => config,
         Err(exit) => return exit,
