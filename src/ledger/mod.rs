@@ -28,11 +28,13 @@
 
 mod entries;
 mod fleet_key;
+mod read;
 pub mod reasons;
 mod seal;
 
 pub use entries::{Unsealed, ENTRIES};
 pub use fleet_key::{FleetSealer, KEY_REFRESH};
+pub use read::{balances, credited, pool_total, totals, Balance};
 pub use reasons::{check_movement, MAX_AMOUNT};
 pub use seal::{Sealer, INTERNAL_ID_PREFIXES, KEY_RING};
 
@@ -509,62 +511,6 @@ pub fn is_permanent(error: &sqlx::Error) -> bool {
             .is_some_and(|c| c.starts_with("22") || c.starts_with("23") || c.starts_with("54")),
         _ => false,
     }
-}
-
-/// One account's balance in one asset.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
-pub struct Balance {
-    pub asset: String,
-    pub balance: i64,
-}
-
-/// The balances of `account`, by asset.
-pub async fn balances(db: &PgPool, account: i64) -> Result<Vec<Balance>, sqlx::Error> {
-    sqlx::query_as("SELECT asset, balance FROM balances WHERE account = $1 ORDER BY asset")
-        .bind(account)
-        .fetch_all(db)
-        .await
-}
-
-/// Sum of the entries of `asset` whose `ref.pool` is `pool`: what a pool,
-/// packet or activity has moved through the ledger.
-pub async fn pool_total(db: &PgPool, pool: &str, asset: &str) -> Result<i64, sqlx::Error> {
-    let (total,): (i64,) = sqlx::query_as(
-        "SELECT coalesce(sum(amount), 0)::bigint FROM ledger_entries WHERE ref->>'pool' = $1 AND asset = $2",
-    )
-    .bind(pool)
-    .bind(asset)
-    .fetch_one(db)
-    .await?;
-    Ok(total)
-}
-
-/// Sum of the credits (positive entries) of `asset` whose `ref.pool` is one
-/// of `pools`: what draws and grabs paid out, without a packet's escrow.
-pub async fn credited(db: &PgPool, pools: &[String], asset: &str) -> Result<i64, sqlx::Error> {
-    let (total,): (i64,) = sqlx::query_as(
-        "SELECT coalesce(sum(amount), 0)::bigint FROM ledger_entries \
-         WHERE ref->>'pool' = ANY($1) AND asset = $2 AND amount > 0",
-    )
-    .bind(pools)
-    .bind(asset)
-    .fetch_one(db)
-    .await?;
-    Ok(total)
-}
-
-/// Sum of every entry for `reason` (or all reasons), per asset.
-pub async fn totals(
-    db: &PgPool,
-    reason: Option<&str>,
-) -> Result<Vec<(String, i64, i64)>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT asset, coalesce(sum(amount), 0)::bigint, count(*) FROM ledger_entries \
-         WHERE $1::text IS NULL OR reason = $1 GROUP BY asset ORDER BY asset",
-    )
-    .bind(reason)
-    .fetch_all(db)
-    .await
 }
 
 #[cfg(test)]
