@@ -104,6 +104,31 @@ const CLAIM_GROUPS: u16 = 1024;
 /// requests share a record only if SHA-256 collides on them.
 pub const DIGEST_BYTES: usize = 16;
 
+/// Clock skew an answer store tolerates between the nodes whose clocks name
+/// its epochs (`SKEW` in `lua/lib/answer.lua`).
+pub const CLOCK_SKEW_S: u64 = 300;
+
+/// When the last answer of a store can expire, unix seconds, from its
+/// epochs (`r.e`, "<start>:<length>:<buckets>[o];…"): an epoch's buckets
+/// expire five lengths and [`CLOCK_SKEW_S`] after it starts
+/// (`expiry_of` in `lua/lib/answer.lua`); 0 for a field that names none.
+pub fn epochs_end(field: &str) -> u64 {
+    field
+        .split(';')
+        .filter_map(|epoch| {
+            let mut parts = epoch.split(':');
+            let start: u64 = parts.next()?.parse().ok()?;
+            let length: u64 = parts.next()?.parse().ok()?;
+            Some(
+                start
+                    .saturating_add(length.saturating_mul(5))
+                    .saturating_add(CLOCK_SKEW_S),
+            )
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// Where one request's claim and answer live, and what it asked: the
 /// tokens `lua/lib/answer.lua` reads.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -404,6 +429,17 @@ impl ScriptReply {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_store_holds_answers_until_its_newest_epoch_expires() {
+        // lua/lib/answer.lua: buckets expire at start + EPOCHS × length + SKEW.
+        let lua = include_str!("../../lua/lib/answer.lua");
+        assert!(lua.contains("local EPOCHS = 5\n") && lua.contains("local SKEW = 300\n"));
+        assert_eq!(epochs_end("1000:10:4;900:40:1o"), 900 + 200 + 300);
+        assert_eq!(epochs_end("1000:10:4"), 1000 + 50 + 300);
+        assert_eq!(epochs_end(""), 0);
+        assert_eq!(epochs_end("junk;1:x:1"), 0);
+    }
 
     #[test]
     fn fingerprints_differ_by_every_field_and_are_stable() {

@@ -139,11 +139,12 @@ type MetaFields = (
 struct Resolved {
     kind: Kind,
     shards: u32,
-    /// A sharded pool whose own answer store holds answers: refusals
-    /// stored before the pool was loaded with its shards (an
-    /// `unknown_pool`), which its requests' retries must still find
-    /// ([`Kinds::answered_before`]).
-    answered_before: bool,
+    /// For a sharded pool whose own answer store holds answers (refusals
+    /// stored before the pool was loaded with its shards, an
+    /// `unknown_pool`, which its requests' retries must still find,
+    /// [`Kinds::answered_before`]): until when those answers can exist,
+    /// unix seconds; 0 when there are none.
+    answered_until: u64,
 }
 
 /// The dispatch: resolves a pool's kind and runs its draw step.
@@ -200,10 +201,14 @@ impl Kinds {
     /// answer store holds answers from before it was loaded (see
     /// [`Kinds::open`]).
     pub(crate) async fn answered_before(&self, pool: &str) -> Result<bool, HandleError> {
+        // Compared with this host's clock: a margin of the store's own
+        // clock skew, so a clock behind Redis's still looks while an
+        // answer may be kept.
+        let now = chrono::Utc::now().timestamp().max(0).unsigned_abs();
         Ok(self
             .resolve_sharded(pool)
             .await?
-            .is_some_and(|r| r.answered_before))
+            .is_some_and(|r| now < r.answered_until.saturating_add(answer::CLOCK_SKEW_S)))
     }
 
     /// Where a draw of `user` from pool `pool` runs: the pool's kind and the
@@ -284,7 +289,10 @@ impl Kinds {
         let resolved = Resolved {
             kind,
             shards,
-            answered_before: shards > 1 && epochs.is_some(),
+            answered_until: match epochs {
+                Some(epochs) if shards > 1 => answer::epochs_end(&epochs),
+                _ => 0,
+            },
         };
         kinds.insert(id.to_owned(), resolved);
         Ok(Some(resolved))
