@@ -33,6 +33,22 @@ pub struct TestEnv {
 }
 
 impl TestEnv {
+    /// A connection named `name` and a confirming channel on this
+    /// environment's vhost, with the topology declared.
+    pub async fn confirm_channel(&self, name: &str) -> (lapin::Connection, lapin::Channel) {
+        let conn = prizepool::amqp::connect(&self.config.amqp_url, name)
+            .await
+            .unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        prizepool::amqp::declare_topology(&ch, self.config.delivery_limit)
+            .await
+            .unwrap();
+        ch.confirm_select(lapin::options::ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        (conn, ch)
+    }
+
     /// Runs the `prizepool` command line against this environment without
     /// blocking the runtime (in-process workers keep running).
     pub async fn cli(&self, args: &[&str]) -> std::process::Output {

@@ -9,9 +9,7 @@ use std::{
 
 use futures_util::StreamExt;
 use lapin::{
-    options::{
-        BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
-    },
+    options::{BasicConsumeOptions, BasicPublishOptions, QueueDeclareOptions},
     types::FieldTable,
     BasicProperties, Channel, Connection,
 };
@@ -36,16 +34,7 @@ pub struct Raw {
 
 impl Raw {
     pub async fn new(env: &TestEnv) -> Self {
-        let conn = amqp::connect(&env.config.amqp_url, "attacker")
-            .await
-            .unwrap();
-        let ch = conn.create_channel().await.unwrap();
-        amqp::declare_topology(&ch, env.config.delivery_limit)
-            .await
-            .unwrap();
-        ch.confirm_select(ConfirmSelectOptions::default())
-            .await
-            .unwrap();
+        let (conn, ch) = env.confirm_channel("attacker").await;
         let q = ch
             .queue_declare(
                 "".into(),

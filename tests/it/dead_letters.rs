@@ -8,7 +8,7 @@ use crate::common;
 
 use common::TestEnv;
 use lapin::{
-    options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions},
+    options::{BasicGetOptions, BasicPublishOptions},
     types::{AMQPValue, FieldTable},
     BasicProperties,
 };
@@ -47,14 +47,7 @@ fn bodies(report: &Value) -> Vec<String> {
 /// draws on pools `a` and `b`, a `lottery.grant` every fifth, and the
 /// first third dead-lettered two hours ago. Returns their bodies in order.
 async fn dead_letter_some(env: &TestEnv) -> Vec<String> {
-    let conn = amqp::connect(&env.config.amqp_url, "t").await.unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    amqp::declare_topology(&ch, env.config.delivery_limit)
-        .await
-        .unwrap();
-    ch.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
+    let (conn, ch) = env.confirm_channel("t").await;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()

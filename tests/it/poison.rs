@@ -14,7 +14,7 @@ use std::{
 use common::{draw, pool_toml, TestEnv};
 use futures_util::StreamExt;
 use lapin::{
-    options::{BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions},
+    options::{BasicConsumeOptions, BasicPublishOptions},
     types::FieldTable,
     BasicProperties, Channel, Connection,
 };
@@ -52,17 +52,7 @@ impl Handler for Poison {
 /// A connection and a confirming channel on the test's vhost, with the
 /// topology declared.
 async fn channel(env: &TestEnv) -> (Connection, Channel) {
-    let conn = amqp::connect(&env.config.amqp_url, "poison-test")
-        .await
-        .unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    amqp::declare_topology(&ch, env.config.delivery_limit)
-        .await
-        .unwrap();
-    ch.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
-    (conn, ch)
+    env.confirm_channel("poison-test").await
 }
 
 /// Publishes `body` as is and waits for the broker's confirm.

@@ -12,9 +12,7 @@ use std::{collections::HashMap, time::Duration};
 use common::TestEnv;
 use futures_util::StreamExt;
 use lapin::{
-    options::{
-        BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
-    },
+    options::{BasicConsumeOptions, BasicPublishOptions, QueueDeclareOptions},
     BasicProperties,
 };
 use prizepool::{amqp, ledger::MAX_AMOUNT};
@@ -285,16 +283,7 @@ impl Replies {
     /// Publishes `bodies` to the settle queue (confirmed), each asking for a
     /// reply whose correlation id is its position.
     async fn publish(env: &TestEnv, bodies: &[Value]) -> Self {
-        let conn = amqp::connect(&env.config.amqp_url, "replies")
-            .await
-            .unwrap();
-        let ch = conn.create_channel().await.unwrap();
-        amqp::declare_topology(&ch, env.config.delivery_limit)
-            .await
-            .unwrap();
-        ch.confirm_select(ConfirmSelectOptions::default())
-            .await
-            .unwrap();
+        let (conn, ch) = env.confirm_channel("replies").await;
         let queue = ch
             .queue_declare(
                 "".into(),
