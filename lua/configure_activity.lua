@@ -1,7 +1,10 @@
 -- Creates or updates a lottery activity's settings in Redis.
+-- Prepended by lib/answer.lua and lib/lottery.lua (lottery_fold).
 --
 -- KEYS[1]: activity meta hash
--- KEYS[2]: stock hash (prize id -> stock left)
+-- KEYS[2]: stock hash of an activity loaded before its counters moved into
+--          meta (lib/lottery.lua: each prize's counts are meta's `c`)
+-- KEYS[3]: awarded hash of such an activity
 -- ARGV[1]: config version
 -- ARGV[2]: strategy label
 -- ARGV[3]: starts_at, unix ms
@@ -22,7 +25,12 @@ if version > tonumber(ARGV[1]) then return {'stale', tostring(version)} end
 redis.call('PERSIST', KEYS[1])
 redis.call('HSET', KEYS[1], 'kind', 'lottery', 'version', ARGV[1], 'strategy', ARGV[2],
   'starts_at', ARGV[3], 'ends_at', ARGV[4], 'prizes', ARGV[5], 'consolation', ARGV[6])
-for i = 7, #ARGV, 2 do
-  redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1])
+local c
+if redis.call('HGET', KEYS[1], 'counters') == 'meta' then
+  c = counts_parse(redis.call('HGET', KEYS[1], 'c'))
+else
+  c = lottery_fold(KEYS[1], KEYS[2], KEYS[3])
 end
+for i = 7, #ARGV, 2 do counts_add(c, ARGV[i], tonumber(ARGV[i + 1])) end
+redis.call('HSET', KEYS[1], 'c', counts_text(c))
 return {'ok', ''}

@@ -8,14 +8,14 @@
 -- Returns: {"ok", "<serial>|<prize>|<chances left>", 0}, {"dup", body, 0}, {"reused", "", 0},
 --          {"refused", code, 0} for unknown_pool, not_started, ended, no_chances, sold_out
 
-local m, reply = lottery_gate()
-if not m then return reply end
+local m, chances = lottery_gate()
+if not m then return chances end
 
-local prize, finite = nil, false
+local c = counts_parse(m[9])
+local prize = nil
 for id in string.gmatch(m[4], '([^,:]+):%d+') do
-  if (tonumber(redis.call('HGET', KEYS[3], id)) or 0) > 0 then prize, finite = id, true break end
+  if (c.left[id] or 0) > 0 then prize = id break end
 end
-if prize == nil and m[5] and m[5] ~= '' then prize = string.match(m[5], '^([^:]+):') end
-if prize == nil then count_visit() return refuse(KEYS[5], ARGV[6], ARGV[4], 'sold_out') end
-
-return lottery_award(prize, finite)
+if prize then return lottery_award(m, chances, c, prize, true) end
+if m[5] and m[5] ~= '' then return lottery_award(m, chances, c, string.match(m[5], '^([^:]+):'), false) end
+return lottery_refuse(m, 'sold_out')

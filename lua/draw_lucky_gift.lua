@@ -90,5 +90,5 @@ return draw_award({meta = KEYS[1], result = KEYS[5], spent_key = KEYS[4], token 
   result_ttl = ARGV[2], version = m[8], asset = m[9], due = m[11], drawn = m[14],
   unit_price = unit_price, count = count, spent = spent, trigger = trigger,
   held_n = held_len - plan.from_held + #plan.parked, held_was = m[16],
-  codes = codes, origins = origins, parked_at = plan.parked_at,
+  codes = codes, origins = origins, from_held = plan.from_held, parked_at = plan.parked_at,
   track = track, hgen0 = hgen0, next_pos = qhead + plan.used, fields = fields})

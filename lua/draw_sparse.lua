@@ -118,5 +118,5 @@ return draw_award({meta = KEYS[1], result = KEYS[7], spent_key = KEYS[6], token 
   result_ttl = ARGV[2], version = m[10], asset = m[11], due = m[12], drawn = m[14],
   unit_price = unit_price, count = count, spent = spent, trigger = trigger,
   held_n = held_len - plan.from_held + #plan.parked, held_was = m[16],
-  codes = codes, origins = origins, parked_at = plan.parked_at,
+  codes = codes, origins = origins, from_held = plan.from_held, parked_at = plan.parked_at,
   track = track, hgen0 = hgen0, next_pos = new_cur, fields = fields})

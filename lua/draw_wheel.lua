@@ -29,24 +29,18 @@
 -- sampling), so `r % total` has no modulo bias. Weights are bounded at load
 -- (total below 2^40), so a value is rejected with probability below 2^-12.
 
-local m, reply = lottery_gate()
-if not m then return reply end
+local m, chances = lottery_gate()
+if not m then return chances end
 
 -- Candidates: prizes with stock left (a sold-out prize's weight drops out),
 -- then the consolation prize. One pass, no retries.
+local c = counts_parse(m[9])
 local ids, weights, total = {}, {}, 0
-local listed, listed_w = {}, {}
 for id, w in string.gmatch(m[4], '([^,:]+):(%d+)') do
-  listed[#listed + 1] = id
-  listed_w[#listed_w + 1] = tonumber(w)
-end
-local lefts = {}
-if #listed > 0 then lefts = redis.call('HMGET', KEYS[3], unpack(listed)) end
-for i, id in ipairs(listed) do
-  if (tonumber(lefts[i]) or 0) > 0 then
+  if (c.left[id] or 0) > 0 then
     ids[#ids + 1] = id
-    weights[#weights + 1] = listed_w[i]
-    total = total + listed_w[i]
+    weights[#weights + 1] = tonumber(w)
+    total = total + tonumber(w)
   end
 end
 local finite = #ids
@@ -57,7 +51,7 @@ if m[5] and m[5] ~= '' then
   total = total + tonumber(w)
 end
 -- Every prize is gone and there is no consolation: no chance is spent.
-if total == 0 then count_visit() return refuse(KEYS[5], ARGV[6], ARGV[4], 'sold_out') end
+if total == 0 then return lottery_refuse(m, 'sold_out') end
 
 local SPAN = 4503599627370496 -- 2^52
 local limit = SPAN - (SPAN % total)
@@ -74,4 +68,4 @@ for i = 1, #ids do
   if r < weights[i] then pick = i break end
   r = r - weights[i]
 end
-return lottery_award(ids[pick], pick <= finite, int(value) .. ';' .. table.concat(candidates, ','))
+return lottery_award(m, chances, c, ids[pick], pick <= finite, int(value) .. ';' .. table.concat(candidates, ','))

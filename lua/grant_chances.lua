@@ -26,13 +26,20 @@ if prev then
   if rest == ';!unknown_pool' then return {'unknown', 0} end
   local first = string.match(rest, '^;=(%d+)$')
   if first then return {'dup', tonumber(first)} end
-  return {'dup', tonumber(redis.call('HGET', KEYS[2], ARGV[1])) or 0}
+  local now = redis.call('HGET', KEYS[1], 'u:' .. ARGV[1]) or redis.call('HGET', KEYS[2], ARGV[1])
+  return {'dup', tonumber(now) or 0}
 end
 if redis.call('HGET', KEYS[1], 'kind') ~= 'lottery' then
   redis.call('SET', KEYS[3], ARGV[4] .. ';!unknown_pool', 'EX', tonumber(ARGV[3]))
   return {'unknown', 0}
 end
-local left = redis.call('HINCRBY', KEYS[2], ARGV[1], tonumber(ARGV[2]))
+local field = 'u:' .. ARGV[1]
+local before = redis.call('HGET', KEYS[2], ARGV[1])
+if before then
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  redis.call('HINCRBY', KEYS[1], field, tonumber(before))
+end
+local left = redis.call('HINCRBY', KEYS[1], field, tonumber(ARGV[2]))
 -- `%d`: the count as digits, never in exponent notation.
 redis.call('SET', KEYS[3], ARGV[4] .. ';=' .. string.format('%d', left), 'EX', tonumber(ARGV[3]))
 return {'ok', left}

@@ -7,6 +7,8 @@
 -- ARGV[3]: expires_at, unix milliseconds
 -- ARGV[4]: asset
 -- ARGV[5..]: share elements, at most 5,000 (inside `unpack`'s limit)
+-- Meta's `grabs` = "meta" says the packet keeps each user's share in its
+-- meta hash (grab_red_packet.lua).
 -- Returns: {"stocked", n} or {"exists", 0}; {"kind", 0} if the id names another kind
 
 local kind = redis.call('HGET', KEYS[1], 'kind')
@@ -16,6 +18,6 @@ if kind then return {'kind', 0} end
 redis.call('PERSIST', KEYS[1])
 redis.call('HSET', KEYS[1], 'kind', 'red_packet', 'sender', ARGV[1], 'total', ARGV[2],
   'expires_at', ARGV[3], 'asset', ARGV[4], 'grabbed', 0, 'grabbed_count', 0,
-  'refunded', 0, 'closed', 0)
+  'refunded', 0, 'closed', 0, 'grabs', 'meta')
 redis.call('RPUSH', KEYS[2], unpack(ARGV, 5))
 return {'stocked', #ARGV - 4}

@@ -17,8 +17,8 @@
 --
 -- Buckets. Millions of records are kept for a day, so a record is not a key
 -- of its own: records are concatenated in string "buckets" that expire
--- whole, read with one GET and rewritten with one SET, so a record costs its
--- bytes and nothing else.
+-- whole, read with one GET and written with one SET (a new bucket, with its
+-- expiry) or APPEND, so a record costs its bytes and nothing else.
 --
 -- Epochs. Time is cut into epochs whose geometry is kept in the store's
 -- meta hash, never derived from a setting: field `r.e` lists the live
@@ -277,7 +277,14 @@ local function store_put(s, value)
   else
     rec = s.d .. string.char(#value) .. value
   end
-  redis.call('SET', bucket_of(s, e[1], index_of(s.h, e[3])), s.cur .. rec, 'EXAT', exp)
+  -- A bucket that holds records already gets this one appended (it keeps
+  -- its expiry): the bucket's bytes never pass through the script again.
+  local name = bucket_of(s, e[1], index_of(s.h, e[3]))
+  if s.cur == '' then
+    redis.call('SET', name, rec, 'EXAT', exp)
+  else
+    redis.call('APPEND', name, rec)
+  end
   s.cur = nil
   if s.splits and e[3] < MAX_BUCKETS then split(s) end
 end

@@ -64,15 +64,13 @@ end
 -- The stored form of an award: `runs` (codes_text) and the fairness
 -- `record` ("/<runs>[/<parked>[/<reveals>]]"). The version's price and
 -- asset are written by the pool's load (configure_pool.lua, "v<version>").
--- A draw whose prizes are one run of positions of one batch (most draws)
--- stores byte 2 and that run's batch and first position as varints instead
--- of the record: its length is the number of codes.
-local function award_stored(serial, version, trigger, runs, record, n)
+-- A draw whose record is one run of positions of one batch (most draws;
+-- fair_record then gives its batch `g` and first position `p`) stores byte
+-- 2 and that run's batch and first position as varints instead of the
+-- record: its length is the number of codes.
+local function award_stored(serial, version, trigger, runs, record, g, p)
   local head = varint(serial) .. varint(tonumber(version) or 0) .. varint(trigger + 1)
-  local g, p, c = string.match(record, '^/(%d+)%.(%d+)%.(%d+)$')
-  if g and tonumber(c) == n then
-    return '\2' .. head .. varint(tonumber(g)) .. varint(tonumber(p)) .. runs
-  end
+  if g then return '\2' .. head .. varint(g) .. varint(p) .. runs end
   return '\1' .. head .. runs .. record
 end
 

@@ -28,13 +28,16 @@ end
 --   unit_price, count, spent    the price, the prizes drawn, gate()'s field
 --   held_n, held_was            `held` after the draw; meta's `held_n` (raw)
 --   trigger                     the batch whose refill flag was taken, or -1
---   codes, origins, parked_at   jackpot_take()'s answer and the plan's parks
+--   codes, origins, from_held   jackpot_take()'s answer (origins flat), and
+--                               how many of its prizes came from `held`
+--   parked_at                   the plan's parks (flat origins)
 --   track, hgen0, next_pos      the positions() tracker, meta's `hgen`, and
 --                               the running position after the draw
 --   fields                      the storage's meta writes (name, value, ...)
 local function draw_award(d)
   local fields = d.fields
-  local record = fair_record(d.meta, d.track, d.hgen0, d.origins, d.parked_at, d.next_pos, fields)
+  local record, g, p = fair_record(d.meta, d.track, d.hgen0, d.origins, d.from_held, d.parked_at,
+    d.next_pos, fields)
   local serial = (tonumber(d.drawn) or 0) + d.count
   fields[#fields + 1] = 'drawn'
   fields[#fields + 1] = int(serial)
@@ -57,6 +60,6 @@ local function draw_award(d)
   local body = int(serial) .. '|' .. version .. '|' .. int(d.unit_price) .. '|' .. int(d.trigger) .. '|'
     .. codes .. '|' .. asset
   -- The fairness record travels inside the codes field of the stored form.
-  remember(d.result, d.token, award_stored(serial, version, d.trigger, runs, record, #d.codes), d.result_ttl)
+  remember(d.result, d.token, award_stored(serial, version, d.trigger, runs, record, g, p), d.result_ttl)
   return {'ok', body, 0}
 end

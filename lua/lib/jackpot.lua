@@ -73,14 +73,15 @@ local function freed_at_head(held_key, count, jackpot)
 end
 
 -- Pops `n` prizes from the head of `held`, appending their codes to `codes`
--- and, when `origins` is given, where each came from ({generation,
--- position, true}; generation 0 when unknown) to `origins`.
+-- and where each came from (generation, position; 0, 0 when unknown) to
+-- the flat list `origins` (g1, p1, g2, p2, ...).
 local function take_held(held_key, n, codes, origins)
   if n > 0 then
     for _, v in ipairs(redis.call('LPOP', held_key, n)) do
       local code, g, p = held_parse(v)
       codes[#codes + 1] = code
-      if origins then origins[#origins + 1] = {g, p, true} end
+      origins[#origins + 1] = g
+      origins[#origins + 1] = p
     end
   end
 end
@@ -107,104 +108,161 @@ end
 -- last batch committed: a later batch has no start yet); `hs` and `ns` are
 -- meta's cached starts of batches hgen and hgen + 1 ("<g>:<start>", kept by
 -- the draws, trusted only for the batch they name), so a draw within one
--- batch reads no start of its own.
+-- batch reads no start of its own. The tracker is one table of numbers and
+-- the functions below take it as their first argument: a draw builds no
+-- closure and no table per prize.
+--   hgen       the batch the running position is in (moves forward)
+--   s, ns      the starts of batches hgen and hgen + 1 (false: none), nil
+--              until the first track_at
+--   done       the batches passed, or nil
 local function positions(meta_key, hgen, gen, hs, ns)
-  local t = {hgen = hgen, done = {}, cached = {}}
-  local starts = {}
-  for _, f in ipairs({hs or '', ns or ''}) do
-    local g, v = string.match(f, '^(%d+):(%d+)$')
-    if g then t.cached[tonumber(g)] = tonumber(v) end
-  end
-  local function start(g)
-    local s = starts[g]
-    if s == nil then
-      if g > gen then
-        s = false
-      elseif t.cached[g] then
-        s = t.cached[g]
-      else
-        s = tonumber(redis.call('HGET', meta_key, 'bstart:' .. int(g))) or false
-      end
-      starts[g] = s
-    end
-    return s
-  end
-  t.start = start
-  -- Moves past every batch that starts at or before position `i`.
-  function t.advance(i)
-    while true do
-      local s = start(t.hgen + 1)
-      if s and i >= s then
-        t.done[#t.done + 1] = t.hgen
-        t.hgen = t.hgen + 1
-      else
-        return
-      end
-    end
-  end
-  -- The origin {generation, position} of running position `i` (0, 0 when
-  -- its batch was stocked before batches were committed).
-  function t.at(i)
-    t.advance(i)
-    local s = start(t.hgen)
-    if s then return {t.hgen, i - s} end
-    return {0, 0}
-  end
-  -- Meta fields to write after the draw: the batch pointer and the cached
-  -- starts, where they changed.
-  function t.fields(out, hgen0)
-    if t.hgen ~= hgen0 then out[#out + 1] = 'hgen'; out[#out + 1] = int(t.hgen) end
-    for k, f in ipairs({'hs', 'ns'}) do
-      local g = t.hgen + k - 1
-      local s = start(g)
-      if s and t.cached[g] ~= s then out[#out + 1] = f; out[#out + 1] = int(g) .. ':' .. int(s) end
-    end
-  end
+  local t = {meta = meta_key, gen = gen, hgen = hgen}
+  local g, v = string.match(hs or '', '^(%d+):(%d+)$')
+  if g then t.c1g, t.c1s = tonumber(g), tonumber(v) end
+  g, v = string.match(ns or '', '^(%d+):(%d+)$')
+  if g then t.c2g, t.c2s = tonumber(g), tonumber(v) end
   return t
 end
 
+-- The start meta's `hs` or `ns` holds for batch g, or nil.
+local function track_cached(t, g)
+  if g == t.c2g then return t.c2s end
+  if g == t.c1g then return t.c1s end
+  return nil
+end
+
+-- The running position of the first prize of batch g (false: none known).
+-- A start that is not cached is read once (`bstart:<g>`).
+local function track_start(t, g)
+  if g > t.gen then return false end
+  local s = track_cached(t, g)
+  if s then return s end
+  local starts = t.starts
+  if not starts then
+    starts = {}
+    t.starts = starts
+  end
+  s = starts[g]
+  if s == nil then
+    s = tonumber(redis.call('HGET', t.meta, 'bstart:' .. int(g))) or false
+    starts[g] = s
+  end
+  return s
+end
+
+-- Moves past every batch that starts at or before position `i`.
+local function track_advance(t, i)
+  while true do
+    local s = track_start(t, t.hgen + 1)
+    if s and i >= s then
+      local done = t.done
+      if not done then
+        done = {}
+        t.done = done
+      end
+      done[#done + 1] = t.hgen
+      t.hgen = t.hgen + 1
+    else
+      t.ns = s
+      t.s = track_start(t, t.hgen)
+      return
+    end
+  end
+end
+
+-- The origin (generation, position) of running position `i` (0, 0 when its
+-- batch was stocked before batches were committed). Positions only grow
+-- within a draw, so a prize that stays in its batch costs a comparison.
+local function track_at(t, i)
+  local ns = t.ns
+  if ns == nil or (ns and i >= ns) then track_advance(t, i) end
+  local s = t.s
+  if s then return t.hgen, i - s end
+  return 0, 0
+end
+
+-- Meta fields to write after the draw: the batch pointer and the cached
+-- starts, where they changed.
+local function track_fields(t, out, hgen0)
+  if t.hgen ~= hgen0 then
+    out[#out + 1] = 'hgen'
+    out[#out + 1] = int(t.hgen)
+  end
+  local g = t.hgen
+  local s = track_start(t, g)
+  if s and track_cached(t, g) ~= s then
+    out[#out + 1] = 'hs'
+    out[#out + 1] = int(g) .. ':' .. int(s)
+  end
+  g = g + 1
+  s = track_start(t, g)
+  if s and track_cached(t, g) ~= s then
+    out[#out + 1] = 'ns'
+    out[#out + 1] = int(g) .. ':' .. int(s)
+  end
+end
+
 -- The held element of a parked jackpot: "<code>:<generation>:<position>".
-local function held_element(code, origin)
-  if origin[1] > 0 then return int(code) .. ':' .. int(origin[1]) .. ':' .. int(origin[2]) end
+local function held_element(code, g, p)
+  if g > 0 then return int(code) .. ':' .. int(g) .. ':' .. int(p) end
   return int(code)
 end
 
--- The writes of a draw's fairness record, after every check: held counts,
--- reveals (the batch pointer goes to `fields`, the draw's one meta write). `origins` lists the origins of the answer's
--- prizes in answer order (a third element `true` when taken from `held`),
--- `parked` the origins of the jackpots this draw parked, `next_pos` the
--- running position after the draw. Returns the answer's suffix
--- "/<runs>/<parked>/<reveals>" (empty trailing fields left out): runs
--- "g.p.n" (n prizes at positions
--- p..p+n-1 of batch g, in answer order), parked "g.p", reveals
--- "g.<version>.<seed hex>".
-local function fair_record(meta_key, t, hgen0, origins, parked, next_pos, fields)
-  t.advance(next_pos)
+-- The runs of a flat list of origins (g1, p1, g2, p2, ...), in answer
+-- order: "g.p.n" for n prizes at positions p..p+n-1 of batch g (batch 0,
+-- unknown, makes one run whatever the positions). Returns the text, and
+-- the batch and first position when the origins make a single run.
+local function runs_of(origins)
+  local runs = {}
+  local lg, lp, ln = -1, 0, 0
+  for k = 1, #origins, 2 do
+    local g, p = origins[k], origins[k + 1]
+    if g == lg and (lg == 0 or lp + ln == p) then
+      ln = ln + 1
+    else
+      if lg >= 0 then runs[#runs + 1] = int(lg) .. '.' .. int(lp) .. '.' .. int(ln) end
+      lg, lp, ln = g, p, 1
+    end
+  end
+  if lg < 0 then return '' end
+  local last = int(lg) .. '.' .. int(lp) .. '.' .. int(ln)
+  if #runs == 0 then return last, lg, lp end
+  runs[#runs + 1] = last
+  return table.concat(runs, ',')
+end
+
+-- The held counts (`hh:<g>`) a draw changes, and the batches whose seed it
+-- may reveal. `origins` as for fair_record, of which the first `from_held`
+-- were taken from `held`; `parked` the flat origins of the jackpots parked.
+local function held_counts(meta_key, origins, from_held, parked, candidates, seen)
   local delta, order = {}, {}
   local function add(g, d)
     if g > 0 then
-      if delta[g] == nil then delta[g] = 0; order[#order + 1] = g end
+      if delta[g] == nil then
+        delta[g] = 0
+        order[#order + 1] = g
+      end
       delta[g] = delta[g] + d
     end
   end
-  for _, o in ipairs(origins) do if o[3] then add(o[1], -1) end end
-  for _, o in ipairs(parked) do add(o[1], 1) end
-  local candidates, seen = {}, {}
-  local function candidate(g)
-    if g > 0 and not seen[g] then seen[g] = true; candidates[#candidates + 1] = g end
-  end
+  for k = 1, from_held do add(origins[2 * k - 1], -1) end
+  for k = 1, #parked, 2 do add(parked[k], 1) end
   for _, g in ipairs(order) do
     if delta[g] ~= 0 then
       local n = redis.call('HINCRBY', meta_key, 'hh:' .. int(g), delta[g])
       if n <= 0 then redis.call('HDEL', meta_key, 'hh:' .. int(g)) end
     end
-    candidate(g)
+    if not seen[g] then
+      seen[g] = true
+      candidates[#candidates + 1] = g
+    end
   end
-  for _, g in ipairs(t.done) do
-    if g > 0 then redis.call('HDEL', meta_key, 'bstart:' .. int(g)) end
-    candidate(g)
-  end
-  t.fields(fields, hgen0)
+end
+
+-- The reveals of a draw: each batch among `candidates` that is behind the
+-- running position with none of its prizes parked has its seed revealed
+-- (and its commitment dropped). Returns "g.<version>.<seed hex>,...".
+local function reveals_of(meta_key, t, candidates)
   table.sort(candidates)
   local reveals = {}
   for _, g in ipairs(candidates) do
@@ -220,24 +278,48 @@ local function fair_record(meta_key, t, hgen0, origins, parked, next_pos, fields
       end
     end
   end
-  local runs = {}
-  local lg, lp, ln = -1, 0, 0
-  for _, o in ipairs(origins) do
-    if o[1] == lg and (lg == 0 or lp + ln == o[2]) then
-      ln = ln + 1
-    else
-      if lg >= 0 then runs[#runs + 1] = int(lg) .. '.' .. int(lp) .. '.' .. int(ln) end
-      lg, lp, ln = o[1], o[2], 1
+  return table.concat(reveals, ',')
+end
+
+-- The writes of a draw's fairness record, after every check: held counts,
+-- reveals (the batch pointer goes to `fields`, the draw's one meta write).
+-- `origins` lists the origins of the answer's prizes in answer order, flat
+-- (g1, p1, g2, p2, ...), the first `from_held` taken from `held`; `parked`
+-- the flat origins of the jackpots this draw parked; `next_pos` the running
+-- position after the draw. Returns the answer's suffix
+-- "/<runs>/<parked>/<reveals>" (empty trailing fields left out): runs
+-- "g.p.n" (runs_of), parked "g.p", reveals "g.<version>.<seed hex>"; and,
+-- when the record is one run and nothing else, that run's batch and first
+-- position.
+local function fair_record(meta_key, t, hgen0, origins, from_held, parked, next_pos, fields)
+  track_advance(t, next_pos)
+  local candidates, seen = {}, {}
+  if from_held > 0 or #parked > 0 then held_counts(meta_key, origins, from_held, parked, candidates, seen) end
+  if t.done then
+    for _, g in ipairs(t.done) do
+      if g > 0 then
+        redis.call('HDEL', meta_key, 'bstart:' .. int(g))
+        if not seen[g] then
+          seen[g] = true
+          candidates[#candidates + 1] = g
+        end
+      end
     end
   end
-  if lg >= 0 then runs[#runs + 1] = int(lg) .. '.' .. int(lp) .. '.' .. int(ln) end
-  local parked_text = {}
-  for _, o in ipairs(parked) do parked_text[#parked_text + 1] = int(o[1]) .. '.' .. int(o[2]) end
+  track_fields(t, fields, hgen0)
+  local reveals = ''
+  if #candidates > 0 then reveals = reveals_of(meta_key, t, candidates) end
+  local runs, g, p = runs_of(origins)
+  local out = '/' .. runs
   -- Empty trailing fields are left out ("/<runs>" for most draws).
-  local out = '/' .. table.concat(runs, ',')
-  if #parked_text > 0 or #reveals > 0 then out = out .. '/' .. table.concat(parked_text, ',') end
-  if #reveals > 0 then out = out .. '/' .. table.concat(reveals, ',') end
-  return out
+  if #parked > 0 or reveals ~= '' then
+    local parked_text = {}
+    for k = 1, #parked, 2 do parked_text[#parked_text + 1] = int(parked[k]) .. '.' .. int(parked[k + 1]) end
+    out = out .. '/' .. table.concat(parked_text, ',')
+    g = nil
+  end
+  if reveals ~= '' then out = out .. '/' .. reveals end
+  return out, g, p
 end
 
 -- The jackpot gate applied to one draw of `count` prizes: which prizes the
@@ -257,31 +339,42 @@ end
 -- draw's positions() tracker. Returns nil and the count to answer `short`
 -- with, or the plan:
 --   from_held  prizes to take from the head of `held` (first in the answer)
---   won        codes won from the pool, in draw order; `won_at` their origins
+--   won        codes won from the pool, in draw order; `won_at` their
+--              origins, flat (g1, p1, g2, p2, ...)
 --   parked     `held` elements of the jackpots met and held back;
---              `parked_at` their origins
+--              `parked_at` their origins, flat
 --   used       drawable prizes the draw used up (won and parked)
-local function jackpot_pick(held_key, held_len, count, open, jackpot, src, track)
-  local plan = {from_held = 0, won = {}, won_at = {}, parked = {}, parked_at = {}, used = 0}
-  -- Reads the next n drawable prizes; while gated, jackpots are parked.
-  local function read(n, gated)
-    for _, code in ipairs(src.read(n)) do
-      local at = track.at(src.base + plan.used)
-      plan.used = plan.used + 1
-      if gated and jackpot[code] then
-        plan.parked[#plan.parked + 1] = held_element(code, at)
-        plan.parked_at[#plan.parked_at + 1] = at
-      else
-        plan.won[#plan.won + 1] = code
-        plan.won_at[#plan.won_at + 1] = at
-      end
+
+-- Reads the next n drawable prizes into `plan`; while gated, jackpots are
+-- parked.
+local function pick_read(plan, src, track, jackpot, n, gated)
+  local won, won_at = plan.won, plan.won_at
+  local used = plan.used
+  local base = src.base
+  for _, code in ipairs(src.read(n)) do
+    local g, p = track_at(track, base + used)
+    used = used + 1
+    if gated and jackpot[code] then
+      local parked, parked_at = plan.parked, plan.parked_at
+      parked[#parked + 1] = held_element(code, g, p)
+      parked_at[#parked_at + 1] = g
+      parked_at[#parked_at + 1] = p
+    else
+      won[#won + 1] = code
+      won_at[#won_at + 1] = g
+      won_at[#won_at + 1] = p
     end
   end
+  plan.used = used
+end
+
+local function jackpot_pick(held_key, held_len, count, open, jackpot, src, track)
+  local plan = {from_held = 0, won = {}, won_at = {}, parked = {}, parked_at = {}, used = 0}
   if open then
     if held_len + src.visible < count then return nil, held_len + src.visible end
     -- Waiting jackpots are first in line, then the pool in order.
     plan.from_held = math.min(count, held_len)
-    if count > plan.from_held then read(count - plan.from_held, false) end
+    if count > plan.from_held then pick_read(plan, src, track, jackpot, count - plan.from_held, false) end
     return plan
   end
   -- Gated: parked prizes a reload freed from the rule come first. Jackpots
@@ -294,7 +387,7 @@ local function jackpot_pick(held_key, held_len, count, open, jackpot, src, track
   if src.visible + plan.from_held < count then return nil, held_len + src.visible end
   local need = count - plan.from_held
   while #plan.won < need and plan.used < src.visible do
-    read(math.min(need - #plan.won, src.visible - plan.used), true)
+    pick_read(plan, src, track, jackpot, math.min(need - #plan.won, src.visible - plan.used), true)
   end
   if #plan.won < need then
     -- Not enough winnable prizes: everything goes back where it was.
@@ -306,14 +399,15 @@ end
 
 -- The `held` writes of a planned draw: takes `plan.from_held` prizes from
 -- the head of `held` and parks the jackpots met at its tail. Returns the
--- answer's codes and their origins (a third element `true` for a prize from
--- `held`), in answer order: prizes from `held` first, then those won.
+-- answer's codes and their flat origins, in answer order: prizes from
+-- `held` first (plan.from_held of them), then those won.
 local function jackpot_take(held_key, plan)
-  local codes, origins = {}, {}
-  take_held(held_key, plan.from_held, codes, origins)
-  for k, code in ipairs(plan.won) do
-    codes[#codes + 1] = code
-    origins[#origins + 1] = plan.won_at[k]
+  local codes, origins = plan.won, plan.won_at
+  if plan.from_held > 0 then
+    codes, origins = {}, {}
+    take_held(held_key, plan.from_held, codes, origins)
+    for _, code in ipairs(plan.won) do codes[#codes + 1] = code end
+    for _, x in ipairs(plan.won_at) do origins[#origins + 1] = x end
   end
   push_all('RPUSH', held_key, plan.parked)
   return codes, origins

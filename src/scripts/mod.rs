@@ -120,7 +120,7 @@ impl Scripts {
             stock_red_packet: Script::new(include_str!("../../lua/stock_red_packet.lua")),
             grab_red_packet: answering!("../../lua/grab_red_packet.lua"),
             close_red_packet: answering!("../../lua/close_red_packet.lua"),
-            configure_activity: Script::new(include_str!("../../lua/configure_activity.lua")),
+            configure_activity: lottery!("../../lua/configure_activity.lua"),
             draw_wheel: lottery!("../../lua/draw_wheel.lua"),
             draw_ladder: lottery!("../../lua/draw_ladder.lua"),
             grant_chances: Script::new(include_str!("../../lua/grant_chances.lua")),

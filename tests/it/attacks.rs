@@ -560,10 +560,7 @@ async fn every_kind_mix_up_and_forged_internal_message_moves_nothing() {
         escrowed(&env, "rp").await
     );
     let mut redis = env.redis.clone();
-    let chances: Option<i64> = redis::cmd("HGET")
-        .arg(env.keys("act").chances())
-        .arg(8)
-        .query_async(&mut redis)
+    let chances = prizepool::kinds::lottery::chances_left(&mut redis, &env.keys("act"), 8)
         .await
         .unwrap();
     assert_eq!(chances, None, "no chance was granted");
@@ -984,11 +981,16 @@ async fn twenty_copies_at_once_of_a_grant_a_grab_and_a_create_act_once() {
         "{raced:?}"
     );
     let mut redis = env.redis.clone();
-    let chances: HashMap<String, i64> = redis::cmd("HGETALL")
-        .arg(env.keys("act").chances())
+    // Each user's chances are the activity's meta fields `u:<user>`.
+    let meta: HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(env.keys("act").meta())
         .query_async(&mut redis)
         .await
         .unwrap();
+    let chances: HashMap<String, i64> = meta
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix("u:")?.to_owned(), v.parse().unwrap())))
+        .collect();
     assert_eq!(chances.get("5"), Some(&3), "{chances:?}");
     assert_eq!(chances.values().sum::<i64>(), 7, "{chances:?}");
 
@@ -1164,10 +1166,7 @@ async fn a_grant_refused_as_unknown_stays_refused() {
     let again = client.call("draw", &early, T).await.unwrap();
     assert_eq!(again, first);
     let mut redis = env.redis.clone();
-    let chances: Option<i64> = redis::cmd("HGET")
-        .arg(env.keys("later").chances())
-        .arg(5)
-        .query_async(&mut redis)
+    let chances = prizepool::kinds::lottery::chances_left(&mut redis, &env.keys("later"), 5)
         .await
         .unwrap();
     assert_eq!(chances, None);

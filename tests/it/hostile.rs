@@ -193,22 +193,18 @@ async fn a_refusal_is_the_answer_for_good() {
     assert_eq!(code(&reply), "sold_out", "{reply}");
     assert_eq!(client.call("draw", &sold, T).await.unwrap(), reply);
     let mut redis = env.redis.clone();
-    let left: i64 = redis::cmd("HGET")
-        .arg(env.keys("act").chances())
-        .arg(7)
-        .query_async(&mut redis)
+    let left = prizepool::kinds::lottery::chances_left(&mut redis, &env.keys("act"), 7)
         .await
+        .unwrap()
         .unwrap();
     assert_eq!(left, 1, "sold_out spent no chance");
     // A grant id reused for another grant is refused and grants nothing.
     let reused = json!({"type": "lottery.grant", "grant_id": "g-7", "activity": "act", "user_id": 7, "chances": 50});
     let reply = client.call("draw", &reused, T).await.unwrap();
     assert_eq!(code(&reply), "invalid_request", "{reply}");
-    let left: i64 = redis::cmd("HGET")
-        .arg(env.keys("act").chances())
-        .arg(7)
-        .query_async(&mut redis)
+    let left = prizepool::kinds::lottery::chances_left(&mut redis, &env.keys("act"), 7)
         .await
+        .unwrap()
         .unwrap();
     assert_eq!(left, 1);
     env.stop_workers().await;

@@ -317,11 +317,9 @@ async fn the_ladder_strategy_awards_prizes_in_order_through_the_fleet() {
     let again = client.call("draw", &draw("steps", 5, 1), T).await.unwrap();
     assert_eq!(again["error"]["code"], "sold_out");
     let mut redis = env.redis.clone();
-    let left: i64 = redis::cmd("HGET")
-        .arg(env.keys("steps").chances())
-        .arg(5)
-        .query_async(&mut redis)
+    let left = lottery::chances_left(&mut redis, &env.keys("steps"), 5)
         .await
+        .unwrap()
         .unwrap();
     assert_eq!(left, 7, "three chances spent, none for sold_out");
     // The ledger pays each award once, as one unit of its item.
@@ -340,5 +338,146 @@ async fn the_ladder_strategy_awards_prizes_in_order_through_the_fleet() {
             .map_or(0, |b| b.balance)
     };
     assert_eq!((of("item:gold"), of("item:silver")), (2, 1));
+    env.stop_workers().await;
+}
+
+/// An activity loaded before its counters moved into its meta hash (stock
+/// and awards in hashes of their own, chances in the chances hash) goes on
+/// where it was: its next draw moves stock and awards into meta, a user's
+/// chances move on the user's next draw or grant, and the day's visits
+/// move to their own key when the next day begins.
+#[tokio::test]
+async fn an_activity_of_the_earlier_layout_keeps_its_counts() {
+    let mut env = TestEnv::new(&[]).await;
+    let now = Utc::now();
+    env.load_activities(
+        &activity_toml(
+            "old",
+            now - Days::hours(1),
+            now + Days::hours(1),
+            "{ id = \"ipad\", weight = 1, stock = 3 }",
+        )
+        .replace("strategy = \"wheel\"", "strategy = \"ladder\""),
+    )
+    .await;
+    let keys = env.keys("old");
+    let mut redis = env.redis.clone();
+    // The earlier layout: 2 iPads left and 1 awarded, user 5 holds 2
+    // chances and user 6 holds 1, in hashes of their own.
+    let _: () = redis::pipe()
+        .cmd("HDEL")
+        .arg(keys.meta())
+        .arg("counters")
+        .arg("c")
+        .ignore()
+        .cmd("HSET")
+        .arg(keys.stock())
+        .arg("ipad")
+        .arg(2)
+        .ignore()
+        .cmd("HSET")
+        .arg(keys.awarded())
+        .arg("ipad")
+        .arg(1)
+        .ignore()
+        .cmd("HSET")
+        .arg(keys.chances())
+        .arg(5)
+        .arg(2)
+        .arg(6)
+        .arg(1)
+        .ignore()
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let day = prizepool::scripts::utc_day();
+    let before = lottery::stats(&mut redis, &keys, "old", &day)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        before.prizes,
+        vec![
+            ("ipad".to_owned(), 1, Some(2)),
+            ("points-10".to_owned(), 0, None)
+        ]
+    );
+    env.start_fleet().await;
+    let client = env.client().await;
+    let r = client.call("draw", &draw("old", 5, 1), T).await.unwrap();
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(r["chances_left"], 1, "{r}");
+    // Stock and awards moved into meta; user 5's chances too, user 6's not yet.
+    for key in [keys.stock(), keys.awarded()] {
+        let n: i64 = redis::cmd("EXISTS")
+            .arg(&key)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        assert_eq!(n, 0, "{key}");
+    }
+    let legacy: HashMap<String, i64> = redis::cmd("HGETALL")
+        .arg(keys.chances())
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(legacy, HashMap::from([("6".to_owned(), 1)]));
+    assert_eq!(
+        lottery::chances_left(&mut redis, &keys, 5).await.unwrap(),
+        Some(1)
+    );
+    // User 6's grant adds to the chances the user held.
+    let g = client
+        .call("draw", &grant("g-6", "old", 6, 2), T)
+        .await
+        .unwrap();
+    assert_eq!(g["chances_left"], 3, "{g}");
+    assert_eq!(
+        lottery::chances_left(&mut redis, &keys, 6).await.unwrap(),
+        Some(3)
+    );
+    // Two more draws take the two iPads the old layout held, then the consolation prize.
+    let mut won = vec![r["prizes"][0]["prize"].as_str().unwrap().to_owned()];
+    for (user, n) in [(5, 1), (6, 3)] {
+        for _ in 0..n {
+            let r = client.call("draw", &draw("old", user, 1), T).await.unwrap();
+            assert_eq!(r["status"], "ok", "{r}");
+            won.push(r["prizes"][0]["prize"].as_str().unwrap().to_owned());
+        }
+    }
+    assert_eq!(won, ["ipad", "ipad", "points-10", "points-10", "points-10"]);
+    let after = lottery::stats(&mut redis, &keys, "old", &day)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        after.prizes,
+        vec![
+            ("ipad".to_owned(), 3, Some(0)),
+            ("points-10".to_owned(), 3, None)
+        ]
+    );
+    assert_eq!((after.pv, after.uv), (5, 2), "{after:?}");
+    // A new day: yesterday's visits keep their own key.
+    let yesterday = "20200101";
+    let _: () = redis::cmd("HSET")
+        .arg(keys.meta())
+        .arg("pv")
+        .arg(format!("{yesterday}:9"))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let r = client.call("draw", &draw("old", 6, 1), T).await.unwrap();
+    assert_eq!(r["error"]["code"], "no_chances", "{r}");
+    let past = lottery::stats(&mut redis, &keys, "old", yesterday)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(past.pv, 9);
+    let today = lottery::stats(&mut redis, &keys, "old", &day)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(today.pv, 1);
     env.stop_workers().await;
 }

@@ -748,7 +748,14 @@ async fn closing_refunds_once_and_lets_the_keys_expire() {
         (s.grabbed, s.refunded, s.in_packet),
         (amount, 10_000 - amount, 0)
     );
-    for key in [keys.meta(), keys.grabbed()] {
+    // Each user's share lives in the packet's meta hash: no grabbed hash.
+    let grabbed_hash: i64 = redis::cmd("EXISTS")
+        .arg(keys.grabbed())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(grabbed_hash, 0);
+    for key in [keys.meta()] {
         let ttl: i64 = redis::cmd("TTL")
             .arg(&key)
             .query_async(&mut conn)
@@ -857,4 +864,64 @@ async fn an_expiry_while_postgres_is_away_closes_and_refunds_once_it_is_back() {
     }
     client.close().await;
     env.stop_workers().await;
+}
+
+/// A packet stocked before each user's share moved into its meta hash
+/// keeps its shares in its grabbed hash, and one share a user still holds.
+#[tokio::test]
+async fn a_packet_of_the_earlier_layout_gives_one_share_per_user() {
+    let env = TestEnv::new(&[]).await;
+    let keys = env.keys("rp-old");
+    let mut redis = env.redis.clone();
+    let expires = prizepool::scripts::now_ms() + 3_600_000;
+    let (status, n): (String, i64) = env
+        .scripts
+        .stock_red_packet
+        .key(keys.meta())
+        .key(keys.shares())
+        .arg(1)
+        .arg(300)
+        .arg(expires)
+        .arg("coin")
+        .arg("1:100")
+        .arg("2:100")
+        .arg("3:100")
+        .invoke_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!((status.as_str(), n), ("stocked", 3));
+    // The earlier layout: no `grabs` field in meta.
+    let _: i64 = redis::cmd("HDEL")
+        .arg(keys.meta())
+        .arg("grabs")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let (s, e) = (&env.scripts, &keys);
+    assert_eq!(
+        grab_share(&mut redis, s, e, "rp-old", "rq-1", 7).await,
+        Some(100)
+    );
+    assert_eq!(
+        grab_share(&mut redis, s, e, "rp-old", "rq-2", 7).await,
+        None
+    );
+    assert_eq!(
+        grab_share(&mut redis, s, e, "rp-old", "rq-3", 8).await,
+        Some(100)
+    );
+    let grabbed: HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(keys.grabbed())
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(
+        grabbed,
+        HashMap::from([
+            ("7".to_owned(), "1:100".to_owned()),
+            ("8".to_owned(), "2:100".to_owned())
+        ])
+    );
+    let p = packet(&env, "rp-old").await.unwrap();
+    assert_eq!((p.grabbed, p.grabbed_count, p.in_packet), (200, 2, 100));
 }

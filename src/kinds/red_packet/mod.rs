@@ -2,9 +2,11 @@
 //! once per user, refunded at expiry.
 //!
 //! Redis layout of packet `id` (hash tag `{id}`): `meta` (sender, total,
-//! expires_at, grabbed, refunded, closed, and `expiry`: the token of the one
-//! pending expiry message), `shares` (list of `"<share>:<amount>"`),
-//! `grabbed` (hash user → share) and `rs` (the answer store,
+//! expires_at, grabbed, refunded, closed, `expiry`: the token of the one
+//! pending expiry message, and `g:<user>`: the share each user holds, so a
+//! grab reads and writes one hash), `shares` (list of `"<share>:<amount>"`),
+//! `grabbed` (hash user → share, kept by packets stocked before the shares
+//! moved into `meta`) and `rs` (the answer store,
 //! [`crate::kinds::answer`]). Postgres keeps the packet, what its create
 //! asked for, its shares and whether it was stocked in Redis, and the
 //! creates refused for funds with what they asked; the
