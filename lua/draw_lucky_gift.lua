@@ -59,7 +59,7 @@ function src.read(n)
   local codes = {}
   for _, v in ipairs(redis.call('LPOP', KEYS[2], n)) do
     popped[#popped + 1] = v
-    codes[#codes + 1] = tonumber(v) or tonumber(string.match(v, '^(%d+)f'))
+    codes[#codes + 1] = num(v) or tonumber(string.match(v, '^(%d+)f'))
   end
   return codes
 end

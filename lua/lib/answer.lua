@@ -17,8 +17,8 @@
 --
 -- Buckets. Millions of records are kept for a day, so a record is not a key
 -- of its own: records are concatenated in string "buckets" that expire
--- whole, read with one GET and written with one SET (a new bucket, with its
--- expiry) or APPEND, so a record costs its bytes and nothing else.
+-- whole, read with one GET and rewritten with one SET, so a record costs its
+-- bytes and nothing else.
 --
 -- Epochs. Time is cut into epochs whose geometry is kept in the store's
 -- meta hash, never derived from a setting: field `r.e` lists the live
@@ -74,8 +74,26 @@ local STORE_FIELDS = {'r.e'}
 
 -- An integer as decimal digits. Lua's tostring writes 1e+14 and above in
 -- exponent notation, which neither Redis nor the Rust side read as an integer.
+-- Small integers (prize codes, counts, bucket numbers) are formatted and
+-- parsed once per library load and then looked up: `string.format` and
+-- `tonumber` (strtod) cost more than the rest of a draw's work on a prize.
+-- (Filled as they are met: a library's load may not call `string`.)
+local SMALL, SMALL_OF = {}, {}
 local function int(n)
-  return string.format('%d', n)
+  local s = SMALL[n]
+  if s then return s end
+  s = string.format('%d', n)
+  if n >= 0 and n < 4096 then SMALL[n] = s end
+  return s
+end
+
+-- tonumber(s), looked up for the decimal strings of small integers.
+local function num(s)
+  local n = SMALL_OF[s]
+  if n then return n end
+  n = tonumber(s)
+  if n and n >= 0 and n < 4096 and n % 1 == 0 then SMALL_OF[s] = n end
+  return n
 end
 
 local function hex(bytes)
@@ -277,14 +295,10 @@ local function store_put(s, value)
   else
     rec = s.d .. string.char(#value) .. value
   end
-  -- A bucket that holds records already gets this one appended (it keeps
-  -- its expiry): the bucket's bytes never pass through the script again.
-  local name = bucket_of(s, e[1], index_of(s.h, e[3]))
-  if s.cur == '' then
-    redis.call('SET', name, rec, 'EXAT', exp)
-  else
-    redis.call('APPEND', name, rec)
-  end
+  -- The bucket is written whole with SET, not grown with APPEND: Redis
+  -- grows an appended string to twice its length, which would double what
+  -- a remembered result costs.
+  redis.call('SET', bucket_of(s, e[1], index_of(s.h, e[3])), s.cur .. rec, 'EXAT', exp)
   s.cur = nil
   if s.splits and e[3] < MAX_BUCKETS then split(s) end
 end

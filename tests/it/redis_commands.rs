@@ -122,10 +122,10 @@ async fn a_lucky_gift_draw_of_ten_costs_at_most_twelve_commands() {
     let per = total as f64 / n as f64;
     println!("lucky gift, 10 prizes: {per:.2} commands a draw: {stats:?}");
     // The claim: FCALL, TIME, HMGET of its store's epochs, MGET of its
-    // buckets, SET or APPEND of its bucket. The draw: FCALL, HMGET of the
-    // pool's meta (answer store epochs included), MGET of the answer's
-    // buckets, LPOP, HSET of meta, APPEND to the answer's bucket. Now and
-    // then a bucket splits (one write in 128).
+    // buckets, SET of its bucket. The draw: FCALL, HMGET of the pool's
+    // meta (answer store epochs included), MGET of the answer's buckets,
+    // LPOP, HSET of meta, SET of the answer's bucket. Now and then a bucket
+    // splits (one write in 128).
     assert!(per <= 11.5, "{per:.2} commands a draw: {stats:?}");
     // Two round trips: the claim's script and the draw's.
     assert_eq!(
@@ -170,7 +170,7 @@ async fn a_red_packet_grab_costs_at_most_twelve_commands() {
     println!("red-packet grab: {per:.2} commands a grab: {stats:?}");
     // The claim (5) and the grab: FCALL, HMGET of meta (the user's share
     // included), MGET, LPOP, HSET of meta (totals and the user's share),
-    // APPEND to the answer's bucket.
+    // SET of the answer's bucket.
     assert!(per <= 11.5, "{per:.2} commands a grab: {stats:?}");
     assert_eq!(
         stats.get("fcall").copied().unwrap_or(0),
@@ -217,7 +217,7 @@ async fn a_lottery_draw_costs_at_most_twelve_commands() {
     println!("lottery draw: {per:.2} commands a draw: {stats:?}");
     // The claim (5) and the draw: FCALL, HMGET of meta (the activity, its
     // counts, the day's visits and the user's chances), MGET, PFADD of the
-    // day's visitors, HSET of meta, APPEND to the answer's bucket.
+    // day's visitors, HSET of meta, SET of the answer's bucket.
     assert!(per <= 11.5, "{per:.2} commands a draw: {stats:?}");
     assert_eq!(
         stats.get("fcall").copied().unwrap_or(0),
