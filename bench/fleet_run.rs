@@ -141,7 +141,7 @@ async fn full_speed(
     svc: &Services<'_>,
     args: &BenchArgs,
     fleet: &fleet::Fleet,
-    clients: &fleet::Driver,
+    clients: &Arc<fleet::Driver>,
     make: fleet::MakeRequest,
 ) -> FullSpeed {
     let mut redis = svc.redis.clone();

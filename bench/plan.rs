@@ -151,7 +151,7 @@ fn cpu_table(md: &mut String, inputs: &Inputs, peak: Peak, shape: Shape) {
     );
     let _ = writeln!(md, "|---|---|---|---|");
     let mut total_cores = 0.0;
-    for (name, us) in &per_draw {
+    for (name, us) in per_draw {
         let cores = peak.rate * us / 1e6 / shape.utilisation;
         total_cores += cores;
         let instances = match name.as_str() {
