@@ -8,6 +8,10 @@ use super::{
     check_account, check_id, prize_codes, DrawBatch, ErrorBody, GrantRequest, Invalid, PrizeCodes,
     Status, MAX_DRAW_COUNT,
 };
+// Named by the doc comments of `DrawResult`, which are also the
+// descriptions of the JSON Schemas (`docs/schema/`).
+#[allow(unused_imports)]
+use super::PRIZE_LIST_MAX;
 
 /// A request the draw queue carries.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -79,7 +83,7 @@ pub struct DrawResult {
     pub user_id: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub prizes: Vec<Prize>,
-    /// Lucky gift, a draw of more than [`PRIZE_LIST_MAX`](super::PRIZE_LIST_MAX) prizes: its
+    /// Lucky gift, a draw of more than [`PRIZE_LIST_MAX`] prizes: its
     /// prizes in compact form, in place of `prizes`
     /// ([`prize_codes`]; [`DrawResult::expand_prizes`] turns it into the list).
     #[serde(default, skip_serializing_if = "Option::is_none")]

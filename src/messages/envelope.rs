@@ -339,7 +339,7 @@ mod tests {
 
     #[test]
     fn a_body_that_is_not_json_echoes_no_id() {
-        // An object cut short (`{oops`) and one with a bare word inside.
+        // An object cut short after a bare word, and one closed around it.
         echoes_no_id(b"\x7boops");
         echoes_no_id(b"{oops}");
     }
