@@ -249,31 +249,13 @@ pub(super) async fn amqp_round_trip(
 ) -> anyhow::Result<Rate> {
     let conn = prizepool::amqp::connect(&config.amqp_url, "prizepool-bench-ceiling").await?;
     let queue = format!("prizepool.bench.{}", ulid::Ulid::new());
-    let pub_ch = conn.create_channel().await?;
-    let mut args = FieldTable::default();
-    args.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".as_bytes().to_vec().into()),
-    );
-    pub_ch
-        .queue_declare(
-            queue.as_str().into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            args,
-        )
-        .await?;
-    pub_ch
-        .confirm_select(ConfirmSelectOptions::default())
-        .await?;
+    let pub_ch = quorum_queue(&conn, &queue).await?;
     // The consumer gets a connection of its own, as a worker would.
     let sub_conn =
         prizepool::amqp::connect(&config.amqp_url, "prizepool-bench-ceiling-consumer").await?;
     let sub_ch = sub_conn.create_channel().await?;
     sub_ch.basic_qos(1000, Default::default()).await?;
-    let mut consumer = sub_ch
+    let consumer = sub_ch
         .basic_consume(
             queue.as_str().into(),
             "ceiling".into(),
@@ -286,67 +268,16 @@ pub(super) async fn amqp_round_trip(
     let epoch = Instant::now();
     let latencies = Arc::new(Mutex::new(Latencies::default()));
     let received = Arc::new(AtomicU64::new(0));
-    let (lat2, rec2) = (latencies.clone(), received.clone());
-    let reader = tokio::spawn(async move {
-        let mut batch = Latencies::default();
-        let mut acks = FuturesUnordered::new();
-        while let Some(Ok(d)) = consumer.next().await {
-            let sent = u64::from_le_bytes(
-                d.data
-                    .get(..8)
-                    .and_then(|b| b.try_into().ok())
-                    .unwrap_or([0; 8]),
-            );
-            batch.record(epoch.elapsed().saturating_sub(Duration::from_micros(sent)));
-            // One ack per message, but not one I/O round per message: the
-            // acks are in flight while the next deliveries are read.
-            acks.push(async move { d.ack(BasicAckOptions::default()).await });
-            while futures_util::FutureExt::now_or_never(acks.next())
-                .flatten()
-                .is_some()
-            {}
-            rec2.fetch_add(1, Ordering::Relaxed);
-            if batch.len() >= 1000 {
-                lat2.lock().await.extend(std::mem::take(&mut batch));
-            }
-        }
-        while acks.next().await.is_some() {}
-        lat2.lock().await.extend(batch);
-    });
-
-    let mut pending = FuturesUnordered::new();
-    let mut sent = 0u64;
+    let reader = read_and_ack(consumer, epoch, latencies.clone(), received.clone());
+    let publishing = Publishing {
+        channel: &pub_ch,
+        queue: &queue,
+        body_len,
+        window,
+        epoch,
+    };
     let started = Instant::now();
-    let mut body = vec![b'x'; body_len.max(8)];
-    while started.elapsed() < duration {
-        if let Some(rate) = rate {
-            // Open loop: keep the schedule, whatever the confirms do.
-            let due = started + Duration::from_secs_f64(sent as f64 / rate);
-            if let Some(wait) = due.checked_duration_since(Instant::now()) {
-                tokio::time::sleep(wait).await;
-            }
-        }
-        body[..8].copy_from_slice(&(epoch.elapsed().as_micros() as u64).to_le_bytes());
-        let confirm = pub_ch
-            .basic_publish(
-                "".into(),
-                queue.as_str().into(),
-                BasicPublishOptions::default(),
-                &body,
-                BasicProperties::default(),
-            )
-            .await?;
-        pending.push(confirm);
-        sent += 1;
-        while pending.len() >= window {
-            if let Some(c) = pending.next().await {
-                c?;
-            }
-        }
-    }
-    while let Some(c) = pending.next().await {
-        c?;
-    }
+    let sent = publishing.run(started, duration, rate).await?;
     let deadline = Instant::now() + Duration::from_secs(10);
     while received.load(Ordering::Relaxed) < sent && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -373,4 +304,123 @@ pub(super) async fn amqp_round_trip(
         latency: lat.percentiles(),
         broker_cpu_us_per_msg: broker_cpu_s.map(|s| s * 1e6 / received.max(1) as f64),
     })
+}
+
+/// A durable quorum queue named `queue`, declared on a new channel of
+/// `conn` that publishes with confirms.
+async fn quorum_queue(conn: &lapin::Connection, queue: &str) -> anyhow::Result<lapin::Channel> {
+    let channel = conn.create_channel().await?;
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".as_bytes().to_vec().into()),
+    );
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            args,
+        )
+        .await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    Ok(channel)
+}
+
+/// Reads `consumer` until it is cancelled, acking every delivery and
+/// recording its latency (its body starts with the microseconds since
+/// `epoch` it was sent at) into `latencies`, and counting it in `received`.
+fn read_and_ack(
+    mut consumer: lapin::Consumer,
+    epoch: Instant,
+    latencies: Arc<Mutex<Latencies>>,
+    received: Arc<AtomicU64>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut batch = Latencies::default();
+        let mut acks = FuturesUnordered::new();
+        while let Some(Ok(d)) = consumer.next().await {
+            let sent = u64::from_le_bytes(
+                d.data
+                    .get(..8)
+                    .and_then(|b| b.try_into().ok())
+                    .unwrap_or([0; 8]),
+            );
+            batch.record(epoch.elapsed().saturating_sub(Duration::from_micros(sent)));
+            // One ack per message, but not one I/O round per message: the
+            // acks are in flight while the next deliveries are read.
+            acks.push(async move { d.ack(BasicAckOptions::default()).await });
+            while futures_util::FutureExt::now_or_never(acks.next())
+                .flatten()
+                .is_some()
+            {}
+            received.fetch_add(1, Ordering::Relaxed);
+            if batch.len() >= 1000 {
+                latencies.lock().await.extend(std::mem::take(&mut batch));
+            }
+        }
+        while acks.next().await.is_some() {}
+        latencies.lock().await.extend(batch);
+    })
+}
+
+/// The publishing side of the RabbitMQ ceiling.
+struct Publishing<'a> {
+    channel: &'a lapin::Channel,
+    queue: &'a str,
+    body_len: usize,
+    /// Most unconfirmed publishes.
+    window: usize,
+    /// What the send times in the bodies count from.
+    epoch: Instant,
+}
+
+impl Publishing<'_> {
+    /// Publishes from `started` for `duration`, at `rate` or as fast as
+    /// confirms allow, and waits for the last confirms: how many were sent.
+    async fn run(
+        &self,
+        started: Instant,
+        duration: Duration,
+        rate: Option<f64>,
+    ) -> anyhow::Result<u64> {
+        let mut pending = FuturesUnordered::new();
+        let mut sent = 0u64;
+        let mut body = vec![b'x'; self.body_len.max(8)];
+        while started.elapsed() < duration {
+            if let Some(rate) = rate {
+                // Open loop: keep the schedule, whatever the confirms do.
+                let due = started + Duration::from_secs_f64(sent as f64 / rate);
+                if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                    tokio::time::sleep(wait).await;
+                }
+            }
+            body[..8].copy_from_slice(&(self.epoch.elapsed().as_micros() as u64).to_le_bytes());
+            let confirm = self
+                .channel
+                .basic_publish(
+                    "".into(),
+                    self.queue.into(),
+                    BasicPublishOptions::default(),
+                    &body,
+                    BasicProperties::default(),
+                )
+                .await?;
+            pending.push(confirm);
+            sent += 1;
+            while pending.len() >= self.window {
+                if let Some(c) = pending.next().await {
+                    c?;
+                }
+            }
+        }
+        while let Some(c) = pending.next().await {
+            c?;
+        }
+        Ok(sent)
+    }
 }

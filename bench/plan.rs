@@ -65,31 +65,61 @@ fn number(report: &Value, path: &[&str]) -> anyhow::Result<f64> {
         .with_context(|| format!("the report has no number at {}", path.join(".")))
 }
 
-/// The plan for `peak` on machines of `shape`, from `report`.
-pub(super) fn plan(report: &Value, peak: Peak, shape: Shape) -> anyhow::Result<String> {
-    let run = report["runs"]
-        .as_array()
-        .and_then(|runs| runs.last())
-        .context("the report has no fleet run")?;
-    let per_draw: Vec<(String, f64)> = run["cpu_budget"]["per_draw_us"]
-        .as_array()
-        .context("the report has no CPU budget")?
-        .iter()
-        .filter_map(|p| Some((p["name"].as_str()?.to_owned(), p["us"].as_f64()?)))
-        .filter(|(name, _)| name != "load generator")
-        .collect();
-    let count = number(report, &["count"])?;
-    let queue_ceiling = number(report, &["ceilings", "amqp", "per_s"])?;
-    let pool_ceiling = number(report, &["ceilings", "redis_raw", "per_s"])?;
-    let result_bytes = number(report, &["memory", "results", "total_bytes"])?;
-    let prize_bytes = number(report, &["memory", "list_bytes_per_prize"])?;
-    let us = |name: &str| {
-        per_draw
+/// The figures of a bench report a plan reads.
+struct Inputs {
+    /// CPU µs per draw of each part, the load generator left out.
+    per_draw: Vec<(String, f64)>,
+    count: f64,
+    queue_ceiling: f64,
+    pool_ceiling: f64,
+    result_bytes: f64,
+    prize_bytes: f64,
+}
+
+impl Inputs {
+    /// The inputs of `report`'s last fleet run and its ceilings.
+    fn read(report: &Value) -> anyhow::Result<Self> {
+        let run = report["runs"]
+            .as_array()
+            .and_then(|runs| runs.last())
+            .context("the report has no fleet run")?;
+        let per_draw: Vec<(String, f64)> = run["cpu_budget"]["per_draw_us"]
+            .as_array()
+            .context("the report has no CPU budget")?
+            .iter()
+            .filter_map(|p| Some((p["name"].as_str()?.to_owned(), p["us"].as_f64()?)))
+            .filter(|(name, _)| name != "load generator")
+            .collect();
+        Ok(Self {
+            per_draw,
+            count: number(report, &["count"])?,
+            queue_ceiling: number(report, &["ceilings", "amqp", "per_s"])?,
+            pool_ceiling: number(report, &["ceilings", "redis_raw", "per_s"])?,
+            result_bytes: number(report, &["memory", "results", "total_bytes"])?,
+            prize_bytes: number(report, &["memory", "list_bytes_per_prize"])?,
+        })
+    }
+
+    /// CPU µs per draw of part `name` (0 if the run did not measure it).
+    fn us(&self, name: &str) -> f64 {
+        self.per_draw
             .iter()
             .find(|(n, _)| n == name)
             .map_or(0.0, |(_, us)| *us)
-    };
+    }
+}
 
+/// The plan for `peak` on machines of `shape`, from `report`.
+pub(super) fn plan(report: &Value, peak: Peak, shape: Shape) -> anyhow::Result<String> {
+    let inputs = Inputs::read(report)?;
+    let Inputs {
+        count,
+        queue_ceiling,
+        pool_ceiling,
+        result_bytes,
+        prize_bytes,
+        ..
+    } = inputs;
     let mut md = String::new();
     let _ = writeln!(
         md,
@@ -106,13 +136,22 @@ pub(super) fn plan(report: &Value, peak: Peak, shape: Shape) -> anyhow::Result<S
         shape.gb_per_redis_master,
         shape.result_ttl_s
     );
+    cpu_table(&mut md, &inputs, peak, shape);
+    let settle_per_s = needs_table(&mut md, &inputs, peak, shape);
+    binds_first(&mut md, &inputs, shape, settle_per_s);
+    Ok(md)
+}
+
+/// The CPU each part needs at the peak, and the nodes they make.
+fn cpu_table(md: &mut String, inputs: &Inputs, peak: Peak, shape: Shape) {
+    let per_draw = &inputs.per_draw;
     let _ = writeln!(
         md,
         "| part | CPU µs per draw | cores at the peak | instances |"
     );
     let _ = writeln!(md, "|---|---|---|---|");
     let mut total_cores = 0.0;
-    for (name, us) in &per_draw {
+    for (name, us) in per_draw {
         let cores = peak.rate * us / 1e6 / shape.utilisation;
         total_cores += cores;
         let instances = match name.as_str() {
@@ -136,7 +175,18 @@ pub(super) fn plan(report: &Value, peak: Peak, shape: Shape) -> anyhow::Result<S
         per_draw.iter().map(|(_, us)| us).sum::<f64>(),
         shape.cores_per_node
     );
+}
 
+/// The needs besides CPU: memory, queues, shards, the settle worker's
+/// ceiling, ledger rows. Returns one settle worker's ceiling, entries/s.
+fn needs_table(md: &mut String, inputs: &Inputs, peak: Peak, shape: Shape) -> f64 {
+    let Inputs {
+        queue_ceiling,
+        pool_ceiling,
+        result_bytes,
+        prize_bytes,
+        ..
+    } = *inputs;
     // Memory of the remembered results: every answer of the window.
     let held_s = match peak.seconds {
         Some(s) => s.min(shape.result_ttl_s * RETENTION_FACTOR),
@@ -151,7 +201,7 @@ pub(super) fn plan(report: &Value, peak: Peak, shape: Shape) -> anyhow::Result<S
     let hot_pools = (peak.rate / (pool_ceiling * shape.utilisation))
         .ceil()
         .max(1.0);
-    let settle_per_s = 1e6 / us("settle-worker").max(f64::MIN_POSITIVE);
+    let settle_per_s = 1e6 / inputs.us("settle-worker").max(f64::MIN_POSITIVE);
     let ledger_rows = peak.rate * peak.seconds.unwrap_or(86_400.0);
     let _ = writeln!(md, "| need | figure | arithmetic |");
     let _ = writeln!(md, "|---|---|---|");
@@ -173,8 +223,14 @@ pub(super) fn plan(report: &Value, peak: Peak, shape: Shape) -> anyhow::Result<S
         "| one settle worker's ceiling | {settle_per_s:.0} entries/s | 10⁶ ÷ its µs per draw |"
     );
     let _ = writeln!(md, "| ledger rows | {ledger_rows:.3e} | rate × duration (a day when steady); partition by day |");
-    // What binds first on one node of this shape: the smallest of the
-    // single-instance ceilings and what the node's cores allow.
+    settle_per_s
+}
+
+/// What binds first on one node of this shape: the smallest of the
+/// single-instance ceilings and what the node's cores allow.
+fn binds_first(md: &mut String, inputs: &Inputs, shape: Shape, settle_per_s: f64) {
+    let per_draw = &inputs.per_draw;
+    let (queue_ceiling, pool_ceiling) = (inputs.queue_ceiling, inputs.pool_ceiling);
     let node_allows = shape.cores_per_node * shape.utilisation * 1e6
         / per_draw
             .iter()
@@ -200,7 +256,6 @@ pub(super) fn plan(report: &Value, peak: Peak, shape: Shape) -> anyhow::Result<S
         limits[3].0,
         limits[3].1
     );
-    Ok(md)
 }
 
 #[cfg(test)]

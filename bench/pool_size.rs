@@ -134,31 +134,11 @@ pub(crate) async fn stall(svc: &Services<'_>) -> anyhow::Result<report::Stall> {
     let table = lucky_gift::CodeTable::extend(None, &pool);
     // A probe on its own connection, so it waits only for Redis itself.
     let client = redis::Client::open(config.redis_url.as_str())?;
-    let mut probe = client.get_connection()?;
+    let probe = client.get_connection()?;
     let mut admin = client.get_multiplexed_async_connection().await?;
-    let _: redis::RedisResult<()> = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("latency-monitor-threshold")
-        .arg(1)
-        .query_async(&mut admin)
-        .await;
-    let _: redis::RedisResult<()> = redis::cmd("LATENCY")
-        .arg("RESET")
-        .query_async(&mut admin)
-        .await;
+    watch_latency(&mut admin).await;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let stop2 = stop.clone();
-    // Its own OS thread and a blocking connection: the probe must not wait
-    // for this process's async tasks (the stocker keeps them busy).
-    let prober = std::thread::spawn(move || {
-        let mut lat = Latencies::default();
-        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
-            let t = std::time::Instant::now();
-            let _: redis::RedisResult<String> = redis::cmd("PING").query(&mut probe);
-            lat.record(t.elapsed());
-        }
-        lat
-    });
+    let prober = ping_until(probe, stop.clone());
     // Batch 2 is due as if a draw had taken batch 1's refill point (the
     // refill worker stocks only due batches).
     let mut conn = redis.clone();
@@ -195,17 +175,7 @@ pub(crate) async fn stall(svc: &Services<'_>) -> anyhow::Result<report::Stall> {
         ),
         "unexpected stocking outcome {outcome:?}"
     );
-    let latest: redis::RedisResult<Vec<(String, i64, i64, i64)>> = redis::cmd("LATENCY")
-        .arg("LATEST")
-        .query_async(&mut admin)
-        .await;
-    let monitor_max_ms = latest.ok().and_then(|rows| rows.iter().map(|r| r.3).max());
-    let _: redis::RedisResult<()> = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("latency-monitor-threshold")
-        .arg(0)
-        .query_async(&mut admin)
-        .await;
+    let monitor_max_ms = latency_seen(&mut admin).await;
     let probe = lat.percentiles();
     println!("  stocked 3,000,000 prizes in {took:.2?}; probe PING max {:.2} ms, p99 {:.2} ms; LATENCY monitor max {monitor_max_ms:?} ms", probe.max_ms, probe.p99_ms);
     Ok(report::Stall {
@@ -213,5 +183,51 @@ pub(crate) async fn stall(svc: &Services<'_>) -> anyhow::Result<report::Stall> {
         seconds: took.as_secs_f64(),
         probe,
         latency_monitor_max_ms: monitor_max_ms,
+    })
+}
+
+/// Turns on Redis's latency monitor for every event of 1 ms or more,
+/// forgetting earlier ones. A server that refuses it (a managed one) leaves
+/// the monitor's figure out of the report.
+async fn watch_latency(admin: &mut redis::aio::MultiplexedConnection) {
+    let _: redis::RedisResult<()> = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("latency-monitor-threshold")
+        .arg(1)
+        .query_async(admin)
+        .await;
+    let _: redis::RedisResult<()> = redis::cmd("LATENCY").arg("RESET").query_async(admin).await;
+}
+
+/// The longest event the latency monitor saw, in ms, and the monitor
+/// turned off again.
+async fn latency_seen(admin: &mut redis::aio::MultiplexedConnection) -> Option<i64> {
+    let latest: redis::RedisResult<Vec<(String, i64, i64, i64)>> =
+        redis::cmd("LATENCY").arg("LATEST").query_async(admin).await;
+    let _: redis::RedisResult<()> = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("latency-monitor-threshold")
+        .arg(0)
+        .query_async(admin)
+        .await;
+    latest.ok().and_then(|rows| rows.iter().map(|r| r.3).max())
+}
+
+/// PINGs Redis on `probe` back to back until `stop`, on an OS thread of
+/// its own with a blocking connection: the probe must not wait for this
+/// process's async tasks (the stocker keeps them busy). The thread returns
+/// every PING's latency.
+fn ping_until(
+    mut probe: redis::Connection,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Latencies> {
+    std::thread::spawn(move || {
+        let mut lat = Latencies::default();
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let t = std::time::Instant::now();
+            let _: redis::RedisResult<String> = redis::cmd("PING").query(&mut probe);
+            lat.record(t.elapsed());
+        }
+        lat
     })
 }

@@ -36,52 +36,7 @@ pub async fn load<C: ConnectionLike + Send>(
     let mut tx = db.begin().await?;
     let mut staged = Vec::with_capacity(configs.len());
     for config in configs {
-        register(&mut tx, &config.id).await?;
-        let previous: Option<(i32, sqlx::types::Json<CodeTable>, sqlx::types::Json<serde_json::Value>)> =
-            sqlx::query_as(
-                "SELECT version, codes, config FROM pool_versions WHERE pool_id = $1 ORDER BY version DESC LIMIT 1",
-            )
-            .bind(&config.id)
-            .fetch_optional(&mut *tx)
-            .await?;
-        let version = previous.as_ref().map_or(1, |(v, _, _)| v + 1);
-        if let Some((_, _, before)) = &previous {
-            // A pool's prizes live where its storage and shards put them:
-            // neither can change once it holds any.
-            let storage = before
-                .0
-                .get("storage")
-                .and_then(|s| s.as_str())
-                .unwrap_or("");
-            let wanted = serde_json::to_value(config.storage)?;
-            anyhow::ensure!(
-                Some(storage) == wanted.as_str(),
-                "pool {:?}: field `storage`: cannot change from {storage:?} to {wanted} on a loaded pool",
-                config.id,
-            );
-            let shards = before.0.get("shards").and_then(|s| s.as_u64()).unwrap_or(1);
-            anyhow::ensure!(
-                shards == u64::from(config.shards),
-                "pool {:?}: field `shards`: cannot change from {shards} to {} on a loaded pool",
-                config.id,
-                config.shards
-            );
-        }
-        if config.shards > 1 {
-            for sub in config.sub_pools() {
-                register(&mut tx, &sub.id).await?;
-            }
-        }
-        let table = CodeTable::extend(previous.as_ref().map(|(_, t, _)| &t.0), config);
-        sqlx::query(
-            "INSERT INTO pool_versions (pool_id, version, config, codes) VALUES ($1, $2, $3, $4)",
-        )
-        .bind(&config.id)
-        .bind(version)
-        .bind(sqlx::types::Json(config))
-        .bind(sqlx::types::Json(&table))
-        .execute(&mut *tx)
-        .await?;
+        let (version, table) = stage(&mut tx, config).await?;
         staged.push((config, version, table));
     }
     tx.commit().await.context("storing pool versions")?;
@@ -118,25 +73,7 @@ pub async fn load<C: ConnectionLike + Send>(
             }
         }
         if config.shards > 1 {
-            // Last, once every sub-pool is configured and stocked: from now
-            // on draws of the pool find it and go to its sub-pools.
-            redis::cmd("HSET")
-                .arg(PoolKeys::new(prefix, &config.id).meta())
-                .arg("kind")
-                .arg(lucky_gift::KIND)
-                .arg("storage")
-                .arg(
-                    serde_json::to_value(config.storage)?
-                        .as_str()
-                        .unwrap_or("list"),
-                )
-                .arg("shards")
-                .arg(config.shards)
-                .arg("version")
-                .arg(version)
-                .query_async::<()>(redis)
-                .await
-                .with_context(|| format!("writing pool {} to Redis", config.id))?;
+            open_sharded(redis, prefix, config, version).await?;
         }
         loaded.push(Loaded {
             pool: config.id.clone(),
@@ -146,6 +83,92 @@ pub async fn load<C: ConnectionLike + Send>(
         });
     }
     Ok(loaded)
+}
+
+/// Registers `config`'s pool (and its sub-pools) and stores it as the
+/// pool's next version, with its code table extending the previous one:
+/// that version and table.
+async fn stage(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    config: &PoolConfig,
+) -> anyhow::Result<(i32, CodeTable)> {
+    register(tx, &config.id).await?;
+    let previous: Option<(i32, sqlx::types::Json<CodeTable>, sqlx::types::Json<serde_json::Value>)> =
+        sqlx::query_as(
+            "SELECT version, codes, config FROM pool_versions WHERE pool_id = $1 ORDER BY version DESC LIMIT 1",
+        )
+        .bind(&config.id)
+        .fetch_optional(&mut **tx)
+        .await?;
+    let version = previous.as_ref().map_or(1, |(v, _, _)| v + 1);
+    if let Some((_, _, before)) = &previous {
+        check_layout_kept(config, &before.0)?;
+    }
+    if config.shards > 1 {
+        for sub in config.sub_pools() {
+            register(tx, &sub.id).await?;
+        }
+    }
+    let table = CodeTable::extend(previous.as_ref().map(|(_, t, _)| &t.0), config);
+    sqlx::query(
+        "INSERT INTO pool_versions (pool_id, version, config, codes) VALUES ($1, $2, $3, $4)",
+    )
+    .bind(&config.id)
+    .bind(version)
+    .bind(sqlx::types::Json(config))
+    .bind(sqlx::types::Json(&table))
+    .execute(&mut **tx)
+    .await?;
+    Ok((version, table))
+}
+
+/// Refuses a new version that would move a loaded pool's prizes: they live
+/// where its storage and shards put them, so neither can change once it
+/// holds any. `before` is the stored config of its last version.
+fn check_layout_kept(config: &PoolConfig, before: &serde_json::Value) -> anyhow::Result<()> {
+    let storage = before.get("storage").and_then(|s| s.as_str()).unwrap_or("");
+    let wanted = serde_json::to_value(config.storage)?;
+    anyhow::ensure!(
+        Some(storage) == wanted.as_str(),
+        "pool {:?}: field `storage`: cannot change from {storage:?} to {wanted} on a loaded pool",
+        config.id,
+    );
+    let shards = before.get("shards").and_then(|s| s.as_u64()).unwrap_or(1);
+    anyhow::ensure!(
+        shards == u64::from(config.shards),
+        "pool {:?}: field `shards`: cannot change from {shards} to {} on a loaded pool",
+        config.id,
+        config.shards
+    );
+    Ok(())
+}
+
+/// Writes a sharded pool's own meta, last, once every sub-pool is
+/// configured and stocked: from now on draws of the pool find it and go to
+/// its sub-pools.
+async fn open_sharded<C: ConnectionLike + Send>(
+    redis: &mut C,
+    prefix: &str,
+    config: &PoolConfig,
+    version: i32,
+) -> anyhow::Result<()> {
+    redis::cmd("HSET")
+        .arg(PoolKeys::new(prefix, &config.id).meta())
+        .arg("kind")
+        .arg(lucky_gift::KIND)
+        .arg("storage")
+        .arg(
+            serde_json::to_value(config.storage)?
+                .as_str()
+                .unwrap_or("list"),
+        )
+        .arg("shards")
+        .arg(config.shards)
+        .arg("version")
+        .arg(version)
+        .query_async::<()>(redis)
+        .await
+        .with_context(|| format!("writing pool {} to Redis", config.id))
 }
 
 /// Registers `id` as a lucky-gift pool in the one namespace of ids, under
@@ -239,15 +262,4 @@ pub struct Status {
 }
 
 /// The latest configuration of a lucky-gift pool and its code table.
-pub async fn latest(
-    db: &PgPool,
-    pool: &str,
-) -> Result<Option<(i32, PoolConfig, CodeTable)>, sqlx::Error> {
-    let row: Option<(i32, sqlx::types::Json<PoolConfig>, sqlx::types::Json<CodeTable>)> = sqlx::query_as(
-        "SELECT version, config, codes FROM pool_versions WHERE pool_id = $1 ORDER BY version DESC LIMIT 1",
-    )
-    .bind(pool)
-    .fetch_optional(db)
-    .await?;
-    Ok(row.map(|(v, c, t)| (v, c.0, t.0)))
-}
+pub use crate::kinds::lucky_gift::refill::latest;

@@ -69,7 +69,21 @@ impl Report {
     /// The report as a Markdown page.
     pub(in crate::bench) fn markdown(&self) -> String {
         let mut md = String::new();
-        let c = &self.ceilings;
+        self.header_markdown(&mut md);
+        self.ceilings_markdown(&mut md);
+        self.fleet_markdown(&mut md);
+        self.half_rate_markdown(&mut md);
+        self.cpu_seconds_markdown(&mut md);
+        self.cpu_budget_markdown(&mut md);
+        self.redis_commands_markdown(&mut md);
+        self.batch_markdown(&mut md);
+        self.ratios_markdown(&mut md);
+        self.storage_ratios_markdown(&mut md);
+        md
+    }
+
+    /// The title and the command the bench ran.
+    fn header_markdown(&self, md: &mut String) {
         let _ = writeln!(
             md,
             "## prizepool bench, {} ({} cores)\n",
@@ -81,6 +95,11 @@ impl Report {
              DRAW_EVENTS={}, SCHED_BATCH={}\n",
             self.command, self.kind, self.storage, self.count, self.draw_events, self.sched_batch
         );
+    }
+
+    /// The ceilings of Redis and RabbitMQ measured in the same run.
+    fn ceilings_markdown(&self, md: &mut String) {
+        let c = &self.ceilings;
         let _ = writeln!(md, "### Ceilings (same run)\n");
         let _ = writeln!(
             md,
@@ -114,6 +133,10 @@ impl Report {
                 r.per_s, r.latency.p50_ms, r.latency.p99_ms
             );
         }
+    }
+
+    /// The fleet runs at full speed.
+    fn fleet_markdown(&self, md: &mut String) {
         let _ = writeln!(md, "\n### Fleet\n");
         let _ = writeln!(
             md,
@@ -141,6 +164,10 @@ impl Report {
                 r.cpu_per_draw_us
             );
         }
+    }
+
+    /// The fleet runs at half their maximum rate, against RabbitMQ at that rate.
+    fn half_rate_markdown(&self, md: &mut String) {
         let _ = writeln!(md, "\nAt half the maximum rate (open loop):\n");
         let _ = writeln!(md, "| draw workers (draws per message) | rate/s | p50 ms | p99 ms | RabbitMQ p99 ms at that rate | ratio |\n|---|---|---|---|---|---|");
         for r in &self.runs {
@@ -155,6 +182,10 @@ impl Report {
                 r.half.latency.p99_ms / r.amqp_at_half.latency.p99_ms.max(0.001)
             );
         }
+    }
+
+    /// CPU seconds per process in the full-speed phase.
+    fn cpu_seconds_markdown(&self, md: &mut String) {
         let _ = writeln!(
             md,
             "\nCPU seconds per process during the full-speed phase:\n"
@@ -179,6 +210,10 @@ impl Report {
                 services.join(", ")
             );
         }
+    }
+
+    /// CPU per draw and the draws/s the cores allow at that cost.
+    fn cpu_budget_markdown(&self, md: &mut String) {
         if let Some(first) = self.runs.first() {
             let names: Vec<&str> = first
                 .cpu_budget
@@ -215,6 +250,10 @@ impl Report {
                 );
             }
         }
+    }
+
+    /// Redis commands per draw, when they were counted.
+    fn redis_commands_markdown(&self, md: &mut String) {
         if self
             .runs
             .iter()
@@ -238,7 +277,11 @@ impl Report {
                 let _ = writeln!(md, "| {} | {per:.2} | {} |", r.label(), top.join(", "));
             }
         }
-        self.batch_markdown(&mut md);
+    }
+
+    /// The ratios of the fleet and the Lua step to their ceilings.
+    fn ratios_markdown(&self, md: &mut String) {
+        let c = &self.ceilings;
         let _ = writeln!(md, "\n### Ratios\n");
         let _ = writeln!(md, "| measure | value | target |\n|---|---|---|");
         if let Some(best) = self.best() {
@@ -300,6 +343,11 @@ impl Report {
                 s.latency_monitor_max_ms.map_or("no event ≥ 1 ms".to_owned(), |m| format!("{m} ms"))
             );
         }
+    }
+
+    /// The rows of the ratios table on memory: the storages and the
+    /// remembered results.
+    fn storage_ratios_markdown(&self, md: &mut String) {
         let _ = writeln!(
             md,
             "| list storage, bytes per stocked prize | {:.2} | ≤ 2.5 |",
@@ -322,6 +370,5 @@ impl Report {
             "| remembered result (claim {:.1} + answer {:.1} with a {}-byte body), bytes, over {} results; buckets {} / {} | {:.1} | ≤ 64 |",
             r.claim_bytes, r.answer_bytes, r.body_bytes, r.results, r.encodings[0], r.encodings[1], r.total_bytes
         );
-        md
     }
 }

@@ -72,33 +72,14 @@ fn plot(series: &[Series<'_>], x_name: &str) -> String {
             ymax
         );
         for (n, (_, points)) in series.iter().enumerate() {
-            let colour = COLOURS[n % COLOURS.len()];
-            let line: Vec<String> = points
-                .iter()
-                .map(|(a, r)| format!("{:.1},{:.1}", x(*a), y(value(r))))
-                .collect();
-            let _ = write!(
-                svg,
-                r#"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"#,
-                line.join(" ")
-            );
-            for (a, r) in points {
-                let b = value(r);
-                let _ = write!(
-                    svg,
-                    r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{colour}"/><text x="{:.1}" y="{:.1}">{b:.0}</text>"#,
-                    x(*a),
-                    y(b),
-                    x(*a) + 5.0,
-                    y(b) - 5.0
-                );
-                let _ = write!(
-                    svg,
-                    r#"<text x="{:.1}" y="{}">{a}</text>"#,
-                    x(*a) - 3.0,
-                    h - pad + 15.0
-                );
-            }
+            let line = Line {
+                colour: COLOURS[n % COLOURS.len()],
+                x: &x,
+                y: &y,
+                value,
+                baseline: h - pad,
+            };
+            line.draw(&mut svg, points);
         }
         let _ = write!(svg, "</g>");
     }
@@ -112,6 +93,59 @@ fn plot(series: &[Series<'_>], x_name: &str) -> String {
     }
     svg.push_str("</svg>\n");
     svg
+}
+
+/// One series in one panel: where its points go and how they look.
+struct Line<'a> {
+    colour: &'static str,
+    /// Where a value of the x axis goes.
+    x: &'a dyn Fn(f64) -> f64,
+    /// Where a value of the panel's y axis goes.
+    y: &'a dyn Fn(f64) -> f64,
+    /// The panel's figure of a run.
+    value: fn(&Run) -> f64,
+    /// The y of the x axis, under which the x values are written.
+    baseline: f64,
+}
+
+impl Line<'_> {
+    /// Draws `points` as a polyline with a dot and its value at each point,
+    /// and the point's x value under the axis.
+    fn draw(&self, svg: &mut String, points: &Points<'_>) {
+        let Self {
+            colour,
+            x,
+            y,
+            value,
+            baseline,
+        } = *self;
+        let line: Vec<String> = points
+            .iter()
+            .map(|(a, r)| format!("{:.1},{:.1}", x(*a), y(value(r))))
+            .collect();
+        let _ = write!(
+            svg,
+            r#"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"#,
+            line.join(" ")
+        );
+        for (a, r) in points {
+            let b = value(r);
+            let _ = write!(
+                svg,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{colour}"/><text x="{:.1}" y="{:.1}">{b:.0}</text>"#,
+                x(*a),
+                y(b),
+                x(*a) + 5.0,
+                y(b) - 5.0
+            );
+            let _ = write!(
+                svg,
+                r#"<text x="{:.1}" y="{}">{a}</text>"#,
+                x(*a) - 3.0,
+                baseline + 15.0
+            );
+        }
+    }
 }
 
 impl Report {

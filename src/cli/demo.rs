@@ -53,7 +53,48 @@ pub(crate) async fn run(config: &Config, args: DemoArgs) -> anyhow::Result<()> {
     let db = crate::db::migrate(&config.database_url).await?;
     let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
     let scripts = Scripts::new();
+    let pool = load_pool(config, &db, &mut redis, &scripts, &args).await?;
+    let shutdown = CancellationToken::new();
+    let workers = start_fleet(config, args.draw_workers, &shutdown).await?;
 
+    let client = Arc::new(RpcClient::connect(config).await?);
+    let started = std::time::Instant::now();
+    let replies = call_all(&client, draw_requests(&pool, &args), 64).await;
+    let tally = Tally::of(&replies);
+    tally.print(&pool, started.elapsed());
+    // Settlement runs behind the replies; wait for the ledger to catch up.
+    let ledger_total = wait_for_ledger(&db, &pool.id, tally.total_reward).await?;
+    let keys = PoolKeys::new(&config.redis_prefix, &pool.id);
+    let status = lucky_gift::status(&mut redis, &scripts, &keys, &pool.id)
+        .await?
+        .context("the demo pool vanished")?;
+    let consistent = tally.check(&pool, &status, ledger_total);
+    println!("redis            {}", persistence_line(&mut redis).await);
+
+    let packet_ok = red_packet_demo(config, &db, &client).await?;
+    let lottery_ok = lottery_demo(config, &db, &client).await?;
+    shutdown.cancel();
+    for w in workers {
+        w.await??;
+    }
+    if let Ok(client) = Arc::try_unwrap(client) {
+        client.close().await;
+    }
+    if !consistent || tally.failed > 0 || !packet_ok || !lottery_ok {
+        anyhow::bail!("the demo found an inconsistency");
+    }
+    Ok(())
+}
+
+/// Loads the first pool of the pool file (or of `examples/pools.toml`)
+/// under a fresh `demo-` id.
+async fn load_pool(
+    config: &Config,
+    db: &sqlx::PgPool,
+    redis: &mut crate::redis_conn::RedisConn,
+    scripts: &Scripts,
+    args: &DemoArgs,
+) -> anyhow::Result<lucky_gift::PoolConfig> {
     let text = match &args.pool_file {
         Some(path) => std::fs::read_to_string(path)
             .with_context(|| format!("reading the pool file {}", path.display()))?,
@@ -65,9 +106,9 @@ pub(crate) async fn run(config: &Config, args: DemoArgs) -> anyhow::Result<()> {
         .context("the pool file defines no pool")?;
     pool.id = format!("demo-{}", ulid::Ulid::new().to_string().to_lowercase());
     crate::pools::load(
-        &db,
-        &mut redis,
-        &scripts,
+        db,
+        redis,
+        scripts,
         &config.redis_prefix,
         std::slice::from_ref(&pool),
         config.refill_chunk,
@@ -78,12 +119,22 @@ pub(crate) async fn run(config: &Config, args: DemoArgs) -> anyhow::Result<()> {
         pool.id,
         pool.batch_size()
     );
+    Ok(pool)
+}
 
-    // The fleet.
-    let shutdown = CancellationToken::new();
+/// A worker task of the demo's fleet.
+type WorkerTask = tokio::task::JoinHandle<anyhow::Result<()>>;
+
+/// Starts `draw_workers` draw workers, a refill and a settle worker in
+/// this process, and waits (up to 30 s) until every one is ready.
+async fn start_fleet(
+    config: &Config,
+    draw_workers: usize,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Vec<WorkerTask>> {
     let mut workers = Vec::new();
     let mut healths = Vec::new();
-    for _ in 0..args.draw_workers {
+    for _ in 0..draw_workers {
         let (c, s, h) = (config.clone(), shutdown.clone(), Health::default());
         healths.push(h.clone());
         workers.push(tokio::spawn(async move { crate::draw::run(c, h, s).await }));
@@ -106,9 +157,11 @@ pub(crate) async fn run(config: &Config, args: DemoArgs) -> anyhow::Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    Ok(workers)
+}
 
-    let client = Arc::new(RpcClient::connect(config).await?);
-    let started = std::time::Instant::now();
+/// The demo's draws: `args.draws` per user, each of a random count.
+fn draw_requests(pool: &lucky_gift::PoolConfig, args: &DemoArgs) -> Vec<Value> {
     let mut requests = Vec::new();
     let mut rng = rand::rng();
     for user in 1..=i64::from(args.users) {
@@ -119,95 +172,106 @@ pub(crate) async fn run(config: &Config, args: DemoArgs) -> anyhow::Result<()> {
             }));
         }
     }
-    let replies = call_all(&client, requests, 64).await;
-    let elapsed = started.elapsed();
+    requests
+}
 
-    let mut ok = 0u64;
-    let mut rejected: BTreeMap<String, u64> = BTreeMap::new();
-    let mut failed = 0u64;
-    let mut prizes = 0u64;
-    let mut by_multiplier: BTreeMap<u64, u64> = BTreeMap::new();
-    let mut total_reward = 0i64;
-    for reply in &replies {
-        match reply {
-            Ok(r) if r["status"] == "ok" => {
-                ok += 1;
-                total_reward += r["reward"].as_i64().unwrap_or(0);
-                for p in r["prizes"].as_array().into_iter().flatten() {
-                    prizes += 1;
-                    *by_multiplier
-                        .entry(p["multiplier"].as_u64().unwrap_or(0))
-                        .or_default() += 1;
+/// What the lucky-gift draws of the demo answered.
+#[derive(Debug, Default)]
+struct Tally {
+    ok: u64,
+    /// Refusals by error code.
+    rejected: BTreeMap<String, u64>,
+    /// Draws without a reply.
+    failed: u64,
+    prizes: u64,
+    by_multiplier: BTreeMap<u64, u64>,
+    total_reward: i64,
+}
+
+impl Tally {
+    /// The tally of `replies`.
+    fn of(replies: &[anyhow::Result<Value>]) -> Self {
+        let mut tally = Self::default();
+        for reply in replies {
+            match reply {
+                Ok(r) if r["status"] == "ok" => {
+                    tally.ok += 1;
+                    tally.total_reward += r["reward"].as_i64().unwrap_or(0);
+                    for p in r["prizes"].as_array().into_iter().flatten() {
+                        tally.prizes += 1;
+                        *tally
+                            .by_multiplier
+                            .entry(p["multiplier"].as_u64().unwrap_or(0))
+                            .or_default() += 1;
+                    }
                 }
+                Ok(r) => {
+                    *tally
+                        .rejected
+                        .entry(r["error"]["code"].as_str().unwrap_or("?").to_owned())
+                        .or_default() += 1
+                }
+                Err(_) => tally.failed += 1,
             }
-            Ok(r) => {
-                *rejected
-                    .entry(r["error"]["code"].as_str().unwrap_or("?").to_owned())
-                    .or_default() += 1
-            }
-            Err(_) => failed += 1,
         }
+        tally
     }
 
-    // Settlement runs behind the replies; wait for the ledger to catch up.
-    let ledger_total = wait_for_ledger(&db, &pool.id, total_reward).await?;
-    let keys = PoolKeys::new(&config.redis_prefix, &pool.id);
-    let status = lucky_gift::status(&mut redis, &scripts, &keys, &pool.id)
-        .await?
-        .context("the demo pool vanished")?;
+    /// Prints the draws, the prizes and the rewards of the tally, the
+    /// draws answered in `elapsed`.
+    fn print(&self, pool: &lucky_gift::PoolConfig, elapsed: Duration) {
+        let replies = self.ok + self.rejected.values().sum::<u64>() + self.failed;
+        println!();
+        println!("== lucky gift ==");
+        println!(
+            "draws            {} ok, {} rejected {:?}, {} without reply, in {:.2?} ({:.0} draws/s)",
+            self.ok,
+            self.rejected.values().sum::<u64>(),
+            self.rejected,
+            self.failed,
+            elapsed,
+            replies as f64 / elapsed.as_secs_f64()
+        );
+        println!("prizes drawn     {}", self.prizes);
+        println!(
+            "by multiplier    {}",
+            self.by_multiplier
+                .iter()
+                .map(|(m, n)| format!("{m}x: {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        println!("total reward     {} {}", self.total_reward, pool.asset);
+    }
 
-    println!();
-    println!("== lucky gift ==");
-    println!(
-        "draws            {} ok, {} rejected {:?}, {} without reply, in {:.2?} ({:.0} draws/s)",
-        ok,
-        rejected.values().sum::<u64>(),
-        rejected,
-        failed,
-        elapsed,
-        replies.len() as f64 / elapsed.as_secs_f64()
-    );
-    println!("prizes drawn     {prizes}");
-    println!(
-        "by multiplier    {}",
-        by_multiplier
-            .iter()
-            .map(|(m, n)| format!("{m}x: {n}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    println!("total reward     {total_reward} {}", pool.asset);
-    println!("ledger total     {ledger_total} {}", pool.asset);
-    println!("pool             {} batches stocked, {} prizes stocked, {} drawn, {} in pool ({} jackpots waiting)",
-        status.generation, status.stocked, status.drawn, status.in_pool, status.held_jackpots);
-    let conserved = status.stocked == status.drawn + status.in_pool && status.drawn == prizes;
-    let settled = ledger_total == total_reward;
-    println!(
-        "conservation     stocked {} = drawn {} + in pool {}: {}",
-        status.stocked,
-        status.drawn,
-        status.in_pool,
-        if conserved { "OK" } else { "FAILED" }
-    );
-    println!(
-        "ledger check     ledger {ledger_total} = rewards {total_reward}: {}",
-        if settled { "OK" } else { "FAILED" }
-    );
-    println!("redis            {}", persistence_line(&mut redis).await);
-
-    let packet_ok = red_packet_demo(config, &db, &client).await?;
-    let lottery_ok = lottery_demo(config, &db, &client).await?;
-    shutdown.cancel();
-    for w in workers {
-        w.await??;
+    /// Prints the ledger's total and the pool's counters, and checks that
+    /// the pool conserved its prizes and the ledger holds every reward.
+    fn check(
+        &self,
+        pool: &lucky_gift::PoolConfig,
+        status: &lucky_gift::PoolStatus,
+        ledger_total: i64,
+    ) -> bool {
+        let total_reward = self.total_reward;
+        println!("ledger total     {ledger_total} {}", pool.asset);
+        println!("pool             {} batches stocked, {} prizes stocked, {} drawn, {} in pool ({} jackpots waiting)",
+            status.generation, status.stocked, status.drawn, status.in_pool, status.held_jackpots);
+        let conserved =
+            status.stocked == status.drawn + status.in_pool && status.drawn == self.prizes;
+        let settled = ledger_total == total_reward;
+        println!(
+            "conservation     stocked {} = drawn {} + in pool {}: {}",
+            status.stocked,
+            status.drawn,
+            status.in_pool,
+            if conserved { "OK" } else { "FAILED" }
+        );
+        println!(
+            "ledger check     ledger {ledger_total} = rewards {total_reward}: {}",
+            if settled { "OK" } else { "FAILED" }
+        );
+        conserved && settled
     }
-    if let Ok(client) = Arc::try_unwrap(client) {
-        client.close().await;
-    }
-    if !conserved || !settled || failed > 0 || !packet_ok || !lottery_ok {
-        anyhow::bail!("the demo found an inconsistency");
-    }
-    Ok(())
 }
 
 /// The summary's line on Redis persistence: what a crash of this Redis
@@ -257,42 +321,8 @@ async fn red_packet_demo(
         created["status"] == "ok",
         "red packet not created: {created}"
     );
-    // 40 users, each tapping twice, all at once.
-    let grabs: Vec<Value> = call_all(
-        client,
-        (0..80).map(|i| {
-            json!({"type": "draw", "request_id": ulid::Ulid::new().to_string(),
-            "pool": packet, "user_id": 1 + i % 40, "count": 1})
-        }),
-        40,
-    )
-    .await
-    .into_iter()
-    .filter_map(Result::ok)
-    .collect();
-    let mut outcomes: BTreeMap<String, u64> = BTreeMap::new();
-    let mut grabbed = 0;
-    for g in &grabs {
-        let key = if g["status"] == "ok" {
-            "ok".to_owned()
-        } else {
-            g["error"]["code"].as_str().unwrap_or("?").to_owned()
-        };
-        *outcomes.entry(key).or_default() += 1;
-        grabbed += g["reward"].as_i64().unwrap_or(0);
-    }
-    let keys = PoolKeys::new(&config.redis_prefix, &packet);
-    let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        let s = crate::kinds::red_packet::status(&mut redis, &Scripts::new(), &keys)
-            .await?
-            .context("the packet vanished")?;
-        if s.closed || tokio::time::Instant::now() > deadline {
-            break s;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let (outcomes, grabbed) = grab_crowd(client, &packet).await;
+    let status = wait_closed(config, &packet).await?;
     // The refund settles through the queue; wait for it.
     let expected = before + 10_000 - 8_800 + status.refunded;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -324,6 +354,55 @@ async fn red_packet_demo(
         if after == expected { "OK" } else { "FAILED" }
     );
     Ok(status.closed && conserved && after == expected)
+}
+
+/// 40 users grabbing `packet`, each tapping twice, all at once: how many
+/// grabs ended how (`ok` or the refusal's code), and what they took.
+async fn grab_crowd(client: &Arc<RpcClient>, packet: &str) -> (BTreeMap<String, u64>, i64) {
+    let grabs: Vec<Value> = call_all(
+        client,
+        (0..80).map(|i| {
+            json!({"type": "draw", "request_id": ulid::Ulid::new().to_string(),
+            "pool": packet, "user_id": 1 + i % 40, "count": 1})
+        }),
+        40,
+    )
+    .await
+    .into_iter()
+    .filter_map(Result::ok)
+    .collect();
+    let mut outcomes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut grabbed = 0;
+    for g in &grabs {
+        let key = if g["status"] == "ok" {
+            "ok".to_owned()
+        } else {
+            g["error"]["code"].as_str().unwrap_or("?").to_owned()
+        };
+        *outcomes.entry(key).or_default() += 1;
+        grabbed += g["reward"].as_i64().unwrap_or(0);
+    }
+    (outcomes, grabbed)
+}
+
+/// The status of `packet` once its expiry closed it, or as it is after
+/// 20 s.
+async fn wait_closed(
+    config: &Config,
+    packet: &str,
+) -> anyhow::Result<crate::kinds::red_packet::PacketStatus> {
+    let keys = PoolKeys::new(&config.redis_prefix, packet);
+    let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = crate::kinds::red_packet::status(&mut redis, &Scripts::new(), &keys)
+            .await?
+            .context("the packet vanished")?;
+        if s.closed || tokio::time::Instant::now() > deadline {
+            return Ok(s);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// A lottery activity: chances granted, a burst of draws, PV/UV and prizes.

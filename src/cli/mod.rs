@@ -282,114 +282,134 @@ async fn draw(
 async fn pool(config: &Config, command: PoolCommand) -> anyhow::Result<()> {
     let scripts = Scripts::new();
     match command {
-        PoolCommand::Load { file } => {
-            let text = std::fs::read_to_string(&file)
-                .with_context(|| format!("reading {}", file.display()))?;
-            let configs = lucky_gift::parse_file(&text)
-                .with_context(|| format!("{} is not a valid pool file", file.display()))?;
-            let db = crate::db::migrate(&config.database_url).await?;
-            let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
-            let loaded = crate::pools::load(
-                &db,
-                &mut redis,
-                &scripts,
-                &config.redis_prefix,
-                &configs,
-                config.refill_chunk,
-            )
-            .await?;
-            for l in loaded {
-                let stocked = match l.first_batch {
-                    Some(lucky_gift::StockOutcome::Stocked { size, .. }) => {
-                        format!(", first batch of {size} prizes stocked")
-                    }
-                    _ => String::new(),
-                };
-                println!("pool {} loaded as version {}{stocked}", l.pool, l.version);
+        PoolCommand::Load { file } => pool_load(config, &scripts, &file).await,
+        PoolCommand::Status { id, json } => pool_status(config, &scripts, &id, json).await,
+        PoolCommand::Refill { id } => pool_refill(config, &scripts, &id).await,
+    }
+}
+
+/// `pool load FILE`: stores and stocks every pool of a pool file.
+async fn pool_load(
+    config: &Config,
+    scripts: &Scripts,
+    file: &std::path::Path,
+) -> anyhow::Result<()> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let configs = lucky_gift::parse_file(&text)
+        .with_context(|| format!("{} is not a valid pool file", file.display()))?;
+    let db = crate::db::migrate(&config.database_url).await?;
+    let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
+    let loaded = crate::pools::load(
+        &db,
+        &mut redis,
+        scripts,
+        &config.redis_prefix,
+        &configs,
+        config.refill_chunk,
+    )
+    .await?;
+    for l in loaded {
+        let stocked = match l.first_batch {
+            Some(lucky_gift::StockOutcome::Stocked { size, .. }) => {
+                format!(", first batch of {size} prizes stocked")
             }
+            _ => String::new(),
+        };
+        println!("pool {} loaded as version {}{stocked}", l.pool, l.version);
+    }
+    Ok(())
+}
+
+/// `pool status ID`: a pool's counters, fairness state and memory, or its
+/// sub-pools' counters for a sharded pool.
+async fn pool_status(
+    config: &Config,
+    scripts: &Scripts,
+    id: &str,
+    json: bool,
+) -> anyhow::Result<()> {
+    let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
+    let keys = PoolKeys::new(&config.redis_prefix, id);
+    let whole = crate::pools::status(&mut redis, scripts, &config.redis_prefix, id)
+        .await?
+        .with_context(|| format!("no pool named {id}"))?;
+    if !whole.shards.is_empty() {
+        return print_shards(&whole, json);
+    }
+    let status = whole.total;
+    let fair = lucky_gift::fair_state(&mut redis, &keys).await?;
+    if json {
+        let mut value = serde_json::to_value(&status)?;
+        value["fairness"] = fairness_json(&fair);
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        print_counters(&status, None);
+        println!("drawing batch  {}", fair.drawing);
+        for (g, version, commitment) in &fair.committed {
+            println!("committed      batch {g} (config v{version}): sha256(seed) = {commitment}");
         }
-        PoolCommand::Status { id, json } => {
-            let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
-            let keys = PoolKeys::new(&config.redis_prefix, &id);
-            let whole = crate::pools::status(&mut redis, &scripts, &config.redis_prefix, &id)
-                .await?
-                .with_context(|| format!("no pool named {id}"))?;
-            if !whole.shards.is_empty() {
-                return print_shards(&whole, json);
-            }
-            let status = whole.total;
-            let fair = lucky_gift::fair_state(&mut redis, &keys).await?;
-            if json {
-                let mut value = serde_json::to_value(&status)?;
-                value["fairness"] = fairness_json(&fair);
-                println!("{}", serde_json::to_string_pretty(&value)?);
-            } else {
-                print_counters(&status, None);
-                println!("drawing batch  {}", fair.drawing);
-                for (g, version, commitment) in &fair.committed {
-                    println!(
-                        "committed      batch {g} (config v{version}): sha256(seed) = {commitment}"
-                    );
-                }
-                if let Some((g, version, seed)) = &fair.last_revealed {
-                    println!("last revealed  batch {g} (config v{version}): seed = {seed}");
-                }
-                let storage = lucky_gift::storage_of(&mut redis, &keys)
-                    .await?
-                    .unwrap_or(lucky_gift::Storage::List);
-                let bytes = lucky_gift::storage_bytes(&mut redis, &keys, storage).await?;
-                let label = storage.label();
-                if storage.stores_every_prize() {
-                    println!(
-                        "memory         {bytes} bytes ({label}), {:.2} bytes per prize in pool",
-                        bytes as f64 / status.in_pool.max(1) as f64
-                    );
-                } else {
-                    // Zeros take no room in sparse storage, so a figure per
-                    // prize in pool would mean nothing.
-                    println!("memory         {bytes} bytes ({label})");
-                }
-            }
+        if let Some((g, version, seed)) = &fair.last_revealed {
+            println!("last revealed  batch {g} (config v{version}): seed = {seed}");
         }
-        PoolCommand::Refill { id } => {
-            let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
-            let status = crate::pools::status(&mut redis, &scripts, &config.redis_prefix, &id)
-                .await?
-                .with_context(|| format!("no pool named {id}"))?;
-            // A sharded pool is refilled as a whole: each sub-pool gets its
-            // next batch.
-            let targets = if status.shards.is_empty() {
-                vec![status.total]
-            } else {
-                status.shards
-            };
-            let client = RpcClient::connect(config).await?;
-            for target in targets {
-                // An operator's refill makes the current batch due, which
-                // the refill worker checks (a forged request cannot).
-                redis::cmd("HSET")
-                    .arg(PoolKeys::new(&config.redis_prefix, &target.pool).meta())
-                    .arg("due")
-                    .arg(target.generation)
-                    .query_async::<()>(&mut redis)
-                    .await?;
-                let request = RefillRequest {
-                    pool: target.pool,
-                    trigger: target.generation,
-                    urgent: true,
-                };
-                let reply = client
-                    .call(
-                        amqp::REFILL.routing_key,
-                        &with_type("refill", &request),
-                        Duration::from_secs(60),
-                    )
-                    .await?;
-                println!("{}", serde_json::to_string_pretty(&reply)?);
-            }
-            client.close().await;
+        let storage = lucky_gift::storage_of(&mut redis, &keys)
+            .await?
+            .unwrap_or(lucky_gift::Storage::List);
+        let bytes = lucky_gift::storage_bytes(&mut redis, &keys, storage).await?;
+        let label = storage.label();
+        if storage.stores_every_prize() {
+            println!(
+                "memory         {bytes} bytes ({label}), {:.2} bytes per prize in pool",
+                bytes as f64 / status.in_pool.max(1) as f64
+            );
+        } else {
+            // Zeros take no room in sparse storage, so a figure per
+            // prize in pool would mean nothing.
+            println!("memory         {bytes} bytes ({label})");
         }
     }
+    Ok(())
+}
+
+/// `pool refill ID`: makes the current batch (of each sub-pool) due and
+/// asks the refill worker for the next one.
+async fn pool_refill(config: &Config, scripts: &Scripts, id: &str) -> anyhow::Result<()> {
+    let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
+    let status = crate::pools::status(&mut redis, scripts, &config.redis_prefix, id)
+        .await?
+        .with_context(|| format!("no pool named {id}"))?;
+    // A sharded pool is refilled as a whole: each sub-pool gets its
+    // next batch.
+    let targets = if status.shards.is_empty() {
+        vec![status.total]
+    } else {
+        status.shards
+    };
+    let client = RpcClient::connect(config).await?;
+    for target in targets {
+        // An operator's refill makes the current batch due, which
+        // the refill worker checks (a forged request cannot).
+        redis::cmd("HSET")
+            .arg(PoolKeys::new(&config.redis_prefix, &target.pool).meta())
+            .arg("due")
+            .arg(target.generation)
+            .query_async::<()>(&mut redis)
+            .await?;
+        let request = RefillRequest {
+            pool: target.pool,
+            trigger: target.generation,
+            urgent: true,
+        };
+        let reply = client
+            .call(
+                amqp::REFILL.routing_key,
+                &with_type("refill", &request),
+                Duration::from_secs(60),
+            )
+            .await?;
+        println!("{}", serde_json::to_string_pretty(&reply)?);
+    }
+    client.close().await;
     Ok(())
 }
 

@@ -278,20 +278,8 @@ impl Batcher {
                     None => return self.lost(session, "reply consumer ended".into()),
                 },
                 Some((id, confirmed)) = confirms.next(), if !confirms.is_empty() => {
-                    let error = match confirmed {
-                        Ok(Ok(Confirmation::Ack(None) | Confirmation::NotRequested)) => None,
-                        Ok(Ok(Confirmation::Ack(Some(_)))) => Some(ClientError::Unroutable),
-                        Ok(Ok(Confirmation::Nack(_))) => Some(ClientError::Nacked),
-                        Ok(Err(e)) => return self.lost(session, format!("publisher confirm: {e}")),
-                        Err(()) => return self.lost(
-                            session,
-                            format!("no publisher confirm within {:?}", self.config.timeout),
-                        ),
-                    };
-                    if let Some(error) = error {
-                        if let Some(flight) = self.in_flight.remove(&id) {
-                            flight.fail(&error);
-                        }
+                    if let Err(why) = self.confirmed(id, confirmed) {
+                        return self.lost(session, why);
                     }
                 }
                 job = jobs.recv(), if inputs_open => match job {
@@ -324,6 +312,32 @@ impl Batcher {
                 }
             }
         }
+    }
+
+    /// Fails the calls of batch `id` if the broker refused it (unroutable
+    /// or nacked); `Err` when the confirm did not come: the connection is
+    /// lost.
+    fn confirmed(
+        &mut self,
+        id: u64,
+        confirmed: Result<lapin::Result<Confirmation>, ()>,
+    ) -> Result<(), String> {
+        let error = match confirmed {
+            Ok(Ok(Confirmation::Ack(None) | Confirmation::NotRequested)) => return Ok(()),
+            Ok(Ok(Confirmation::Ack(Some(_)))) => ClientError::Unroutable,
+            Ok(Ok(Confirmation::Nack(_))) => ClientError::Nacked,
+            Ok(Err(e)) => return Err(format!("publisher confirm: {e}")),
+            Err(()) => {
+                return Err(format!(
+                    "no publisher confirm within {:?}",
+                    self.config.timeout
+                ))
+            }
+        };
+        if let Some(flight) = self.in_flight.remove(&id) {
+            flight.fail(&error);
+        }
+        Ok(())
     }
 
     /// Takes `job` and whatever else is already queued, publishing each

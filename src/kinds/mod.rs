@@ -36,10 +36,12 @@
 //!   reused for other content is refused before any pool is touched; the
 //!   kinds' own races are explained in each kind's module.
 //!
-//! Adding a kind: a folder here with its `KIND` label, its config loader and
-//! a `draw` that answers a [`Step`], plus one line in [`Kind`], one in
-//! [`Kinds::resolve`], one in [`Kinds::draw`] and one in
-//! [`Kinds::script_call`] (see `docs/design.md`).
+//! Adding a kind: a folder here with its `KIND` label, its config loader,
+//! a `draw` that answers a [`Step`] and its lifecycle steps, plus its label
+//! in [`LABELS`], its variant of [`Kind`] with an arm in each match on it
+//! in this file, its ledger reasons and its scripts: `docs/design.md`,
+//! "Adding a prize kind", lists each line, and a test checks that list
+//! against the code.
 
 pub mod answer;
 pub mod lottery;
@@ -99,6 +101,11 @@ pub struct Award {
     /// Prizes taken from the pool by this step (0 for a replay).
     pub prizes_drawn: u64,
 }
+
+/// Every prize kind, by the label its pools carry (`meta.kind` in Redis,
+/// `pools.kind` in Postgres, the owner of its ledger reasons). One line per
+/// kind, each the `KIND` of its folder.
+pub const LABELS: [&str; 3] = [lucky_gift::KIND, red_packet::KIND, lottery::KIND];
 
 /// The prize kinds a draw can address.
 #[derive(Clone, Copy, Debug)]
@@ -403,5 +410,116 @@ impl Kinds {
             }
         }
         steps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::LABELS;
+    use crate::ledger::reasons::{Owner, REASONS};
+
+    /// The repository's root.
+    fn root() -> &'static Path {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+    }
+
+    fn read(path: &str) -> String {
+        std::fs::read_to_string(root().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    /// `lucky_gift` as its `Kind` variant is named: `LuckyGift`.
+    fn variant(label: &str) -> String {
+        label
+            .split('_')
+            .map(|w| {
+                let mut chars = w.chars();
+                chars.next().map_or(String::new(), |c| {
+                    c.to_ascii_uppercase().to_string() + chars.as_str()
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_kind_has_its_folder_and_every_folder_is_a_kind() {
+        // Each label is the `KIND` of a module (`LABELS` names them), and
+        // the module is the folder of that name.
+        for label in LABELS {
+            assert!(
+                root().join(format!("src/kinds/{label}/mod.rs")).is_file(),
+                "kind {label:?} has no folder src/kinds/{label}/"
+            );
+        }
+        let folders = std::fs::read_dir(root().join("src/kinds")).unwrap();
+        for entry in folders {
+            let entry = entry.unwrap();
+            if entry.file_type().unwrap().is_dir() {
+                let name = entry.file_name().into_string().unwrap();
+                assert!(
+                    LABELS.contains(&name.as_str()),
+                    "src/kinds/{name}/ is a folder of no registered kind"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_kind_owns_its_ledger_reasons_and_no_reason_names_another() {
+        for label in LABELS {
+            assert!(
+                REASONS.iter().any(|r| r.owner == Owner::Kind(label)),
+                "kind {label} books no ledger reason"
+            );
+        }
+        for reason in REASONS {
+            if let Owner::Kind(kind) = reason.owner {
+                assert!(
+                    LABELS.contains(&kind),
+                    "reason {} belongs to {kind:?}, which is no registered kind",
+                    reason.name
+                );
+            }
+        }
+    }
+
+    /// Every row of the registration table in `docs/design.md` ("Adding a
+    /// prize kind"), written for `scratch_card`, holds in its file for
+    /// every registered kind.
+    #[test]
+    fn the_recipe_matches_the_code() {
+        let design = read("docs/design.md");
+        let recipe = design
+            .split("### Adding a prize kind")
+            .nth(1)
+            .and_then(|rest| rest.split("\n### ").next())
+            .expect("docs/design.md has a section \"Adding a prize kind\"");
+        let rows: Vec<(&str, &str)> = recipe
+            .lines()
+            .filter_map(|line| {
+                let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+                let file = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+                let shape = cells.get(2)?.strip_prefix('`')?;
+                Some((file, shape.split('`').next()?))
+            })
+            .collect();
+        assert!(
+            rows.len() >= 3,
+            "the recipe's table has {} rows",
+            rows.len()
+        );
+        for (file, shape) in rows {
+            let code = read(file);
+            for label in LABELS {
+                let line = shape
+                    .replace("scratch_card", label)
+                    .replace("ScratchCard", &variant(label));
+                assert!(
+                    code.contains(&line),
+                    "{file} has no `{line}`: the recipe's row `{shape}` does not hold for {label}"
+                );
+            }
+        }
     }
 }

@@ -122,107 +122,115 @@ pub fn parse_file(text: &str) -> Result<Vec<ActivityConfig>, ConfigError> {
     let mut ids = HashSet::new();
     let mut out = Vec::new();
     for raw in file.activities {
-        let id = raw.id.clone();
-        crate::messages::check_name("id", &id).map_err(|e| err(&id, "id", e.message))?;
-        if !ids.insert(id.clone()) {
-            return Err(err(&id, "id", "duplicate activity id"));
+        crate::messages::check_name("id", &raw.id).map_err(|e| err(&raw.id, "id", e.message))?;
+        if !ids.insert(raw.id.clone()) {
+            return Err(err(&raw.id, "id", "duplicate activity id"));
         }
-        let time = |field: &str, text: &str| {
-            DateTime::parse_from_rfc3339(text)
-                .map(|t| t.with_timezone(&Utc))
-                .map_err(|e| err(&id, field, format!("not an RFC 3339 time ({e})")))
-        };
-        let starts_at = time("starts_at", &raw.starts_at)?;
-        let ends_at = time("ends_at", &raw.ends_at)?;
-        if ends_at <= starts_at {
-            return Err(err(&id, "ends_at", "must be after starts_at"));
-        }
-        if raw.prizes.len() > MAX_PRIZES {
-            return Err(err(
-                &id,
-                "prizes",
-                format!("at most {MAX_PRIZES} prizes, got {}", raw.prizes.len()),
-            ));
-        }
-        let mut prize_ids = HashSet::new();
-        let mut prizes = Vec::new();
-        for p in raw.prizes {
-            let field = format!("prizes.{}", p.id);
-            crate::messages::check_id("id", &p.id).map_err(|e| err(&id, &field, e.message))?;
-            if p.id.len() + ASSET_PREFIX.len() > crate::messages::MAX_ID_LEN {
-                return Err(err(
-                    &id,
-                    &field,
-                    format!(
-                        "prize ids may be {} bytes at most (the prize is paid as asset `{ASSET_PREFIX}<id>`)",
-                        crate::messages::MAX_ID_LEN - ASSET_PREFIX.len()
-                    ),
-                ));
-            }
-            if p.id.contains([',', ':', '|']) {
-                return Err(err(
-                    &id,
-                    &field,
-                    "prize ids may not contain ',', ':' or '|'",
-                ));
-            }
-            if !prize_ids.insert(p.id.clone()) {
-                return Err(err(&id, &field, "duplicate prize id"));
-            }
-            if !(1..=MAX_STOCK).contains(&p.stock) {
-                return Err(err(
-                    &id,
-                    &format!("{field}.stock"),
-                    format!("stock must be between 1 and {MAX_STOCK}, got {}", p.stock),
-                ));
-            }
-            prizes.push(Prize {
-                weight: weight(&id, &format!("{field}.weight"), p.weight)?,
-                stock: p.stock.unsigned_abs(),
-                id: p.id,
-            });
-        }
-        let consolation = match raw.consolation {
-            None => None,
-            Some(c) => {
-                if c.id.contains([',', ':', '|']) || !prize_ids.insert(c.id.clone()) {
-                    return Err(err(
-                        &id,
-                        "consolation.id",
-                        "must be a distinct prize id without ',', ':' or '|'",
-                    ));
-                }
-                Some(Consolation {
-                    weight: weight(&id, "consolation.weight", c.weight)?,
-                    id: c.id,
-                })
-            }
-        };
-        let config = ActivityConfig {
-            id: id.clone(),
-            strategy: raw.strategy,
-            starts_at,
-            ends_at,
-            prizes,
-            consolation,
-        };
-        let strategy = super::strategy(&config.strategy).ok_or_else(|| {
-            err(
-                &id,
-                "strategy",
-                format!(
-                    "unknown strategy {:?} (known: {})",
-                    config.strategy,
-                    super::labels().join(", ")
-                ),
-            )
-        })?;
-        strategy
-            .validate(&config)
-            .map_err(|m| err(&id, "strategy", m))?;
-        out.push(config);
+        out.push(activity(raw)?);
     }
     Ok(out)
+}
+
+/// Checks one activity: its window, its prizes, its consolation, and that
+/// its strategy is registered and accepts it.
+fn activity(raw: RawActivity) -> Result<ActivityConfig, ConfigError> {
+    let id = raw.id;
+    let time = |field: &str, text: &str| {
+        DateTime::parse_from_rfc3339(text)
+            .map(|t| t.with_timezone(&Utc))
+            .map_err(|e| err(&id, field, format!("not an RFC 3339 time ({e})")))
+    };
+    let starts_at = time("starts_at", &raw.starts_at)?;
+    let ends_at = time("ends_at", &raw.ends_at)?;
+    if ends_at <= starts_at {
+        return Err(err(&id, "ends_at", "must be after starts_at"));
+    }
+    if raw.prizes.len() > MAX_PRIZES {
+        return Err(err(
+            &id,
+            "prizes",
+            format!("at most {MAX_PRIZES} prizes, got {}", raw.prizes.len()),
+        ));
+    }
+    let mut prize_ids = HashSet::new();
+    let mut prizes = Vec::new();
+    for p in raw.prizes {
+        prizes.push(prize(&id, p, &mut prize_ids)?);
+    }
+    let consolation = match raw.consolation {
+        None => None,
+        Some(c) => {
+            if c.id.contains([',', ':', '|']) || !prize_ids.insert(c.id.clone()) {
+                return Err(err(
+                    &id,
+                    "consolation.id",
+                    "must be a distinct prize id without ',', ':' or '|'",
+                ));
+            }
+            Some(Consolation {
+                weight: weight(&id, "consolation.weight", c.weight)?,
+                id: c.id,
+            })
+        }
+    };
+    let config = ActivityConfig {
+        id: id.clone(),
+        strategy: raw.strategy,
+        starts_at,
+        ends_at,
+        prizes,
+        consolation,
+    };
+    let strategy = super::strategy(&config.strategy).ok_or_else(|| {
+        err(
+            &id,
+            "strategy",
+            format!(
+                "unknown strategy {:?} (known: {})",
+                config.strategy,
+                super::labels().join(", ")
+            ),
+        )
+    })?;
+    strategy
+        .validate(&config)
+        .map_err(|m| err(&id, "strategy", m))?;
+    Ok(config)
+}
+
+/// Checks one prize of activity `id`: an id that fits an asset name and is
+/// not in `prize_ids` yet (it is added), a stock and a weight in range.
+fn prize(id: &str, p: RawPrize, prize_ids: &mut HashSet<String>) -> Result<Prize, ConfigError> {
+    let field = format!("prizes.{}", p.id);
+    crate::messages::check_id("id", &p.id).map_err(|e| err(id, &field, e.message))?;
+    if p.id.len() + ASSET_PREFIX.len() > crate::messages::MAX_ID_LEN {
+        return Err(err(
+            id,
+            &field,
+            format!(
+                "prize ids may be {} bytes at most (the prize is paid as asset `{ASSET_PREFIX}<id>`)",
+                crate::messages::MAX_ID_LEN - ASSET_PREFIX.len()
+            ),
+        ));
+    }
+    if p.id.contains([',', ':', '|']) {
+        return Err(err(id, &field, "prize ids may not contain ',', ':' or '|'"));
+    }
+    if !prize_ids.insert(p.id.clone()) {
+        return Err(err(id, &field, "duplicate prize id"));
+    }
+    if !(1..=MAX_STOCK).contains(&p.stock) {
+        return Err(err(
+            id,
+            &format!("{field}.stock"),
+            format!("stock must be between 1 and {MAX_STOCK}, got {}", p.stock),
+        ));
+    }
+    Ok(Prize {
+        weight: weight(id, &format!("{field}.weight"), p.weight)?,
+        stock: p.stock.unsigned_abs(),
+        id: p.id,
+    })
 }
 
 #[cfg(test)]

@@ -58,6 +58,7 @@ pub mod codes;
 pub mod config;
 mod draw;
 pub mod jackpot;
+pub mod refill;
 mod stocking;
 mod storage;
 mod stored;

@@ -95,38 +95,21 @@ pub async fn create<C: ConnectionLike + Send>(
     // The primary key serialises concurrent creates of one id: a second
     // insert waits for the first transaction, then sees its row (and is
     // compared with it) or, if it rolled back, takes the id.
-    let inserted =
-        sqlx::query("INSERT INTO pools (id, kind) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING")
-            .bind(&req.packet_id)
-            .bind(KIND)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
+    let inserted = claim_id(&mut tx, &req.packet_id).await?;
     // Read under the id's lock: a refusal recorded by a create that held
     // it is seen by every later one.
-    let refused: Option<RefusalRow> = sqlx::query_as(
-        "SELECT sender, asset, total, share_count, min_asked, expires_in_s, balance FROM red_packet_refusals WHERE id = $1",
-    )
-    .bind(&req.packet_id)
-    .fetch_optional(&mut *tx)
-    .await?;
+    let refused = recorded_refusal(&mut tx, &req.packet_id).await?;
     if let Some(refused) = refused {
         tx.rollback().await?;
         return Err(Refused::from(refused).replay(req));
     }
-    if inserted == 0 {
+    if !inserted {
         tx.rollback().await?;
         return existing(db, redis, scripts, prefix, req).await;
     }
     // Postgres is the namespace of ids, but Redis is where the packet will
     // live: refuse before escrowing if the keys hold something already.
-    let keys = PoolKeys::new(prefix, &req.packet_id);
-    let kind: Option<String> = redis::cmd("HGET")
-        .arg(keys.meta())
-        .arg("kind")
-        .query_async(redis)
-        .await?;
-    if let Some(kind) = kind {
+    if let Some(kind) = kind_in_redis(redis, prefix, &req.packet_id).await? {
         tx.rollback().await?;
         return Err(CreateError::Invalid(format!(
             "id {} already names a {kind} in Redis",
@@ -142,27 +125,7 @@ pub async fn create<C: ConnectionLike + Send>(
             .await?;
     let balance = balance.map_or(0, |(b,)| b);
     if balance < req.total {
-        // The first answer is the answer: remember the refusal with what
-        // it asked, and give the id back to the namespace (nothing was
-        // created), in one transaction that still holds the id.
-        sqlx::query("DELETE FROM pools WHERE id = $1")
-            .bind(&req.packet_id)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(
-            "INSERT INTO red_packet_refusals (id, sender, asset, total, share_count, min_asked, expires_in_s, balance) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-        )
-        .bind(&req.packet_id)
-        .bind(req.sender)
-        .bind(&req.asset)
-        .bind(req.total)
-        .bind(req.count)
-        .bind(req.min)
-        .bind(req.expires_in_s)
-        .bind(balance)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
+        remember_refusal(tx, req, balance).await?;
         return Err(CreateError::InsufficientFunds {
             sender: req.sender,
             asset: req.asset.clone(),
@@ -170,45 +133,11 @@ pub async fn create<C: ConnectionLike + Send>(
             total: req.total,
         });
     }
-    let shares = split::split(req.total, req.count, req.min, &mut rand::rng())
-        .map_err(|e| CreateError::Invalid(e.to_string()))?;
-    let expires_at = whole_second_from(Utc::now() + chrono::Duration::seconds(req.expires_in_s));
-    // `validate` bounds `count` by MAX_SHARES, so it fits an INTEGER.
-    let count = i32::try_from(req.count).map_err(|e| CreateError::Invalid(e.to_string()))?;
-    let salt = fair::new_salt();
-    let commitment = fair::commitment(&req.packet_id, &salt, &shares);
-    sqlx::query(
-        "INSERT INTO red_packets (id, sender, asset, total, share_count, min_share, expires_at, min_asked, expires_in_s, salt, commitment) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-    )
-    .bind(&req.packet_id)
-    .bind(req.sender)
-    .bind(&req.asset)
-    .bind(req.total)
-    .bind(count)
-    .bind(split::floor(req.min))
-    .bind(expires_at)
-    .bind(req.min)
-    .bind(req.expires_in_s)
-    .bind(&salt)
-    .bind(&commitment)
-    .execute(&mut *tx)
-    .await?;
-    let numbers: Vec<i32> = (1..=count).collect();
-    sqlx::query("INSERT INTO red_packet_shares (packet_id, share_no, amount) SELECT $1, * FROM unnest($2::int[], $3::bigint[])")
-        .bind(&req.packet_id)
-        .bind(&numbers)
-        .bind(&shares)
-        .execute(&mut *tx)
-        .await?;
-    let escrow = SettleRequest::fleet(
-        format!("redpacket:{}:escrow", req.packet_id),
-        req.sender,
-        &req.asset,
-        -req.total,
-        "red_packet_escrow",
-        ledger_ref(&req.packet_id),
-    );
-    crate::ledger::apply_in(&mut tx, std::slice::from_ref(&escrow)).await?;
+    let Escrowed {
+        shares,
+        expires_at,
+        commitment,
+    } = escrow(&mut tx, req).await?;
     tx.commit().await?;
     stock(
         redis,
@@ -230,6 +159,137 @@ pub async fn create<C: ConnectionLike + Send>(
         expires_at,
         commitment: Some(commitment),
         closed: false,
+    })
+}
+
+/// The kind the pool keys of `id` hold in Redis, if any.
+async fn kind_in_redis<C: ConnectionLike + Send>(
+    redis: &mut C,
+    prefix: &str,
+    id: &str,
+) -> Result<Option<String>, redis::RedisError> {
+    redis::cmd("HGET")
+        .arg(PoolKeys::new(prefix, id).meta())
+        .arg("kind")
+        .query_async(redis)
+        .await
+}
+
+/// Inserts `id` into the namespace of ids as a red packet: whether it was
+/// free (else it names a packet already, or another kind's pool).
+async fn claim_id(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    id: &str,
+) -> Result<bool, sqlx::Error> {
+    let inserted =
+        sqlx::query("INSERT INTO pools (id, kind) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING")
+            .bind(id)
+            .bind(KIND)
+            .execute(&mut **tx)
+            .await?
+            .rows_affected();
+    Ok(inserted > 0)
+}
+
+/// The refusal for funds recorded for packet `id`, if its first create
+/// was refused.
+async fn recorded_refusal(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    id: &str,
+) -> Result<Option<RefusalRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT sender, asset, total, share_count, min_asked, expires_in_s, balance FROM red_packet_refusals WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(&mut **tx)
+    .await
+}
+
+/// The first answer to a create refused for funds is the answer: the
+/// refusal is remembered with what it asked, and the id given back to the
+/// namespace (nothing was created), in `tx`, which still holds the id.
+async fn remember_refusal(
+    mut tx: sqlx::Transaction<'_, sqlx::Postgres>,
+    req: &RedPacketCreate,
+    balance: i64,
+) -> Result<(), CreateError> {
+    sqlx::query("DELETE FROM pools WHERE id = $1")
+        .bind(&req.packet_id)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO red_packet_refusals (id, sender, asset, total, share_count, min_asked, expires_in_s, balance) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+    )
+    .bind(&req.packet_id)
+    .bind(req.sender)
+    .bind(&req.asset)
+    .bind(req.total)
+    .bind(req.count)
+    .bind(req.min)
+    .bind(req.expires_in_s)
+    .bind(balance)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// A packet's split, stored and escrowed.
+struct Escrowed {
+    shares: Vec<i64>,
+    expires_at: DateTime<Utc>,
+    commitment: String,
+}
+
+/// Draws the packet's split and commits to it, stores the packet and its
+/// shares, and takes the escrow from the sender, all in `tx`.
+async fn escrow(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    req: &RedPacketCreate,
+) -> Result<Escrowed, CreateError> {
+    let shares = split::split(req.total, req.count, req.min, &mut rand::rng())
+        .map_err(|e| CreateError::Invalid(e.to_string()))?;
+    let expires_at = whole_second_from(Utc::now() + chrono::Duration::seconds(req.expires_in_s));
+    // `validate` bounds `count` by MAX_SHARES, so it fits an INTEGER.
+    let count = i32::try_from(req.count).map_err(|e| CreateError::Invalid(e.to_string()))?;
+    let salt = fair::new_salt();
+    let commitment = fair::commitment(&req.packet_id, &salt, &shares);
+    sqlx::query(
+        "INSERT INTO red_packets (id, sender, asset, total, share_count, min_share, expires_at, min_asked, expires_in_s, salt, commitment) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+    )
+    .bind(&req.packet_id)
+    .bind(req.sender)
+    .bind(&req.asset)
+    .bind(req.total)
+    .bind(count)
+    .bind(split::floor(req.min))
+    .bind(expires_at)
+    .bind(req.min)
+    .bind(req.expires_in_s)
+    .bind(&salt)
+    .bind(&commitment)
+    .execute(&mut **tx)
+    .await?;
+    let numbers: Vec<i32> = (1..=count).collect();
+    sqlx::query("INSERT INTO red_packet_shares (packet_id, share_no, amount) SELECT $1, * FROM unnest($2::int[], $3::bigint[])")
+        .bind(&req.packet_id)
+        .bind(&numbers)
+        .bind(&shares)
+        .execute(&mut **tx)
+        .await?;
+    let escrow = SettleRequest::fleet(
+        format!("redpacket:{}:escrow", req.packet_id),
+        req.sender,
+        &req.asset,
+        -req.total,
+        "red_packet_escrow",
+        ledger_ref(&req.packet_id),
+    );
+    crate::ledger::apply_in(tx, std::slice::from_ref(&escrow)).await?;
+    Ok(Escrowed {
+        shares,
+        expires_at,
+        commitment,
     })
 }
 

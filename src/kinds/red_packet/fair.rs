@@ -148,38 +148,10 @@ pub async fn verify(db: &PgPool, packet_id: &str) -> Result<Verdict, sqlx::Error
     .bind(packet_id)
     .fetch_all(db)
     .await?;
-    let mut taken = vec![false; shares.len()];
-    let mut paid = 0i64;
-    for (entry_id, amount, share) in &grabs {
-        let Some(no) = share
-            .and_then(|s| usize::try_from(s).ok())
-            .filter(|s| *s >= 1)
-        else {
-            return fail(verdict, format!("grab {entry_id} names no share"));
-        };
-        match shares.get(no - 1) {
-            Some(want) if want == amount => {}
-            Some(want) => {
-                return fail(
-                    verdict,
-                    format!("grab {entry_id} paid {amount} for share {no} of {want}"),
-                )
-            }
-            None => {
-                return fail(
-                    verdict,
-                    format!("grab {entry_id} names share {no}, which the split has not"),
-                )
-            }
-        }
-        if std::mem::replace(&mut taken[no - 1], true) {
-            return fail(
-                verdict,
-                format!("share {no} was paid twice (again by {entry_id})"),
-            );
-        }
-        paid += amount;
-    }
+    let paid = match paid_by(&shares, &grabs) {
+        Ok(paid) => paid,
+        Err(why) => return fail(verdict, why),
+    };
     verdict.grabs = grabs.len();
     if refunded != Some(total - paid) {
         return fail(
@@ -192,6 +164,40 @@ pub async fn verify(db: &PgPool, packet_id: &str) -> Result<Verdict, sqlx::Error
     }
     verdict.ok = true;
     Ok(verdict)
+}
+
+/// What the grab entries `grabs` (entry id, amount, share number) paid in
+/// all, each paying exactly the share of `shares` it names and no share
+/// paid twice; or the first grab that does not, in words.
+fn paid_by(shares: &[i64], grabs: &[(String, i64, Option<i64>)]) -> Result<i64, String> {
+    let mut taken = vec![false; shares.len()];
+    let mut paid = 0i64;
+    for (entry_id, amount, share) in grabs {
+        let Some(no) = share
+            .and_then(|s| usize::try_from(s).ok())
+            .filter(|s| *s >= 1)
+        else {
+            return Err(format!("grab {entry_id} names no share"));
+        };
+        match shares.get(no - 1) {
+            Some(want) if want == amount => {}
+            Some(want) => {
+                return Err(format!(
+                    "grab {entry_id} paid {amount} for share {no} of {want}"
+                ))
+            }
+            None => {
+                return Err(format!(
+                    "grab {entry_id} names share {no}, which the split has not"
+                ))
+            }
+        }
+        if std::mem::replace(&mut taken[no - 1], true) {
+            return Err(format!("share {no} was paid twice (again by {entry_id})"));
+        }
+        paid += amount;
+    }
+    Ok(paid)
 }
 
 #[cfg(test)]

@@ -1,0 +1,240 @@
+//! The settle queue's messages: `settle`, `settle.batch`, their reply, and
+//! the `ref` of the entries the fleet books itself.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{check_account, check_entry_id, check_id, decode_typed, ErrorCode, Invalid, Status};
+
+/// `{"type":"settle_result", ...}`: the reply to a `settle` (with its
+/// `entry_id`) or to a `settle.batch` (with the number of `entries` that are
+/// in the ledger and the `refused` ones).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct SettleResult {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entry_id: Option<String>,
+    pub status: Status,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entries: Option<usize>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<SettleRefusal>,
+}
+
+/// One entry of a `settle.batch` the ledger refused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct SettleRefusal {
+    /// The entry's id, when it had one usable as an id (a string of at
+    /// most [`MAX_ENTRY_ID_LEN`] bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entry_id: Option<String>,
+    pub code: ErrorCode,
+    /// Why; left out when the reply would not fit the wire limit otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+/// `{"type":"settle", ...}`: one ledger movement.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SettleRequest {
+    #[serde(rename = "type")]
+    pub kind: SettleType,
+    #[schemars(length(min = 1, max = 320), regex(pattern = r"^[!-z|~]+$"))]
+    pub entry_id: String,
+    #[schemars(range(min = 0))]
+    pub account: i64,
+    pub asset: String,
+    #[schemars(range(min = -9_007_199_254_740_991i64, max = 9_007_199_254_740_991i64))]
+    pub amount: i64,
+    pub reason: String,
+    #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
+    pub reference: Option<Value>,
+    /// The fleet's seal on its own entries (see [`crate::ledger::Sealer`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seal: Option<String>,
+}
+
+/// The only `type` the settle queue accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum SettleType {
+    #[serde(rename = "settle")]
+    Settle,
+}
+
+impl SettleRequest {
+    /// A credit (positive) or debit (negative) of `amount` units of `asset`.
+    pub fn new(
+        entry_id: impl Into<String>,
+        account: i64,
+        asset: impl Into<String>,
+        amount: i64,
+        reason: impl Into<String>,
+        reference: Value,
+    ) -> Self {
+        Self {
+            kind: SettleType::Settle,
+            entry_id: entry_id.into(),
+            account,
+            asset: asset.into(),
+            amount,
+            reason: reason.into(),
+            reference: Some(reference),
+            seal: None,
+        }
+    }
+}
+
+/// The `ref` of an entry the fleet books itself: the pool (or red packet, or
+/// lottery activity) it belongs to and, for a prize, the request that won it
+/// and where it came from. Written as `{"pool":…,"request_id":…,"share":…,
+/// "version":…}` without the fields a kind does not use; the ledger and the
+/// red-packet audit read `ref->>'pool'` and `ref->>'share'`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct EntryRef {
+    pub pool: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    /// The red-packet share a grab took.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<u32>,
+    /// The lucky-gift pool config version a prize was drawn under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<i64>,
+}
+
+impl EntryRef {
+    /// A `ref` naming `pool` alone.
+    pub fn pool(pool: impl Into<String>) -> Self {
+        Self {
+            pool: pool.into(),
+            ..Self::default()
+        }
+    }
+
+    /// A `ref` naming `pool` and the request `request_id` that won a prize.
+    pub fn prize(pool: impl Into<String>, request_id: impl Into<String>) -> Self {
+        Self {
+            request_id: Some(request_id.into()),
+            ..Self::pool(pool)
+        }
+    }
+}
+
+impl SettleRequest {
+    /// An entry the fleet books itself, its `ref` an [`EntryRef`].
+    pub fn fleet(
+        entry_id: impl Into<String>,
+        account: i64,
+        asset: impl Into<String>,
+        amount: i64,
+        reason: impl Into<String>,
+        reference: EntryRef,
+    ) -> Self {
+        // A struct of strings and numbers always serialises.
+        let reference = serde_json::to_value(reference).unwrap_or_default();
+        Self::new(entry_id, account, asset, amount, reason, reference)
+    }
+}
+/// The most entries one `settle.batch` message may carry.
+pub const MAX_SETTLE_BATCH: usize = 1000;
+
+/// What the settle queue carries: one `settle` entry, or a `settle.batch`
+/// of them (how workers publish the entries of concurrent draws).
+#[derive(Debug)]
+pub enum SettleMessage {
+    One(SettleRequest),
+    /// Each entry decoded on its own, so one bad entry spoils only itself.
+    Batch(Vec<Result<SettleRequest, BadEntry>>),
+}
+
+/// An entry of a `settle.batch` that is not a valid `settle` message.
+#[derive(Debug)]
+pub struct BadEntry {
+    pub body: Value,
+    pub invalid: Invalid,
+}
+
+impl SettleMessage {
+    /// Decodes and validates a settle-queue message.
+    pub fn decode(envelope: &Value) -> Result<Self, Invalid> {
+        if envelope.get("type").and_then(Value::as_str) != Some("settle.batch") {
+            let entry: SettleRequest = decode_typed(envelope)?;
+            entry.validate()?;
+            return Ok(Self::One(entry));
+        }
+        if let Some(field) = envelope
+            .as_object()
+            .and_then(|o| o.keys().find(|k| *k != "type" && *k != "entries"))
+        {
+            return Err(Invalid::new(format!(
+                "unknown field `{field}` in settle.batch"
+            )));
+        }
+        let entries = envelope
+            .get("entries")
+            .and_then(Value::as_array)
+            .ok_or_else(|| Invalid::new("`entries` must be an array of settle messages"))?;
+        if entries.is_empty() || entries.len() > MAX_SETTLE_BATCH {
+            return Err(Invalid::new(format!(
+                "a settle.batch holds 1 to {MAX_SETTLE_BATCH} entries, got {}",
+                entries.len()
+            )));
+        }
+        Ok(Self::Batch(
+            entries
+                .iter()
+                .map(|body| {
+                    decode_typed::<SettleRequest>(body)
+                        .and_then(|entry| entry.validate().map(|()| entry))
+                        .map_err(|invalid| BadEntry {
+                            body: body.clone(),
+                            invalid,
+                        })
+                })
+                .collect(),
+        ))
+    }
+}
+
+impl SettleRequest {
+    /// Checks ids, the asset name and the movement: a known reason, the
+    /// sign its direction asks for and a bounded amount (the ledger's rules,
+    /// `ledger/reasons.rs`).
+    pub fn validate(&self) -> Result<(), Invalid> {
+        check_entry_id(&self.entry_id)?;
+        check_id("asset", &self.asset)?;
+        check_account("account", self.account)?;
+        crate::ledger::reasons::check_movement(&self.reason, self.amount).map_err(Invalid::new)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_refs_are_written_as_the_ledger_reads_them() {
+        let text = |r: EntryRef| {
+            let entry = SettleRequest::fleet("e", 1, "coin", 5, "lottery", r);
+            serde_json::to_string(&entry.reference).unwrap()
+        };
+        assert_eq!(text(EntryRef::pool("rp-1")), r#"{"pool":"rp-1"}"#);
+        assert_eq!(
+            text(EntryRef::prize("act", "r1")),
+            r#"{"pool":"act","request_id":"r1"}"#
+        );
+        assert_eq!(
+            text(EntryRef {
+                share: Some(3),
+                ..EntryRef::prize("rp-1", "r1")
+            }),
+            r#"{"pool":"rp-1","request_id":"r1","share":3}"#
+        );
+        assert_eq!(
+            text(EntryRef {
+                version: Some(2),
+                ..EntryRef::prize("gift-1", "r1")
+            }),
+            r#"{"pool":"gift-1","request_id":"r1","version":2}"#
+        );
+    }
+}
