@@ -10,9 +10,9 @@ use clap::{Parser, Subcommand};
 // the workers link: it sees the library as any other user does.
 #[path = "../../bench/mod.rs"]
 mod bench;
-mod worker;
 #[path = "worker/healthcheck.rs"]
 mod healthcheck;
+mod worker;
 
 // The benchmark's load generator allocates for every request and reply, and
 // a worker small buffers for every message.

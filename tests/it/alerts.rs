@@ -108,7 +108,10 @@ fn every_alert_is_tested_firing_and_silent() {
     let alerts: BTreeSet<String> = alert_names(&read(RULES)).into_iter().collect();
     assert!(alerts.len() >= 8, "{alerts:?}");
     assert_eq!(firing, alerts, "alerts without a test that fires them");
-    assert_eq!(silent, alerts, "alerts without a test where they stay silent");
+    assert_eq!(
+        silent, alerts,
+        "alerts without a test where they stay silent"
+    );
 }
 
 /// The PrometheusRule's `spec` is a rule file: its lines under `spec:`,

@@ -871,10 +871,7 @@ fn the_image_ships_one_binary_on_a_distroless_base_and_every_command_the_deploy_
         .next()
         .unwrap();
     assert_eq!(exec_form(healthcheck), ["prizepool", "healthcheck"]);
-    let cmd = instructions
-        .iter()
-        .find(|i| i.starts_with("CMD "))
-        .unwrap();
+    let cmd = instructions.iter().find(|i| i.starts_with("CMD ")).unwrap();
     assert!(shipped.contains(&exec_form(cmd)[0]), "{cmd}");
 
     // Every container of the chart runs a command the image ships.
@@ -886,7 +883,11 @@ fn the_image_ships_one_binary_on_a_distroless_base_and_every_command_the_deploy_
         {
             for c in pod(workload)["spec"]["containers"].as_array().unwrap() {
                 let command = c["command"][0].as_str().unwrap();
-                assert!(shipped.contains(command), "{set}: {}: {command}", name(workload));
+                assert!(
+                    shipped.contains(command),
+                    "{set}: {}: {command}",
+                    name(workload)
+                );
                 run.insert(command.to_owned());
             }
         }
@@ -907,7 +908,10 @@ fn the_image_ships_one_binary_on_a_distroless_base_and_every_command_the_deploy_
             assert_eq!(test[2], "healthcheck", "{service}");
         }
     }
-    assert_eq!(run, shipped, "a shipped name that nothing runs, or the reverse");
+    assert_eq!(
+        run, shipped,
+        "a shipped name that nothing runs, or the reverse"
+    );
 }
 
 /// A directory laid out as the image's `/usr/local/bin`: `prizepool` and
@@ -949,8 +953,14 @@ fn the_prizepool_binary_is_each_worker_under_its_name() {
             .unwrap();
         let help = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{worker}: {help}");
-        assert!(help.contains(&format!("Consumes {queue}:")), "{worker}: {help}");
-        assert!(help.contains(&format!("Usage: {worker}")), "{worker}: {help}");
+        assert!(
+            help.contains(&format!("Consumes {queue}:")),
+            "{worker}: {help}"
+        );
+        assert!(
+            help.contains(&format!("Usage: {worker}")),
+            "{worker}: {help}"
+        );
         assert!(help.contains("AMQP_URL"), "{worker}: {help}");
         // The same as the worker's own binary says.
         let own = Command::new(own).arg("--help").output().unwrap();
@@ -962,7 +972,10 @@ fn the_prizepool_binary_is_each_worker_under_its_name() {
         .output()
         .unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
-    assert!(help.contains("healthcheck") && help.contains("migrate"), "{help}");
+    assert!(
+        help.contains("healthcheck") && help.contains("migrate"),
+        "{help}"
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }
 
