@@ -1,5 +1,7 @@
 //! The `prizepool` command line: pools, draws, balances, dead letters, the
-//! demo and the benchmark.
+//! demo and the benchmark. Invoked as `draw-worker`, `refill-worker` or
+//! `settle-worker` (a link to it under that name), it is that worker: the
+//! release image ships this one binary for all four.
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -8,8 +10,12 @@ use clap::{Parser, Subcommand};
 // the workers link: it sees the library as any other user does.
 #[path = "../../bench/mod.rs"]
 mod bench;
+#[path = "worker/healthcheck.rs"]
+mod healthcheck;
+mod worker;
 
-// The benchmark's load generator allocates for every request and reply.
+// The benchmark's load generator allocates for every request and reply, and
+// a worker small buffers for every message.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -27,6 +33,9 @@ enum Command {
     Library(prizepool::cli::Command),
     /// Measure throughput, latency and cost against the machine's ceilings.
     Bench(bench::BenchArgs),
+    /// Ask the worker in this container whether it is ready (its ops
+    /// endpoint's /readyz): exit 0 if it answers 200, else 1.
+    Healthcheck(healthcheck::HealthcheckArgs),
 }
 
 async fn run(command: Command) -> anyhow::Result<()> {
@@ -36,14 +45,18 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let config = prizepool::config::Config::from_env().context("reading configuration")?;
             bench::run(&config, args).await
         }
+        Command::Healthcheck(args) => healthcheck::run(&args),
     }
 }
 
 fn main() -> std::process::ExitCode {
+    if let Some(worker) = worker::Worker::invoked_as(std::env::args_os().next().as_deref()) {
+        return worker.main();
+    }
     let cli = Cli::parse();
     let log_filter = match &cli.command {
         Command::Library(command) => command.default_log_filter(),
-        Command::Bench(_) => "warn",
+        Command::Bench(_) | Command::Healthcheck(_) => "warn",
     };
     prizepool::telemetry::init("prizepool", log_filter);
     // The demo runs whole workers and wants a runtime thread per core; the

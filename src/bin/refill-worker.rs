@@ -3,28 +3,13 @@
 
 use std::process::ExitCode;
 
-use prizepool::{
-    config::Config,
-    ops::{self, Dependency},
-    telemetry,
-};
+mod worker;
 
 // A worker allocates small buffers for every message; mimalloc spends far
 // less CPU on them than the system allocator (see docs/performance.md).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const SERVICE: &str = "refill-worker";
-const ABOUT: &str =
-    "Consumes prizepool.refill: stocks lucky-gift batches, creates and expires red packets.";
-
-#[tokio::main]
-async fn main() -> ExitCode {
-    telemetry::init(SERVICE, telemetry::WORKER_LOG_FILTER);
-    let config = match Config::from_args(SERVICE, ABOUT) {
-        Ok(config) => config,
-        Err(exit) => return exit,
-    };
-    let needs = [Dependency::Broker, Dependency::Redis, Dependency::Postgres];
-    ops::run_worker(SERVICE, config, &needs, prizepool::refill::run).await
+fn main() -> ExitCode {
+    worker::Worker::Refill.main()
 }

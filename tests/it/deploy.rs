@@ -774,6 +774,275 @@ fn the_image_runs_as_a_numeric_non_root_user_and_ships_no_build_context_secrets(
     }
 }
 
+/// The names the image puts on its PATH: the binary its build stage copies
+/// from `target/image/` and the links it makes to it.
+fn shipped_commands(dockerfile: &str) -> BTreeSet<String> {
+    let mut shipped = BTreeSet::new();
+    for line in dockerfile.lines() {
+        let words: Vec<&str> = line
+            .split_whitespace()
+            .filter(|w| *w != "&&" && *w != "\\")
+            .collect();
+        match words.as_slice() {
+            ["cp", from, "/out/bin/"] => {
+                shipped.insert(from.strip_prefix("target/image/").unwrap().to_owned());
+            }
+            ["ln", "-s", target, link] => {
+                assert_eq!(*target, "prizepool", "{line}");
+                shipped.insert(link.strip_prefix("/out/bin/").unwrap().to_owned());
+            }
+            _ => {}
+        }
+    }
+    shipped
+}
+
+/// A Dockerfile instruction's exec-form argument list (`CMD ["a", "b"]`).
+fn exec_form(instruction: &str) -> Vec<String> {
+    let start = instruction.find('[').expect("exec form");
+    serde_json::from_str(&instruction[start..]).unwrap()
+}
+
+#[test]
+fn the_image_ships_one_binary_on_a_distroless_base_and_every_command_the_deploy_files_run() {
+    let dockerfile = std::fs::read_to_string(format!("{ROOT}/deploy/Dockerfile")).unwrap();
+    let stages: Vec<&str> = dockerfile.split("\nFROM ").skip(1).collect();
+    assert_eq!(stages.len(), 2, "a build stage and a runtime stage");
+    let (build, runtime) = (stages[0], stages[1]);
+    // The build: the prizepool binary alone, without debug info; the three
+    // worker names are links to it.
+    assert!(build.starts_with("rust:") && build.contains("-bookworm AS build"));
+    assert!(build.contains("cargo build --profile image --locked --bin prizepool"));
+    let shipped = shipped_commands(&dockerfile);
+    assert_eq!(
+        shipped,
+        ["prizepool", "draw-worker", "refill-worker", "settle-worker"]
+            .map(String::from)
+            .into(),
+    );
+    // The runtime: distroless of the same Debian release (the same glibc),
+    // with nothing run in it (it has no shell) and nothing but the binary,
+    // its links and the examples added.
+    let base = runtime.lines().next().unwrap();
+    assert_eq!(base, "gcr.io/distroless/cc-debian12");
+    assert!(build.starts_with("rust:1.") && build.contains("bookworm"));
+    let instructions: Vec<&str> = runtime
+        .lines()
+        .skip(1)
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#') && !l.starts_with(' '))
+        .collect();
+    for i in &instructions {
+        let word = i.split_whitespace().next().unwrap();
+        assert!(
+            [
+                "COPY",
+                "WORKDIR",
+                "ENV",
+                "EXPOSE",
+                "USER",
+                "HEALTHCHECK",
+                "CMD"
+            ]
+            .contains(&word),
+            "the runtime stage runs or adds something: {i}"
+        );
+    }
+    let copies: Vec<&&str> = instructions
+        .iter()
+        .filter(|i| i.starts_with("COPY"))
+        .collect();
+    assert_eq!(
+        copies,
+        [
+            &"COPY --from=build /out/bin/ /usr/local/bin/",
+            &"COPY examples /opt/prizepool/examples"
+        ]
+    );
+    assert!(!runtime.contains("bash") && !runtime.contains("sh -c"));
+    // Its health check and its default command are binaries it ships.
+    let healthcheck = runtime
+        .split_once("HEALTHCHECK ")
+        .unwrap()
+        .1
+        .split_once("CMD ")
+        .unwrap()
+        .1
+        .lines()
+        .next()
+        .unwrap();
+    assert_eq!(exec_form(healthcheck), ["prizepool", "healthcheck"]);
+    let cmd = instructions.iter().find(|i| i.starts_with("CMD ")).unwrap();
+    assert!(shipped.contains(&exec_form(cmd)[0]), "{cmd}");
+
+    // Every container of the chart runs a command the image ships.
+    let mut run = BTreeSet::new();
+    for (set, objects) in renderings() {
+        for workload in objects
+            .iter()
+            .filter(|o| o["kind"] == "Deployment" || o["kind"] == "Job")
+        {
+            for c in pod(workload)["spec"]["containers"].as_array().unwrap() {
+                let command = c["command"][0].as_str().unwrap();
+                assert!(
+                    shipped.contains(command),
+                    "{set}: {}: {command}",
+                    name(workload)
+                );
+                run.insert(command.to_owned());
+            }
+        }
+    }
+    // So does every service built from the image, and its health check.
+    let compose = read_json(validated().join("compose.json"));
+    for (service, s) in compose["services"].as_object().unwrap() {
+        if s["image"] != "prizepool:local" {
+            continue;
+        }
+        let command = s["command"][0].as_str().unwrap();
+        assert!(shipped.contains(command), "{service}: {command}");
+        run.insert(command.to_owned());
+        if s["healthcheck"]["disable"] != true {
+            let test = &s["healthcheck"]["test"];
+            assert_eq!(test[0], "CMD", "{service}: exec form, no shell");
+            assert_eq!(test[1], "prizepool", "{service}");
+            assert_eq!(test[2], "healthcheck", "{service}");
+        }
+    }
+    assert_eq!(
+        run, shipped,
+        "a shipped name that nothing runs, or the reverse"
+    );
+}
+
+/// A directory laid out as the image's `/usr/local/bin`: `prizepool` and
+/// the three worker names as links to it.
+fn image_bin_dir() -> PathBuf {
+    let dir = common::tempdir("image-bin");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_prizepool"), dir.join("prizepool")).unwrap();
+    for worker in ["draw-worker", "refill-worker", "settle-worker"] {
+        std::os::unix::fs::symlink("prizepool", dir.join(worker)).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn the_prizepool_binary_is_each_worker_under_its_name() {
+    let dir = image_bin_dir();
+    for (worker, queue, own) in [
+        (
+            "draw-worker",
+            "prizepool.draw",
+            env!("CARGO_BIN_EXE_draw-worker"),
+        ),
+        (
+            "refill-worker",
+            "prizepool.refill",
+            env!("CARGO_BIN_EXE_refill-worker"),
+        ),
+        (
+            "settle-worker",
+            "prizepool.settle",
+            env!("CARGO_BIN_EXE_settle-worker"),
+        ),
+    ] {
+        // Run as the image runs it: by name, from the PATH.
+        let out = Command::new(worker)
+            .arg("--help")
+            .env("PATH", &dir)
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{worker}: {help}");
+        assert!(
+            help.contains(&format!("Consumes {queue}:")),
+            "{worker}: {help}"
+        );
+        assert!(
+            help.contains(&format!("Usage: {worker}")),
+            "{worker}: {help}"
+        );
+        assert!(help.contains("AMQP_URL"), "{worker}: {help}");
+        // The same as the worker's own binary says.
+        let own = Command::new(own).arg("--help").output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&own.stdout), help, "{worker}");
+    }
+    // Under its own name it is the command line.
+    let out = Command::new(dir.join("prizepool"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains("healthcheck") && help.contains("migrate"),
+        "{help}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// `prizepool healthcheck` as the image's HEALTHCHECK and Compose run it:
+/// in the worker's environment (METRICS_ADDR), against a worker started
+/// under its link name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthcheck_passes_while_the_worker_is_ready_and_fails_once_it_is_gone() {
+    let env = TestEnv::new(&[]).await;
+    let dir = image_bin_dir();
+    let port = common::free_port();
+    // As the worker binds it; the check asks the loopback address.
+    let metrics_addr = format!("0.0.0.0:{port}");
+    let mut worker = KillOnDrop(spawn_binary_with(
+        &env,
+        "draw-worker",
+        dir.join("draw-worker").to_str().unwrap(),
+        &[("METRICS_ADDR", &metrics_addr)],
+    ));
+    let check = |path: &str| {
+        Command::new(dir.join("prizepool"))
+            .args(["healthcheck", "--path", path])
+            .env("METRICS_ADDR", &metrics_addr)
+            .output()
+            .unwrap()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let ready = loop {
+        let out = check("/readyz");
+        if out.status.success() || tokio::time::Instant::now() > deadline {
+            break out;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let said = String::from_utf8_lossy(&ready.stdout);
+    assert!(
+        ready.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&ready.stderr)
+    );
+    assert!(said.contains(" 200 ") && said.contains("ready"), "{said}");
+    // The process behind the port is the draw worker.
+    let metrics = check("/metrics");
+    assert!(metrics.status.success());
+    let metrics = String::from_utf8_lossy(&metrics.stdout);
+    assert!(
+        metrics.lines().any(|l| l.starts_with("prizepool_ready{")
+            && l.contains(r#"worker="draw-worker""#)
+            && l.ends_with(" 1")),
+        "{metrics}"
+    );
+    // A path the endpoint does not serve, and a worker that is gone, fail.
+    let missing = check("/nothing");
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains(" 404 "));
+    worker.0.kill().unwrap();
+    worker.0.wait().unwrap();
+    let gone = check("/readyz");
+    assert_eq!(gone.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&gone.stderr).contains("connecting to 127.0.0.1:"),
+        "{}",
+        String::from_utf8_lossy(&gone.stderr)
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// `rabbitmqctl` on the shared broker, failing the test with its output.
 fn rabbitmqctl(args: &[&str]) -> String {
     let out = Command::new("rabbitmqctl").args(args).output().unwrap();

@@ -13,6 +13,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod alerts;
 mod answer_store;
 mod attacks;
 mod batch;
