@@ -240,7 +240,7 @@ async fn a_killed_master_without_the_pools_keys_stalls_no_draw_of_the_pool() {
         assert_eq!(replies[id][0]["status"], "ok", "{id}: {:?}", replies[id][0]);
     }
     assert!(
-        stall < Duration::from_millis(1_000),
+        stall < Duration::from_secs(2),
         "draws of the pool stalled {stall:?}"
     );
     for route in [prizepool::amqp::DRAW, prizepool::amqp::REFILL] {
