@@ -135,6 +135,51 @@ pub fn delay_queue(remaining_ms: u64) -> &'static str {
         .map_or(DELAY_TIERS[0].0, |(name, _)| name)
 }
 
+/// How long a delivery handed back after a transient failure waits in its
+/// queue's retry queue before it returns (see [`retry_queue`]).
+pub const RETRY_DELAY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The retry queue of `route`'s queue, `<queue>.retry`: a quorum queue
+/// whose messages wait [`RETRY_DELAY`] and then return to `<queue>` (through
+/// the default exchange, dead-lettered at least once). A consumer hands a
+/// delivery back there when a dependency stays away, so the delivery frees
+/// its slot meanwhile and its returns do not count towards the queue's
+/// delivery limit.
+pub fn retry_queue(route: Route) -> String {
+    format!("{}.retry", route.queue)
+}
+
+/// Declares `route`'s retry queue ([`retry_queue`]). Idempotent; every
+/// consumer of `route` declares it before it consumes.
+pub(crate) async fn declare_retry_queue(channel: &Channel, route: Route) -> anyhow::Result<()> {
+    let name = retry_queue(route);
+    let mut args = quorum();
+    args.insert(
+        "x-message-ttl".into(),
+        AMQPValue::LongLongInt(RETRY_DELAY.as_millis() as i64),
+    );
+    args.insert("x-dead-letter-exchange".into(), text(""));
+    args.insert("x-dead-letter-routing-key".into(), text(route.queue));
+    args.insert("x-dead-letter-strategy".into(), text("at-least-once"));
+    args.insert("x-overflow".into(), text("reject-publish"));
+    let options = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    channel
+        .queue_declare(name.as_str().into(), options, args)
+        .await
+        .with_context(|| format!("declaring queue {name}"))?;
+    Ok(())
+}
+
+/// Header of a handed-back copy (see [`retry_queue`]): how many times the
+/// request was handed back.
+pub const RETRIES_HEADER: &str = "x-prizepool-retries";
+/// Header of a handed-back copy: since when (unix milliseconds) the request
+/// has been failing.
+pub const FAILING_SINCE_HEADER: &str = "x-prizepool-failing-since";
+
 /// Header carrying the error code of a message we dead-lettered.
 pub const ERROR_CODE_HEADER: &str = "x-prizepool-error-code";
 /// Header carrying the human-readable reason of a message we dead-lettered.

@@ -274,4 +274,149 @@ mod tests {
             Err(HandleError::Invalid(_))
         ));
     }
+
+    use std::{borrow::Cow, io};
+
+    fn transient(e: impl Into<HandleError>) -> bool {
+        match e.into() {
+            HandleError::Transient(_) => true,
+            HandleError::Internal(_) => false,
+            HandleError::Invalid(i) => panic!("a server error is never bad input: {i}"),
+        }
+    }
+
+    fn io_error(kind: io::ErrorKind) -> redis::RedisError {
+        io::Error::new(kind, "test").into()
+    }
+
+    #[test]
+    fn redis_connection_and_cluster_errors_are_transient() {
+        for kind in [
+            io::ErrorKind::ConnectionRefused,
+            io::ErrorKind::ConnectionReset,
+            io::ErrorKind::BrokenPipe,
+            io::ErrorKind::TimedOut,
+            io::ErrorKind::UnexpectedEof,
+            io::ErrorKind::Other,
+        ] {
+            assert!(transient(io_error(kind)), "{kind:?}");
+        }
+        for kind in [
+            redis::ServerErrorKind::Moved,
+            redis::ServerErrorKind::Ask,
+            redis::ServerErrorKind::TryAgain,
+            redis::ServerErrorKind::ClusterDown,
+            redis::ServerErrorKind::MasterDown,
+            redis::ServerErrorKind::BusyLoading,
+            redis::ServerErrorKind::ReadOnly,
+        ] {
+            let e = redis::RedisError::from((redis::ErrorKind::Server(kind), "test"));
+            assert!(transient(e), "{kind:?}");
+        }
+        assert!(transient(redis::RedisError::from((
+            redis::ErrorKind::ClusterConnectionNotFound,
+            "test"
+        ))));
+        for code in ["BUSY", "LOADING", "OOM", "MISCONF"] {
+            let e = redis::make_extension_error(code.into(), Some("test".into()));
+            assert!(transient(e), "{code}");
+        }
+    }
+
+    #[test]
+    fn redis_script_type_and_parse_errors_are_internal() {
+        for kind in [
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            redis::ErrorKind::Server(redis::ServerErrorKind::ExecAbort),
+            redis::ErrorKind::Server(redis::ServerErrorKind::NoScript),
+            redis::ErrorKind::Server(redis::ServerErrorKind::CrossSlot),
+            redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm),
+            redis::ErrorKind::UnexpectedReturnType,
+            redis::ErrorKind::Parse,
+            redis::ErrorKind::Client,
+            redis::ErrorKind::InvalidClientConfig,
+        ] {
+            let e = redis::RedisError::from((kind, "test"));
+            assert!(!transient(e), "{kind:?}");
+        }
+        // A script's `redis.error_reply("…")` with a code of its own.
+        let e = redis::make_extension_error("BADPOOL".into(), Some("corrupt".into()));
+        assert!(!transient(e));
+    }
+
+    /// A Postgres error with only a SQLSTATE, as the driver would report it.
+    #[derive(Debug)]
+    struct Sqlstate(&'static str);
+
+    impl std::fmt::Display for Sqlstate {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "SQLSTATE {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Sqlstate {}
+
+    impl sqlx::error::DatabaseError for Sqlstate {
+        fn message(&self) -> &str {
+            "test"
+        }
+        fn code(&self) -> Option<Cow<'_, str>> {
+            Some(Cow::Borrowed(self.0))
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    fn database(code: &'static str) -> sqlx::Error {
+        sqlx::Error::Database(Box::new(Sqlstate(code)))
+    }
+
+    #[test]
+    fn sqlx_connection_pool_and_passing_server_states_are_transient() {
+        for e in [
+            sqlx::Error::Io(io::Error::new(io::ErrorKind::ConnectionReset, "test")),
+            sqlx::Error::Tls("handshake".into()),
+            sqlx::Error::Protocol("unexpected message".into()),
+            sqlx::Error::PoolTimedOut,
+            sqlx::Error::PoolClosed,
+            sqlx::Error::WorkerCrashed,
+        ] {
+            let text = e.to_string();
+            assert!(transient(e), "{text}");
+        }
+        for code in [
+            "08000", "08003", "08006", "08001", "08004", "40001", "40P01", "53000", "53100",
+            "53200", "53300", "57P01", "57P02", "57P03", "57014", "55P03", "25006",
+        ] {
+            assert!(transient(database(code)), "{code}");
+        }
+    }
+
+    #[test]
+    fn sqlx_statement_and_decoding_errors_are_internal() {
+        for e in [
+            sqlx::Error::RowNotFound,
+            sqlx::Error::ColumnNotFound("x".into()),
+            sqlx::Error::Decode("bad".into()),
+            sqlx::Error::Configuration("bad".into()),
+        ] {
+            let text = e.to_string();
+            assert!(!transient(e), "{text}");
+        }
+        for code in [
+            "23505", "23503", "22012", "22003", "42P01", "42703", "P0001", "XX000", "40002",
+        ] {
+            assert!(!transient(database(code)), "{code}");
+        }
+    }
 }

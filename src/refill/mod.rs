@@ -130,6 +130,12 @@ impl Handler for RefillWorker {
         &[ledger::ENTRIES]
     }
 
+    fn lane(&self, envelope: &Value) -> Option<&'static str> {
+        // Red-packet creates and expiries need Postgres; refills do not.
+        let kind = envelope.get("type")?.as_str()?;
+        kind.starts_with("redpacket.").then_some("postgres")
+    }
+
     async fn handle(
         &self,
         envelope: &Value,

@@ -39,6 +39,7 @@ mod fleet;
 mod fleet_view;
 mod graceful;
 mod graceful_burst;
+mod hand_back;
 mod hostile;
 mod hot_pools;
 mod lottery;
