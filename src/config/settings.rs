@@ -89,7 +89,7 @@ struct Settings {
     #[arg(long, env = "RESULT_TTL_S", value_name = "SECONDS", default_value_t = 90_000,
           value_parser = clap::value_parser!(u64).range(MIN_RESULT_TTL_S..))]
     result_ttl_s: u64,
-    /// How long transient failures are retried quietly before each retry is logged as an error; the delivery is kept until the server is back (milliseconds).
+    /// How long a message may fail for a transient cause (a server away) before each hand-back to its retry queue is logged as an error instead of a warning; the message is retried until the server is back (milliseconds).
     #[arg(
         long,
         env = "TRANSIENT_RETRY_MS",
