@@ -653,3 +653,64 @@ pub async fn run(
     let worker = AuditWorker::of_fleet(db, redis, &config.redis_prefix, key);
     amqp::run(&config, Arc::new(worker), health, shutdown).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::messages::{Prize, PrizeRun};
+
+    fn prize(combo: &str, multiplier: u64) -> Prize {
+        Prize::Multiplier {
+            multiplier,
+            combo: combo.to_owned(),
+        }
+    }
+
+    #[test]
+    fn the_prizes_digest_is_sha256_of_one_line_per_prize() {
+        // As docs/fairness.md spells it: `<combo> <multiplier>` LF each.
+        let digest = prizes_sha256([("a", 5), ("b", 0)]);
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(
+            hex,
+            "b6cf6c8d01c0f78673c8d48238b68d14cf0206fdf1c8affe52e1dea1150737e0"
+        );
+    }
+
+    #[test]
+    fn only_a_listed_draw_of_one_run_without_parked_jackpots_is_lean() {
+        let run = |generation, position, count| PrizeRun {
+            generation,
+            position,
+            count,
+        };
+        let draw = DrawResult {
+            prizes: vec![prize("a", 5), prize("b", 0)],
+            positions: vec![run(3, 10, 2)],
+            ..DrawResult::default()
+        };
+        let (kept, digest) = lean_form(&draw).unwrap();
+        assert_eq!(kept, run(3, 10, 2));
+        assert_eq!(digest, prizes_sha256([("a", 5), ("b", 0)]));
+        // Across a batch boundary, with a parked jackpot, or runs that do
+        // not account for the prizes: the full form.
+        let across = DrawResult {
+            positions: vec![run(3, 10, 1), run(4, 0, 1)],
+            ..draw.clone()
+        };
+        assert!(lean_form(&across).is_none());
+        let parked = DrawResult {
+            held_back: vec![crate::messages::BatchPosition {
+                generation: 3,
+                position: 12,
+            }],
+            ..draw.clone()
+        };
+        assert!(lean_form(&parked).is_none());
+        let short = DrawResult {
+            positions: vec![run(3, 10, 3)],
+            ..draw
+        };
+        assert!(lean_form(&short).is_none());
+    }
+}

@@ -363,7 +363,7 @@ fn judge_written<'e>(
     entries: &[&'e SettleRequest],
     at: &[usize],
     is_written: &[bool],
-    balances: &mut HashMap<(i64, &str), Running>,
+    balances: &mut HashMap<(i64, &'e str), Running>,
     verdicts: &mut [Option<Verdict>],
 ) -> Result<HashMap<&'e str, Verdict>, sqlx::Error> {
     let mut refused_ids = HashMap::new();
