@@ -37,7 +37,11 @@ impl DrawWriter {
     /// Records `draws` (one delivery's), in a statement shared with the
     /// draws of deliveries that arrive meanwhile; returns once they are
     /// committed (or could not be).
-    pub(super) async fn record(&self, db: &PgPool, draws: Vec<DrawResult>) -> Result<(), HandleError> {
+    pub(super) async fn record(
+        &self,
+        db: &PgPool,
+        draws: Vec<DrawResult>,
+    ) -> Result<(), HandleError> {
         if !draws.iter().any(super::records_anything) {
             return Ok(());
         }

@@ -319,7 +319,10 @@ async fn lock_unmoved(
     .bind(&assets)
     .fetch_all(&mut *conn)
     .await?;
-    locked.extend(rows.into_iter().map(|(account, asset, balance)| (account, asset, balance, false, 0)));
+    locked.extend(
+        rows.into_iter()
+            .map(|(account, asset, balance)| (account, asset, balance, false, 0)),
+    );
     Ok(())
 }
 

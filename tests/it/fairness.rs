@@ -532,12 +532,11 @@ async fn a_draw_across_a_batch_boundary_keeps_its_full_record() {
     .await
     .unwrap();
     assert_eq!(full, crossing);
-    let (lean,): (i64,) = sqlx::query_as(
-        "SELECT count(*) FROM fair_draws WHERE pool = 'edge' AND prizes IS NULL",
-    )
-    .fetch_one(&env.db)
-    .await
-    .unwrap();
+    let (lean,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM fair_draws WHERE pool = 'edge' AND prizes IS NULL")
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
     assert_eq!(lean as usize, results.len() - 1);
     let verdict = audit::verify(&env.db, "edge", None).await.unwrap();
     assert!(verdict.ok, "{verdict:?}");
