@@ -154,13 +154,15 @@ enum Prizes {
 
 impl Draw {
     /// The draw of `row`, or why it does not read.
-    fn of(row: DrawRow) -> Result<Self, Mismatch> {
+    fn of(row: DrawRow) -> Result<Self, Box<Mismatch>> {
         let (serial, request_id, generation, position, count, digest, prizes, runs, held_back) =
             row;
-        let broken = |reason: String| Mismatch {
-            request_id: Some(request_id.clone()),
-            serial: Some(serial),
-            ..Mismatch::about(reason)
+        let broken = |reason: String| {
+            Box::new(Mismatch {
+                request_id: Some(request_id.clone()),
+                serial: Some(serial),
+                ..Mismatch::about(reason)
+            })
         };
         let (runs, held_back, prizes) = match (generation, position, count, digest, prizes, runs) {
             (Some(generation), Some(position), Some(count), Some(digest), None, None) => {
@@ -316,7 +318,7 @@ async fn verify_batch(db: &PgPool, pool: &str, g: u64) -> Result<BatchVerdict, s
         verdict.draws_checked += 1;
         match Draw::of(row).and_then(|draw| walk.draw(&draw)) {
             Ok(prizes) => verdict.prizes_checked += prizes,
-            Err(mismatch) => return Ok(verdict.failed(mismatch)),
+            Err(mismatch) => return Ok(verdict.failed(*mismatch)),
         }
     }
     verdict.complete = walk.drawn.len() == order.len();
@@ -423,14 +425,16 @@ struct Walk<'a> {
 impl Walk<'_> {
     /// Checks one draw against the batch's order and takes its positions;
     /// returns how many of its prizes came from this batch.
-    fn draw(&mut self, draw: &Draw) -> Result<u64, Mismatch> {
-        let at = |position: u64, reason: &str, found: Option<(String, u64)>| Mismatch {
-            reason: reason.to_owned(),
-            request_id: Some(draw.request_id.clone()),
-            serial: Some(draw.serial),
-            position: Some(position),
-            expected: self.order.get(position as usize).cloned(),
-            found,
+    fn draw(&mut self, draw: &Draw) -> Result<u64, Box<Mismatch>> {
+        let at = |position: u64, reason: &str, found: Option<(String, u64)>| {
+            Box::new(Mismatch {
+                reason: reason.to_owned(),
+                request_id: Some(draw.request_id.clone()),
+                serial: Some(draw.serial),
+                position: Some(position),
+                expected: self.order.get(position as usize).cloned(),
+                found,
+            })
         };
         let mut checked = 0;
         let mut k = 0usize;
@@ -485,7 +489,7 @@ impl Walk<'_> {
 
     /// A lean draw: its one run's prizes in the batch order hash to the
     /// digest it was recorded with.
-    fn digest(&self, draw: &Draw, digest: &[u8]) -> Result<(), Mismatch> {
+    fn digest(&self, draw: &Draw, digest: &[u8]) -> Result<(), Box<Mismatch>> {
         let Some(run) = draw.runs.first().filter(|run| run.generation == self.g) else {
             return Ok(());
         };
@@ -501,7 +505,7 @@ impl Walk<'_> {
             return Ok(());
         }
         // The digest tells that a prize differs, not which one.
-        Err(Mismatch {
+        Err(Box::new(Mismatch {
             request_id: Some(draw.request_id.clone()),
             serial: Some(draw.serial),
             ..Mismatch::about(format!(
@@ -510,23 +514,23 @@ impl Walk<'_> {
                 run.position,
                 run.position + run.count - 1
             ))
-        })
+        }))
     }
 
     /// The jackpots a draw parked were not drawn before, nor parked twice.
-    fn held_back(&mut self, draw: &Draw) -> Result<(), Mismatch> {
+    fn held_back(&mut self, draw: &Draw) -> Result<(), Box<Mismatch>> {
         for h in draw.held_back.iter().filter(|h| h.generation == self.g) {
             if h.position as usize >= self.order.len()
                 || self.drawn.contains(&h.position)
                 || !self.parked.insert(h.position)
             {
-                return Err(Mismatch {
+                return Err(Box::new(Mismatch {
                     request_id: Some(draw.request_id.clone()),
                     serial: Some(draw.serial),
                     position: Some(h.position),
                     expected: self.order.get(h.position as usize).cloned(),
                     ..Mismatch::about("a parked position that was taken already")
-                });
+                }));
             }
         }
         Ok(())
