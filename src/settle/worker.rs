@@ -466,8 +466,9 @@ async fn book(
 /// Applies `entries` in one transaction, retrying with backoff while
 /// Postgres is unreachable: their verdicts, or the error with which
 /// Postgres refused them for good ([`ledger::is_permanent`]). Fails only
-/// on `shutdown` (unacked deliveries go back to the queue when the channel
-/// closes).
+/// when `shutdown` comes while Postgres is unreachable (unacked deliveries
+/// go back to the queue when the channel closes); an attempt under way is
+/// never cut short, so a stop lets a batch that is being written finish.
 async fn until_reachable(
     db: &PgPool,
     entries: &[&SettleRequest],
@@ -480,15 +481,30 @@ async fn until_reachable(
             .record(started.elapsed().as_secs_f64());
         result
     };
+    let stop = shutdown.clone();
+    // The wait between attempts ends early on a stop.
+    let sleep = move |delay: Duration| {
+        let stop = stop.clone();
+        async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = tokio::time::sleep(delay) => {}
+            }
+        }
+    };
     let booked = attempt
         .retry(outage_backoff())
-        .when(|error| !ledger::is_permanent(error))
+        .sleep(sleep)
+        .when(|error| !ledger::is_permanent(error) && !shutdown.is_cancelled())
         .notify(|error, delay| {
             tracing::warn!(%error, ?delay, "ledger unreachable; keeping the batch and retrying");
-        });
-    tokio::select! {
-        _ = shutdown.cancelled() => anyhow::bail!("shutdown while the ledger is unreachable"),
-        booked = booked => Ok(booked),
+        })
+        .await;
+    match booked {
+        Err(error) if !ledger::is_permanent(&error) => {
+            anyhow::bail!("shutdown while the ledger is unreachable: {error}")
+        }
+        booked => Ok(booked),
     }
 }
 
