@@ -22,6 +22,7 @@
 mod commitments;
 mod recorder;
 mod verify;
+mod writer;
 
 use std::{sync::Arc, time::Duration};
 
@@ -130,6 +131,14 @@ pub async fn record_draw(db: &PgPool, result: &DrawResult) -> Result<(), sqlx::E
 /// group costs Postgres one round trip however many draws it holds; a
 /// group with nothing to record costs none.
 pub async fn record_draws(db: &PgPool, results: &[DrawResult]) -> Result<(), sqlx::Error> {
+    record_draws_of(db, results.iter()).await
+}
+
+/// [`record_draws`] of the draws of several deliveries, in one statement.
+async fn record_draws_of<'a>(
+    db: &PgPool,
+    results: impl Iterator<Item = &'a DrawResult>,
+) -> Result<(), sqlx::Error> {
     let mut rows = Rows::default();
     for result in results {
         rows.push(result);
@@ -147,15 +156,22 @@ pub async fn record_draws(db: &PgPool, results: &[DrawResult]) -> Result<(), sql
         .bind(&rows.request_ids)
         .bind(&rows.users)
         .bind(&rows.versions)
-        .bind(&rows.prizes)
+        .bind(&rows.generations)
         .bind(&rows.positions)
+        .bind(&rows.counts)
+        .bind(&rows.digests)
+        .bind(&rows.prizes)
+        .bind(&rows.runs)
         .bind(&rows.held_back)
         .execute(db)
         .await?;
     Ok(())
 }
 
-/// The rows of a group of draws, as the columns `record_draws.sql` binds.
+/// The rows of a group of draws, as the columns `record_draws.sql` binds:
+/// each draw in the lean form (its one run and the digest of its prizes)
+/// or the full form (prizes, runs and parked jackpots as JSON), the other
+/// form's columns NULL.
 #[derive(Default)]
 struct Rows<'a> {
     reveal_pools: Vec<String>,
@@ -167,9 +183,13 @@ struct Rows<'a> {
     request_ids: Vec<&'a str>,
     users: Vec<i64>,
     versions: Vec<i64>,
-    prizes: Vec<Json<PrizesRecord<'a>>>,
-    positions: Vec<Json<&'a [crate::messages::PrizeRun]>>,
-    held_back: Vec<Json<&'a [crate::messages::BatchPosition]>>,
+    generations: Vec<Option<i64>>,
+    positions: Vec<Option<i64>>,
+    counts: Vec<Option<i64>>,
+    digests: Vec<Option<Vec<u8>>>,
+    prizes: Vec<Option<Json<PrizesRecord<'a>>>>,
+    runs: Vec<Option<Json<&'a [crate::messages::PrizeRun]>>>,
+    held_back: Vec<Option<Json<&'a [crate::messages::BatchPosition]>>>,
 }
 
 impl<'a> Rows<'a> {
@@ -189,31 +209,98 @@ impl<'a> Rows<'a> {
             self.reveal_versions.push(reveal.version);
             self.seeds.push(&reveal.seed);
         }
-        if !result.positions.is_empty() {
-            self.pools.push(pool);
-            self.serials.push(serial);
-            self.request_ids.push(&result.request_id);
-            self.users.push(user);
-            self.versions.push(version);
-            self.prizes.push(Json(match &result.prize_codes {
-                Some(codes) => PrizesRecord::Codes(codes),
-                None => PrizesRecord::List(&result.prizes),
-            }));
-            self.positions.push(Json(&result.positions));
-            self.held_back.push(Json(&result.held_back));
+        if result.positions.is_empty() {
+            return;
+        }
+        self.pools.push(pool);
+        self.serials.push(serial);
+        self.request_ids.push(&result.request_id);
+        self.users.push(user);
+        self.versions.push(version);
+        match lean_form(result) {
+            Some((run, digest)) => {
+                self.generations.push(Some(run.generation as i64));
+                self.positions.push(Some(run.position as i64));
+                self.counts.push(Some(run.count as i64));
+                self.digests.push(Some(digest.to_vec()));
+                self.prizes.push(None);
+                self.runs.push(None);
+                self.held_back.push(None);
+            }
+            None => {
+                self.generations.push(None);
+                self.positions.push(None);
+                self.counts.push(None);
+                self.digests.push(None);
+                self.prizes.push(Some(Json(match &result.prize_codes {
+                    Some(codes) => PrizesRecord::Codes(codes),
+                    None => PrizesRecord::List(&result.prizes),
+                })));
+                self.runs.push(Some(Json(&result.positions)));
+                self.held_back.push(Some(Json(&result.held_back)));
+            }
         }
     }
 }
 
-/// A draw's prizes as the trail keeps them (`fair_draws.prizes`): the
-/// form the draw was answered in, a list or, for a big draw, the compact
-/// `prize_codes` object, so a draw of 10,000 prizes is one small value and
-/// not a row per prize. The verifier reads both ([`verify`]).
+/// The lean record of a draw (its one run and [`prizes_sha256`] of its
+/// prizes) when it has one: a listed draw whose prizes came from one run
+/// of one batch, with no jackpot parked. `None` for every other draw,
+/// which is recorded in full.
+fn lean_form(result: &DrawResult) -> Option<(crate::messages::PrizeRun, [u8; 32])> {
+    let [run] = result.positions.as_slice() else {
+        return None;
+    };
+    if !result.held_back.is_empty()
+        || result.prize_codes.is_some()
+        || run.count == 0
+        || run.count != result.prizes.len() as u64
+    {
+        return None;
+    }
+    let mut prizes = Vec::with_capacity(result.prizes.len());
+    for prize in &result.prizes {
+        match prize {
+            crate::messages::Prize::Multiplier { multiplier, combo } => {
+                prizes.push((combo.as_str(), *multiplier))
+            }
+            _ => return None,
+        }
+    }
+    Some((*run, prizes_sha256(prizes)))
+}
+
+/// `fair_draws.prizes_sha256`: SHA-256 of a draw's prizes, one line
+/// `<combo> <multiplier>` LF each (the multiplier in decimal), in draw
+/// order. Combo ids are printable ASCII without spaces, so the lines read
+/// back one way only.
+pub fn prizes_sha256<'a>(prizes: impl IntoIterator<Item = (&'a str, u64)>) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    for (combo, multiplier) in prizes {
+        hash.update(combo.as_bytes());
+        hash.update(b" ");
+        hash.update(multiplier.to_string().as_bytes());
+        hash.update(b"\n");
+    }
+    hash.finalize().into()
+}
+
+/// A draw's prizes as the trail keeps them in the full form
+/// (`fair_draws.prizes`): the form the draw was answered in, a list or,
+/// for a big draw, the compact `prize_codes` object, so a draw of 10,000
+/// prizes is one small value and not a row per prize. The verifier reads
+/// both ([`verify`]).
 #[derive(serde::Serialize)]
 #[serde(untagged)]
 enum PrizesRecord<'a> {
     List(&'a [crate::messages::Prize]),
     Codes(&'a crate::messages::PrizeCodes),
+}
+
+/// Whether `result` leaves anything in the trail: a draw or a seed.
+fn records_anything(result: &DrawResult) -> bool {
+    recordable(result).is_some() && !(result.positions.is_empty() && result.revealed.is_empty())
 }
 
 /// The pool, user, serial and config version of a draw the trail records
@@ -255,6 +342,8 @@ pub struct AuditWorker {
     sealer: FleetSealer,
     /// `LEDGER_SEAL_KEY`, when set.
     key: Option<String>,
+    /// Writes the draws of concurrent deliveries together.
+    writer: writer::DrawWriter,
 }
 
 impl AuditWorker {
@@ -272,6 +361,7 @@ impl AuditWorker {
             prefix: prefix.to_owned(),
             sealer: FleetSealer::fixed(sealer),
             key: None,
+            writer: writer::DrawWriter::default(),
         }
     }
 
@@ -290,6 +380,7 @@ impl AuditWorker {
             prefix: prefix.to_owned(),
             sealer: FleetSealer::default(),
             key,
+            writer: writer::DrawWriter::default(),
         }
     }
 
@@ -387,7 +478,7 @@ impl AuditWorker {
         match kind {
             "draw.completed" => {
                 let result = self.checked_draws(std::slice::from_ref(event)).await?;
-                record_draws(&self.db, &result).await?;
+                self.writer.record(&self.db, result).await?;
             }
             "draw.completed.batch" => {
                 let events = event
@@ -395,7 +486,7 @@ impl AuditWorker {
                     .and_then(Value::as_array)
                     .ok_or_else(|| Invalid::new("draw.completed.batch without events"))?;
                 let checked = self.checked_draws(events).await?;
-                record_draws(&self.db, &checked).await?;
+                self.writer.record(&self.db, checked).await?;
             }
             "pool.refilled" => {
                 let raw = event;
@@ -561,4 +652,65 @@ pub async fn run(
     let key = config.ledger_seal_key.as_ref().map(|k| k.0.clone());
     let worker = AuditWorker::of_fleet(db, redis, &config.redis_prefix, key);
     amqp::run(&config, Arc::new(worker), health, shutdown).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::messages::{Prize, PrizeRun};
+
+    fn prize(combo: &str, multiplier: u64) -> Prize {
+        Prize::Multiplier {
+            multiplier,
+            combo: combo.to_owned(),
+        }
+    }
+
+    #[test]
+    fn the_prizes_digest_is_sha256_of_one_line_per_prize() {
+        // As docs/fairness.md spells it: `<combo> <multiplier>` LF each.
+        let digest = prizes_sha256([("a", 5), ("b", 0)]);
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(
+            hex,
+            "b6cf6c8d01c0f78673c8d48238b68d14cf0206fdf1c8affe52e1dea1150737e0"
+        );
+    }
+
+    #[test]
+    fn only_a_listed_draw_of_one_run_without_parked_jackpots_is_lean() {
+        let run = |generation, position, count| PrizeRun {
+            generation,
+            position,
+            count,
+        };
+        let draw = DrawResult {
+            prizes: vec![prize("a", 5), prize("b", 0)],
+            positions: vec![run(3, 10, 2)],
+            ..DrawResult::default()
+        };
+        let (kept, digest) = lean_form(&draw).unwrap();
+        assert_eq!(kept, run(3, 10, 2));
+        assert_eq!(digest, prizes_sha256([("a", 5), ("b", 0)]));
+        // Across a batch boundary, with a parked jackpot, or runs that do
+        // not account for the prizes: the full form.
+        let across = DrawResult {
+            positions: vec![run(3, 10, 1), run(4, 0, 1)],
+            ..draw.clone()
+        };
+        assert!(lean_form(&across).is_none());
+        let parked = DrawResult {
+            held_back: vec![crate::messages::BatchPosition {
+                generation: 3,
+                position: 12,
+            }],
+            ..draw.clone()
+        };
+        assert!(lean_form(&parked).is_none());
+        let short = DrawResult {
+            positions: vec![run(3, 10, 3)],
+            ..draw
+        };
+        assert!(lean_form(&short).is_none());
+    }
 }

@@ -120,13 +120,80 @@ enum RecordedPrizes {
     Codes(PrizeCodes),
 }
 
+/// A `fair_draws` row: serial, request id, then the lean form (generation,
+/// position, count, prizes' digest) or the full form (prizes, runs,
+/// parked jackpots), the other form NULL.
 type DrawRow = (
     i64,
     String,
-    Json<RecordedPrizes>,
-    Json<Vec<PrizeRun>>,
-    Json<Vec<BatchPosition>>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    Option<Vec<u8>>,
+    Option<Json<RecordedPrizes>>,
+    Option<Json<Vec<PrizeRun>>>,
+    Option<Json<Vec<BatchPosition>>>,
 );
+
+/// A recorded draw, either form, as the verifier walks it.
+struct Draw {
+    serial: i64,
+    request_id: String,
+    runs: Vec<PrizeRun>,
+    held_back: Vec<BatchPosition>,
+    prizes: Prizes,
+}
+
+/// What a recorded draw says it was given.
+enum Prizes {
+    /// The full form: each prize, in the order of the runs.
+    Listed(Vec<Prize>),
+    /// The lean form: SHA-256 of the prizes (`audit::prizes_sha256`).
+    Digest(Vec<u8>),
+}
+
+impl Draw {
+    /// The draw of `row`, or why it does not read.
+    fn of(row: DrawRow) -> Result<Self, Box<Mismatch>> {
+        let (serial, request_id, generation, position, count, digest, prizes, runs, held_back) =
+            row;
+        let broken = |reason: String| {
+            Box::new(Mismatch {
+                request_id: Some(request_id.clone()),
+                serial: Some(serial),
+                ..Mismatch::about(reason)
+            })
+        };
+        let (runs, held_back, prizes) = match (generation, position, count, digest, prizes, runs) {
+            (Some(generation), Some(position), Some(count), Some(digest), None, None) => {
+                let run = PrizeRun {
+                    generation: generation.unsigned_abs(),
+                    position: position.unsigned_abs(),
+                    count: count.unsigned_abs(),
+                };
+                (vec![run], Vec::new(), Prizes::Digest(digest))
+            }
+            (None, None, None, None, Some(Json(prizes)), Some(Json(runs))) => {
+                let prizes = match prizes {
+                    RecordedPrizes::List(prizes) => prizes,
+                    RecordedPrizes::Codes(codes) => codes
+                        .expand()
+                        .map_err(|e| broken(format!("the draw's prizes do not read: {e}")))?,
+                };
+                let held_back = held_back.map(|Json(h)| h).unwrap_or_default();
+                (runs, held_back, Prizes::Listed(prizes))
+            }
+            _ => return Err(broken("the draw's record is in neither form".into())),
+        };
+        Ok(Self {
+            serial,
+            request_id,
+            runs,
+            held_back,
+            prizes,
+        })
+    }
+}
 
 /// Verifies the batches of `pool` (all recorded ones, or `generation`).
 pub async fn verify(
@@ -194,22 +261,15 @@ pub fn merged(pool: &str, verdicts: Vec<Verdict>) -> Verdict {
     }
 }
 
+/// The rows of one batch: its recorded commitments (version, commitment,
+/// size, composition), and its reveal (version, seed) if any.
+type StoredBatch = (
+    Vec<(i64, String, i64, Json<Vec<ComboStock>>)>,
+    Option<(i64, String)>,
+);
+
 async fn verify_batch(db: &PgPool, pool: &str, g: u64) -> Result<BatchVerdict, sqlx::Error> {
-    let rows: Vec<(i64, String, i64, Json<Vec<ComboStock>>)> = sqlx::query_as(
-        "SELECT version, commitment, size, composition FROM fair_batches
-         WHERE pool = $1 AND generation = $2 ORDER BY version",
-    )
-    .bind(pool)
-    .bind(g as i64)
-    .fetch_all(db)
-    .await?;
-    let reveal: Option<(i64, String)> = sqlx::query_as(
-        "SELECT version, seed FROM fair_reveals WHERE pool = $1 AND generation = $2",
-    )
-    .bind(pool)
-    .bind(g as i64)
-    .fetch_optional(db)
-    .await?;
+    let (rows, reveal) = load_batch(db, pool, g).await?;
     let mut verdict = BatchVerdict {
         pool: pool.to_owned(),
         generation: g,
@@ -223,46 +283,107 @@ async fn verify_batch(db: &PgPool, pool: &str, g: u64) -> Result<BatchVerdict, s
         complete: false,
         first_mismatch: None,
     };
-    let fail = |mut v: BatchVerdict, m: Mismatch| {
-        v.status = "mismatch";
-        v.first_mismatch = Some(m);
-        Ok(v)
-    };
     // One seed per batch: a second commitment would let the operator pick.
     if rows.iter().any(|r| r.1 != rows[0].1) {
-        return fail(
-            verdict,
-            Mismatch::about("several commitments are recorded for this batch"),
-        );
+        return Ok(verdict.failed(Mismatch::about(
+            "several commitments are recorded for this batch",
+        )));
     }
-    let Some((version, seed_hex)) = reveal else {
+    let Some(reveal) = reveal else {
         verdict.status = "unrevealed";
         return Ok(verdict);
     };
+    let order = match batch_order(db, pool, g, rows, reveal, &mut verdict).await? {
+        Ok(order) => order,
+        Err(mismatch) => return Ok(verdict.failed(mismatch)),
+    };
+    let draws: Vec<DrawRow> = sqlx::query_as(
+        "SELECT serial, request_id, generation, position, count, prizes_sha256,
+                prizes, positions, held_back FROM fair_draws
+         WHERE pool = $1 AND (generation = $3 OR positions @> $2 OR held_back @> $2)
+         ORDER BY serial",
+    )
+    .bind(pool)
+    .bind(Json(serde_json::json!([{ "generation": g }])))
+    .bind(g as i64)
+    .fetch_all(db)
+    .await?;
+    let mut walk = Walk {
+        g,
+        order: &order,
+        drawn: HashSet::new(),
+        parked: HashSet::new(),
+    };
+    for row in draws {
+        verdict.draws_checked += 1;
+        match Draw::of(row).and_then(|draw| walk.draw(&draw)) {
+            Ok(prizes) => verdict.prizes_checked += prizes,
+            Err(mismatch) => return Ok(verdict.failed(*mismatch)),
+        }
+    }
+    verdict.complete = walk.drawn.len() == order.len();
+    Ok(verdict)
+}
+
+impl BatchVerdict {
+    fn failed(mut self, mismatch: Mismatch) -> Self {
+        self.status = "mismatch";
+        self.first_mismatch = Some(mismatch);
+        self
+    }
+}
+
+/// The commitments recorded for batch `g` of `pool` and its reveal.
+async fn load_batch(db: &PgPool, pool: &str, g: u64) -> Result<StoredBatch, sqlx::Error> {
+    let rows = sqlx::query_as(
+        "SELECT version, commitment, size, composition FROM fair_batches
+         WHERE pool = $1 AND generation = $2 ORDER BY version",
+    )
+    .bind(pool)
+    .bind(g as i64)
+    .fetch_all(db)
+    .await?;
+    let reveal = sqlx::query_as(
+        "SELECT version, seed FROM fair_reveals WHERE pool = $1 AND generation = $2",
+    )
+    .bind(pool)
+    .bind(g as i64)
+    .fetch_optional(db)
+    .await?;
+    Ok((rows, reveal))
+}
+
+/// The order of a revealed batch, once its seed is checked against its
+/// commitment (and against every other batch's, for reuse) and the order
+/// has the committed size; the first thing that does not hold otherwise.
+/// Fills in `verdict`'s seed, version, commitment and size.
+async fn batch_order(
+    db: &PgPool,
+    pool: &str,
+    g: u64,
+    rows: Vec<(i64, String, i64, Json<Vec<ComboStock>>)>,
+    (version, seed_hex): (i64, String),
+    verdict: &mut BatchVerdict,
+) -> Result<Result<Vec<(String, u64)>, Mismatch>, sqlx::Error> {
     verdict.seed = Some(seed_hex.clone());
     verdict.version = Some(version);
     let Some(seed) = Seed::from_hex(&seed_hex) else {
-        return fail(
-            verdict,
-            Mismatch::about("the revealed seed is not 64 hex digits"),
-        );
+        return Ok(Err(Mismatch::about(
+            "the revealed seed is not 64 hex digits",
+        )));
     };
     let Some((_, commitment, size, Json(composition))) = rows.into_iter().find(|r| r.0 == version)
     else {
-        return fail(
-            verdict,
-            Mismatch::about(format!(
-                "no commitment is recorded for this batch under config version {version}"
-            )),
-        );
+        return Ok(Err(Mismatch::about(format!(
+            "no commitment is recorded for this batch under config version {version}"
+        ))));
     };
     verdict.commitment = Some(commitment.clone());
     verdict.size = Some(size.unsigned_abs());
     if seed.commitment() != commitment {
-        return fail(
-            verdict,
-            Mismatch::about("SHA-256 of the revealed seed is not the commitment"),
-        );
+        return Ok(Err(Mismatch::about(
+            "SHA-256 of the revealed seed is not the commitment",
+        )));
     }
     // A seed must never serve two batches: whoever knows one batch's order
     // would know the other's.
@@ -278,65 +399,53 @@ async fn verify_batch(db: &PgPool, pool: &str, g: u64) -> Result<BatchVerdict, s
     .fetch_optional(db)
     .await?;
     if let Some((other, other_g)) = reused {
-        return fail(
-            verdict,
-            Mismatch::about(format!(
-                "the seed is reused: batch {other_g} of pool {other} has the same commitment"
-            )),
-        );
+        return Ok(Err(Mismatch::about(format!(
+            "the seed is reused: batch {other_g} of pool {other} has the same commitment"
+        ))));
     }
     let order = lucky_gift_order(&seed, pool, g, version, &composition);
     if order.len() as u64 != size.unsigned_abs() {
-        return fail(
-            verdict,
-            Mismatch::about(format!(
-                "the composition holds {} prizes, the commitment says {size}",
-                order.len()
-            )),
-        );
+        return Ok(Err(Mismatch::about(format!(
+            "the composition holds {} prizes, the commitment says {size}",
+            order.len()
+        ))));
     }
-    let draws: Vec<DrawRow> = sqlx::query_as(
-        "SELECT serial, request_id, prizes, positions, held_back FROM fair_draws
-         WHERE pool = $1 AND (positions @> $2 OR held_back @> $2) ORDER BY serial",
-    )
-    .bind(pool)
-    .bind(Json(serde_json::json!([{ "generation": g }])))
-    .fetch_all(db)
-    .await?;
-    let mut drawn: HashSet<u64> = HashSet::new();
-    let mut parked: HashSet<u64> = HashSet::new();
-    for (serial, request_id, Json(recorded), Json(runs), Json(held_back)) in draws {
-        verdict.draws_checked += 1;
-        let prizes = match recorded {
-            RecordedPrizes::List(prizes) => prizes,
-            RecordedPrizes::Codes(codes) => match codes.expand() {
-                Ok(prizes) => prizes,
-                Err(e) => {
-                    return fail(
-                        verdict,
-                        Mismatch {
-                            request_id: Some(request_id),
-                            serial: Some(serial),
-                            ..Mismatch::about(format!("the draw's prizes do not read: {e}"))
-                        },
-                    )
-                }
-            },
+    Ok(Ok(order))
+}
+
+/// The walk of batch `g`'s recorded draws in serial order: the positions
+/// drawn and parked so far.
+struct Walk<'a> {
+    g: u64,
+    order: &'a [(String, u64)],
+    drawn: HashSet<u64>,
+    parked: HashSet<u64>,
+}
+
+impl Walk<'_> {
+    /// Checks one draw against the batch's order and takes its positions;
+    /// returns how many of its prizes came from this batch.
+    fn draw(&mut self, draw: &Draw) -> Result<u64, Box<Mismatch>> {
+        let at = |position: u64, reason: &str, found: Option<(String, u64)>| {
+            Box::new(Mismatch {
+                reason: reason.to_owned(),
+                request_id: Some(draw.request_id.clone()),
+                serial: Some(draw.serial),
+                position: Some(position),
+                expected: self.order.get(position as usize).cloned(),
+                found,
+            })
         };
-        let at = |position: u64, reason: &str, found: Option<(String, u64)>| Mismatch {
-            reason: reason.to_owned(),
-            request_id: Some(request_id.clone()),
-            serial: Some(serial),
-            position: Some(position),
-            expected: order.get(position as usize).cloned(),
-            found,
-        };
+        let mut checked = 0;
         let mut k = 0usize;
-        for run in &runs {
+        for run in &draw.runs {
             for position in run.position..run.position + run.count {
-                let prize = prizes.get(k);
+                let prize = match &draw.prizes {
+                    Prizes::Listed(prizes) => prizes.get(k),
+                    Prizes::Digest(_) => None,
+                };
                 k += 1;
-                if run.generation != g {
+                if run.generation != self.g {
                     continue;
                 }
                 let found = match prize {
@@ -345,50 +454,85 @@ async fn verify_batch(db: &PgPool, pool: &str, g: u64) -> Result<BatchVerdict, s
                     }
                     _ => None,
                 };
-                if position as usize >= order.len() {
-                    return fail(
-                        verdict,
-                        at(position, "a position past the end of the batch", found),
-                    );
+                if position as usize >= self.order.len() {
+                    return Err(at(position, "a position past the end of the batch", found));
                 }
-                if !drawn.insert(position) {
-                    return fail(verdict, at(position, "a position drawn twice", found));
+                if !self.drawn.insert(position) {
+                    return Err(at(position, "a position drawn twice", found));
                 }
-                if found.as_ref() != order.get(position as usize) {
-                    return fail(
-                        verdict,
-                        at(
-                            position,
-                            "the prize is not the one the seed puts there",
-                            found,
-                        ),
-                    );
+                if matches!(draw.prizes, Prizes::Listed(_))
+                    && found.as_ref() != self.order.get(position as usize)
+                {
+                    return Err(at(
+                        position,
+                        "the prize is not the one the seed puts there",
+                        found,
+                    ));
                 }
-                verdict.prizes_checked += 1;
+                checked += 1;
             }
         }
-        if k != prizes.len() {
-            return fail(
-                verdict,
-                at(
+        match &draw.prizes {
+            Prizes::Listed(prizes) if k != prizes.len() => {
+                return Err(at(
                     0,
                     "the positions do not account for the draw's prizes",
                     None,
-                ),
-            );
+                ))
+            }
+            Prizes::Listed(_) => {}
+            Prizes::Digest(digest) => self.digest(draw, digest)?,
         }
-        for h in held_back.iter().filter(|h| h.generation == g) {
-            if h.position as usize >= order.len()
-                || drawn.contains(&h.position)
-                || !parked.insert(h.position)
+        self.held_back(draw)?;
+        Ok(checked)
+    }
+
+    /// A lean draw: its one run's prizes in the batch order hash to the
+    /// digest it was recorded with.
+    fn digest(&self, draw: &Draw, digest: &[u8]) -> Result<(), Box<Mismatch>> {
+        let Some(run) = draw.runs.first().filter(|run| run.generation == self.g) else {
+            return Ok(());
+        };
+        let start = run.position as usize;
+        // In range: `draw` took every position of the run.
+        let Some(prizes) = self.order.get(start..start + run.count as usize) else {
+            return Ok(());
+        };
+        let expected = prizes
+            .iter()
+            .map(|(combo, multiplier)| (combo.as_str(), *multiplier));
+        if super::prizes_sha256(expected).as_slice() == digest {
+            return Ok(());
+        }
+        // The digest tells that a prize differs, not which one.
+        Err(Box::new(Mismatch {
+            request_id: Some(draw.request_id.clone()),
+            serial: Some(draw.serial),
+            ..Mismatch::about(format!(
+                "the draw's prizes are not the ones the seed puts at positions {} to {} \
+                 (the SHA-256 of its prizes differs)",
+                run.position,
+                run.position + run.count - 1
+            ))
+        }))
+    }
+
+    /// The jackpots a draw parked were not drawn before, nor parked twice.
+    fn held_back(&mut self, draw: &Draw) -> Result<(), Box<Mismatch>> {
+        for h in draw.held_back.iter().filter(|h| h.generation == self.g) {
+            if h.position as usize >= self.order.len()
+                || self.drawn.contains(&h.position)
+                || !self.parked.insert(h.position)
             {
-                return fail(
-                    verdict,
-                    at(h.position, "a parked position that was taken already", None),
-                );
+                return Err(Box::new(Mismatch {
+                    request_id: Some(draw.request_id.clone()),
+                    serial: Some(draw.serial),
+                    position: Some(h.position),
+                    expected: self.order.get(h.position as usize).cloned(),
+                    ..Mismatch::about("a parked position that was taken already")
+                }));
             }
         }
+        Ok(())
     }
-    verdict.complete = drawn.len() == order.len();
-    Ok(verdict)
 }

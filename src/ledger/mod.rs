@@ -21,10 +21,11 @@
 //!
 //! A batch is written in one transaction: its new entries are inserted
 //! first (which serialises concurrent writers of one id) and the balances
-//! they touch are locked in a fixed order, both in one statement
-//! (`insert.sql`); each entry is judged in batch order
-//! against its running balance, and the refused ones are taken out again
-//! before the commit.
+//! they touch are locked in a fixed order and moved by the sum of their
+//! entries, all in one statement (`insert.sql`); each entry is judged in
+//! batch order against its running balance, and the refused ones are taken
+//! out again, with the balances they moved, before the commit. A batch
+//! whose entries all land costs that one statement and the commit.
 
 mod entries;
 mod fleet_key;
@@ -215,13 +216,50 @@ async fn judge(
     at: &[usize],
     verdicts: &mut [Option<Verdict>],
 ) -> Result<(), sqlx::Error> {
-    // The entries written and the balances they touch, locked.
+    let (is_written, mut locked) = insert_and_lock(conn, columns, at.len()).await?;
+    if is_written.iter().any(|w| !w) {
+        judge_repeats(conn, columns, at, &is_written, verdicts).await?;
+    }
+    lock_unmoved(conn, entries, at, &is_written, &mut locked).await?;
+    let mut balances: HashMap<(i64, &str), Running> = locked
+        .iter()
+        .map(|(account, asset, stored, created, moved)| {
+            let running = Running {
+                balance: stored - moved,
+                stored: *stored,
+                created: *created,
+                moved: false,
+            };
+            ((*account, asset.as_str()), running)
+        })
+        .collect();
+    let refused_ids = judge_written(entries, at, &is_written, &mut balances, verdicts)?;
+    if !refused_ids.is_empty() {
+        take_back(conn, entries, at, &is_written, &refused_ids, verdicts).await?;
+    }
+    write_balances(conn, &balances).await
+}
+
+/// A balance locked for the batch: account, asset, the balance the row
+/// holds now, whether the batch created the row, and the sum `insert.sql`
+/// moved it by (0 when it did not).
+type Locked = (i64, String, i64, bool, i64);
+
+/// Writes the new entries of `columns` (`n` of them) and locks the balances
+/// they touch (`insert.sql`): which entries were written, by position, and
+/// the balances locked.
+async fn insert_and_lock(
+    conn: &mut PgConnection,
+    columns: &Columns<'_>,
+    n: usize,
+) -> Result<(Vec<bool>, Vec<Locked>), sqlx::Error> {
     type Row = (
         Option<i64>,
         Option<i64>,
         Option<String>,
         Option<i64>,
         Option<bool>,
+        Option<i64>,
     );
     let rows: Vec<Row> = sqlx::query_as(include_str!("insert.sql"))
         .bind(&columns.ids)
@@ -232,13 +270,13 @@ async fn judge(
         .bind(&columns.refs)
         .fetch_all(&mut *conn)
         .await?;
-    let mut is_written = vec![false; at.len()];
+    let mut is_written = vec![false; n];
     let mut locked = Vec::new();
     for row in rows {
         match row {
-            (Some(n), None, None, None, None) => *position(&mut is_written, n)? = true,
-            (None, Some(account), Some(asset), Some(balance), Some(created)) => {
-                locked.push((account, asset, balance, created))
+            (Some(n), None, None, None, None, None) => *position(&mut is_written, n)? = true,
+            (None, Some(account), Some(asset), Some(balance), Some(created), Some(moved)) => {
+                locked.push((account, asset, balance, created, moved))
             }
             other => {
                 return Err(sqlx::Error::Protocol(format!(
@@ -247,44 +285,91 @@ async fn judge(
             }
         }
     }
+    Ok((is_written, locked))
+}
 
-    // Entries not written: the same entry again, or the id with other content.
-    if is_written.iter().any(|w| !w) {
-        let stored: Vec<(i64, bool)> = sqlx::query_as(include_str!("compare.sql"))
-            .bind(&columns.ids)
-            .bind(&columns.accounts)
-            .bind(&columns.assets)
-            .bind(&columns.amounts)
-            .bind(&columns.reasons)
-            .fetch_all(&mut *conn)
-            .await?;
-        for (n, same) in stored {
-            let k = usize::try_from(n - 1).unwrap_or(usize::MAX);
-            if !*position(&mut is_written, n)? {
-                verdicts[at[k]] = Some(if same {
-                    Verdict::Duplicate
-                } else {
-                    Verdict::Conflict
-                });
-            }
+/// Adds to `locked` the balances of written entries that `insert.sql` left
+/// where they were (their sum would have left the 64-bit range): locked by
+/// it all the same, so read as they stand.
+async fn lock_unmoved(
+    conn: &mut PgConnection,
+    entries: &[&SettleRequest],
+    at: &[usize],
+    is_written: &[bool],
+    locked: &mut Vec<Locked>,
+) -> Result<(), sqlx::Error> {
+    let mut missing: std::collections::HashSet<(i64, &str)> = is_written
+        .iter()
+        .zip(at)
+        .filter(|(written, _)| **written)
+        .map(|(_, &i)| (entries[i].account, entries[i].asset.as_str()))
+        .collect();
+    for (account, asset, ..) in locked.iter() {
+        missing.remove(&(*account, asset.as_str()));
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let (accounts, assets): (Vec<i64>, Vec<&str>) = missing.into_iter().unzip();
+    let rows: Vec<(i64, String, i64)> = sqlx::query_as(
+        "SELECT b.account, b.asset, b.balance FROM balances AS b \
+         JOIN unnest($1::bigint[], $2::text[]) AS v(account, asset) USING (account, asset)",
+    )
+    .bind(&accounts)
+    .bind(&assets)
+    .fetch_all(&mut *conn)
+    .await?;
+    locked.extend(
+        rows.into_iter()
+            .map(|(account, asset, balance)| (account, asset, balance, false, 0)),
+    );
+    Ok(())
+}
+
+/// The verdicts of the entries that were not written: the same entry again
+/// (a duplicate), or the id with other content (a conflict).
+async fn judge_repeats(
+    conn: &mut PgConnection,
+    columns: &Columns<'_>,
+    at: &[usize],
+    is_written: &[bool],
+    verdicts: &mut [Option<Verdict>],
+) -> Result<(), sqlx::Error> {
+    let stored: Vec<(i64, bool)> = sqlx::query_as(include_str!("compare.sql"))
+        .bind(&columns.ids)
+        .bind(&columns.accounts)
+        .bind(&columns.assets)
+        .bind(&columns.amounts)
+        .bind(&columns.reasons)
+        .fetch_all(&mut *conn)
+        .await?;
+    for (n, same) in stored {
+        let k = usize::try_from(n - 1)
+            .ok()
+            .filter(|&k| k < at.len())
+            .ok_or_else(|| sqlx::Error::Protocol(format!("position {n} out of range")))?;
+        if !is_written[k] {
+            verdicts[at[k]] = Some(if same {
+                Verdict::Duplicate
+            } else {
+                Verdict::Conflict
+            });
         }
     }
+    Ok(())
+}
 
-    // Each written entry in batch order, against its locked balance.
-    let mut balances: HashMap<(i64, &str), Running> = locked
-        .iter()
-        .map(|(account, asset, balance, created)| {
-            let running = Running {
-                balance: *balance,
-                created: *created,
-                moved: false,
-            };
-            ((*account, asset.as_str()), running)
-        })
-        .collect();
-    // The verdict of each id written now, for later entries of the batch
-    // that repeat it.
-    let mut refused_ids: HashMap<&str, Verdict> = HashMap::new();
+/// Judges each written entry in batch order against its locked balance,
+/// moving `balances`; returns the verdict of each id refused (it leaves the
+/// ledger again).
+fn judge_written<'e>(
+    entries: &[&'e SettleRequest],
+    at: &[usize],
+    is_written: &[bool],
+    balances: &mut HashMap<(i64, &'e str), Running>,
+    verdicts: &mut [Option<Verdict>],
+) -> Result<HashMap<&'e str, Verdict>, sqlx::Error> {
+    let mut refused_ids = HashMap::new();
     for (k, _) in is_written.iter().enumerate().filter(|(_, w)| **w) {
         let entry = entries[at[k]];
         let running = balances
@@ -297,17 +382,23 @@ async fn judge(
         }
         verdicts[at[k]] = Some(verdict);
     }
-    if refused_ids.is_empty() && balances.values().all(|r| r.moved) {
-        return write_balances(conn, &balances).await;
-    }
+    Ok(refused_ids)
+}
 
-    // A refused entry leaves the ledger again, and a later repeat of it in
-    // this batch shares its fate: a reply never promises what is not booked.
-    for k in 0..at.len() {
+/// Takes the refused entries out of the ledger again; a later repeat of one
+/// in this batch shares its fate: a reply never promises what is not booked.
+async fn take_back(
+    conn: &mut PgConnection,
+    entries: &[&SettleRequest],
+    at: &[usize],
+    is_written: &[bool],
+    refused_ids: &HashMap<&str, Verdict>,
+    verdicts: &mut [Option<Verdict>],
+) -> Result<(), sqlx::Error> {
+    for (k, &i) in at.iter().enumerate() {
         if is_written[k] {
             continue;
         }
-        let i = at[k];
         if let (Some(Verdict::Duplicate), Some(verdict)) =
             (&verdicts[i], refused_ids.get(entries[i].entry_id.as_str()))
         {
@@ -315,13 +406,11 @@ async fn judge(
         }
     }
     let ids: Vec<&str> = refused_ids.keys().copied().collect();
-    if !ids.is_empty() {
-        sqlx::query("DELETE FROM ledger_entries WHERE entry_id = ANY($1)")
-            .bind(&ids)
-            .execute(&mut *conn)
-            .await?;
-    }
-    write_balances(conn, &balances).await
+    sqlx::query("DELETE FROM ledger_entries WHERE entry_id = ANY($1)")
+        .bind(&ids)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
 }
 
 /// The 0-based slot of 1-based position `n` in `slots`.
@@ -335,6 +424,8 @@ fn position(slots: &mut [bool], n: i64) -> Result<&mut bool, sqlx::Error> {
 /// A locked balance while a batch is judged.
 struct Running {
     balance: i64,
+    /// What the row holds now (`insert.sql` moved it by the batch's sum).
+    stored: i64,
     /// Whether locking created the row (at zero).
     created: bool,
     moved: bool,
@@ -370,7 +461,9 @@ impl Running {
     }
 }
 
-/// Stores the moved balances and removes the rows created for nothing.
+/// Puts right the balances a refusal left other than `insert.sql` moved
+/// them, and removes the rows created for nothing; in the common case
+/// (every entry landed) there is nothing to write.
 async fn write_balances(
     conn: &mut PgConnection,
     balances: &HashMap<(i64, &str), Running>,
@@ -378,13 +471,13 @@ async fn write_balances(
     let mut moved = (Vec::new(), Vec::new(), Vec::new());
     let mut unused = (Vec::new(), Vec::new());
     for ((account, asset), running) in balances {
-        if running.moved {
+        if running.created && !running.moved {
+            unused.0.push(*account);
+            unused.1.push(*asset);
+        } else if running.balance != running.stored {
             moved.0.push(*account);
             moved.1.push(*asset);
             moved.2.push(running.balance);
-        } else if running.created {
-            unused.0.push(*account);
-            unused.1.push(*asset);
         }
     }
     if !moved.0.is_empty() {
@@ -539,6 +632,7 @@ mod tests {
     fn a_running_balance_refuses_overdrafts_and_overflows() {
         let mut r = Running {
             balance: 10,
+            stored: 10,
             created: false,
             moved: false,
         };

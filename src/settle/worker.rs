@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBuilder};
+use backon::{ExponentialBuilder, Retryable};
 use lapin::{message::Delivery, types::AMQPValue};
 use serde_json::Value;
 use sqlx::PgPool;
@@ -176,89 +176,146 @@ impl Fate {
 /// Postgres is away) goes back to the queue without it, so it is
 /// dead-lettered and answered once.
 async fn settle_batch(db: &PgPool, sealer: &ledger::Sealer, whole: &Batch) -> anyhow::Result<()> {
-    let (batch, publisher, replier, shutdown) = (
-        &whole.deliveries,
-        &whole.publisher,
-        &whole.replier,
-        &whole.shutdown,
-    );
-    let mut owned = Vec::with_capacity(batch.len());
-    let mut kinds = Vec::with_capacity(batch.len());
-    // A `settle.batch` entry that does not decode: dead-lettered, and named
-    // in its batch's reply.
-    let mut bad_parts: Vec<(usize, Option<String>, String)> = Vec::new();
-    // Their dead letters, sent once the batch is booked (so a batch that
-    // goes back to the queue unbooked has sent none of them).
-    let mut bad_bodies: Vec<(usize, Value, Invalid)> = Vec::new();
-    // Deliveries acked on their own already.
-    let mut acked = vec![false; batch.len()];
+    let mut read = read_batch(sealer, whole).await?;
+    metrics::histogram!("prizepool_settle_batch_entries").record(read.owned.len() as f64);
+
+    let fates = book(db, &read.owned, &whole.shutdown).await?;
+    for (at, body, invalid) in &read.bad_bodies {
+        dead_letter_entry(&whole.publisher, &whole.deliveries[*at], body, invalid).await?;
+    }
+    count(&fates);
+
+    // Dead letters and replies, all confirmed before the ack (replies on
+    // their own connection, `amqp::Replier`).
+    let (out, mut replies) = refusals(&whole.deliveries, &mut read, &fates)?;
+    replies.extend(ok_replies(&whole.deliveries, &mut read, &fates));
+    if !out.is_empty() {
+        whole.publisher.publish_all(out).await?;
+    }
+    if whole.replier.send(replies).await == amqp::Sent::GivenUp {
+        // The entries are booked: a requester still waiting sends them again
+        // and is answered from the ledger.
+        tracing::warn!("settle replies could not be delivered; their requesters are gone");
+    }
+    // Every delivery of the batch is settled now; the loop's acker sends
+    // one `multiple` ack for the run (those acked on their own are no
+    // longer outstanding and are skipped).
+    for (d, acked) in whole.deliveries.iter().zip(&read.acked) {
+        if !acked {
+            whole.settle(d, Settle::Ack);
+        }
+    }
+    Ok(())
+}
+
+/// A batch as read: its entries, what each delivery is, and what was bad.
+struct Read {
+    /// The entries to book, each with its delivery.
+    owned: Vec<Owned>,
+    /// What each delivery is, by index in the batch.
+    kinds: Vec<Kind>,
+    /// The refusals each delivery's reply lists so far (a `settle.batch`
+    /// entry that does not decode), by index in the batch.
+    refused_in: Vec<Vec<SettleRefusal>>,
+    /// The dead letters of those entries, sent once the batch is booked (so
+    /// a batch that goes back to the queue unbooked has sent none of them).
+    bad_bodies: Vec<(usize, Value, Invalid)>,
+    /// Deliveries acked on their own already.
+    acked: Vec<bool>,
+}
+
+/// Decodes and checks every delivery of `whole`: a message that is bad as
+/// a whole is dead-lettered, answered and acked at once; a bad entry of a
+/// `settle.batch` is set aside for its dead letter and its batch's reply.
+async fn read_batch(sealer: &ledger::Sealer, whole: &Batch) -> anyhow::Result<Read> {
+    let batch = &whole.deliveries;
+    let mut read = Read {
+        owned: Vec::with_capacity(batch.len()),
+        kinds: Vec::with_capacity(batch.len()),
+        refused_in: vec![Vec::new(); batch.len()],
+        bad_bodies: Vec::new(),
+        acked: vec![false; batch.len()],
+    };
     for (at, delivery) in batch.iter().enumerate() {
-        let decoded = decode_envelope(&delivery.data)
-            .and_then(|v| SettleMessage::decode(&v))
-            .and_then(|message| match message {
-                SettleMessage::One(entry) => {
-                    sealer.check(&entry).map(|()| SettleMessage::One(entry))
-                }
-                SettleMessage::Batch(entries) => Ok(SettleMessage::Batch(
-                    entries
-                        .into_iter()
-                        .map(|entry| {
-                            let entry = entry?;
-                            match sealer.check(&entry) {
-                                Ok(()) => Ok(entry),
-                                Err(invalid) => Err(BadEntry {
-                                    body: serde_json::to_value(&entry).unwrap_or_default(),
-                                    invalid,
-                                }),
-                            }
-                        })
-                        .collect(),
-                )),
-            });
-        match decoded {
+        match decode(sealer, &delivery.data) {
             Ok(SettleMessage::One(entry)) => {
-                kinds.push(Kind::One);
-                owned.push(Owned { entry, at });
+                read.kinds.push(Kind::One);
+                read.owned.push(Owned { entry, at });
             }
             Ok(SettleMessage::Batch(entries)) => {
-                kinds.push(Kind::Batch);
+                read.kinds.push(Kind::Batch);
                 for entry in entries {
                     match entry {
-                        Ok(entry) => owned.push(Owned { entry, at }),
-                        Err(bad) => {
-                            tracing::warn!(reason = %bad.invalid, "bad entry in a settle batch; dead-lettering it");
-                            metrics::counter!("prizepool_settle_entries_total", "outcome" => "refused", "reason" => "invalid")
-                                .increment(1);
-                            let id = bad
-                                .body
-                                .get("entry_id")
-                                .and_then(Value::as_str)
-                                .filter(|id| id.len() <= crate::messages::MAX_ENTRY_ID_LEN)
-                                .map(str::to_owned);
-                            bad_parts.push((at, id, bad.invalid.message.clone()));
-                            bad_bodies.push((at, bad.body, bad.invalid));
-                        }
+                        Ok(entry) => read.owned.push(Owned { entry, at }),
+                        Err(bad) => read.set_aside(at, bad),
                     }
                 }
             }
             Err(invalid) => {
                 tracing::warn!(reason = %invalid, "bad settle message; dead-lettering");
-                kinds.push(Kind::Answered);
+                read.kinds.push(Kind::Answered);
+                let (publisher, replier) = (&whole.publisher, &whole.replier);
                 publish_dead_letter(publisher, replier, delivery, amqp::SETTLE, &invalid).await?;
                 // Dead-lettered and answered, both confirmed: done with it,
                 // whatever becomes of the rest of the batch.
                 whole.settle(delivery, Settle::Ack);
-                acked[at] = true;
+                read.acked[at] = true;
             }
         }
     }
-    metrics::histogram!("prizepool_settle_batch_entries").record(owned.len() as f64);
+    Ok(read)
+}
 
-    let fates = book(db, &owned, shutdown).await?;
-    for (at, body, invalid) in &bad_bodies {
-        dead_letter_entry(publisher, &batch[*at], body, invalid).await?;
+impl Read {
+    /// Sets aside a `settle.batch` entry of delivery `at` that is bad: it is
+    /// dead-lettered once the batch is booked, and named in the reply.
+    fn set_aside(&mut self, at: usize, bad: BadEntry) {
+        tracing::warn!(reason = %bad.invalid, "bad entry in a settle batch; dead-lettering it");
+        metrics::counter!("prizepool_settle_entries_total", "outcome" => "refused", "reason" => "invalid")
+            .increment(1);
+        let id = bad
+            .body
+            .get("entry_id")
+            .and_then(Value::as_str)
+            .filter(|id| id.len() <= crate::messages::MAX_ENTRY_ID_LEN)
+            .map(str::to_owned);
+        self.refused_in[at].push(SettleRefusal {
+            entry_id: id,
+            code: ErrorCode::InvalidRequest,
+            message: Some(bad.invalid.message.clone()),
+        });
+        self.bad_bodies.push((at, bad.body, bad.invalid));
     }
-    for fate in &fates {
+}
+
+/// Decodes one delivery's body and checks the seal of each entry: a bad
+/// message as a whole is an error; a `settle.batch` keeps its bad entries
+/// in place, each as its [`BadEntry`].
+fn decode(sealer: &ledger::Sealer, data: &[u8]) -> Result<SettleMessage, Invalid> {
+    let message = decode_envelope(data).and_then(|v| SettleMessage::decode(&v))?;
+    match message {
+        SettleMessage::One(entry) => sealer.check(&entry).map(|()| SettleMessage::One(entry)),
+        SettleMessage::Batch(entries) => Ok(SettleMessage::Batch(
+            entries
+                .into_iter()
+                .map(|entry| {
+                    let entry = entry?;
+                    match sealer.check(&entry) {
+                        Ok(()) => Ok(entry),
+                        Err(invalid) => Err(BadEntry {
+                            body: serde_json::to_value(&entry).unwrap_or_default(),
+                            invalid,
+                        }),
+                    }
+                })
+                .collect(),
+        )),
+    }
+}
+
+/// Counts the fates of a batch's entries.
+fn count(fates: &[Fate]) {
+    for fate in fates {
         let (outcome, reason) = fate.labels();
         metrics::counter!("prizepool_settle_entries_total", "outcome" => outcome, "reason" => reason)
             .increment(1);
@@ -268,20 +325,18 @@ async fn settle_batch(db: &PgPool, sealer: &ledger::Sealer, whole: &Batch) -> an
         .filter(|f| matches!(f, Fate::Judged(Verdict::Applied)))
         .count();
     metrics::counter!("prizepool_ledger_entries_total").increment(applied as u64);
+}
 
-    // Dead letters and replies, all confirmed before the ack (replies on
-    // their own connection, `amqp::Replier`).
-    let mut out = Vec::new();
-    let mut replies = Vec::new();
-    let mut refused_in: Vec<Vec<SettleRefusal>> = vec![Vec::new(); batch.len()];
-    for (at, id, why) in bad_parts {
-        refused_in[at].push(SettleRefusal {
-            entry_id: id,
-            code: ErrorCode::InvalidRequest,
-            message: Some(why),
-        });
-    }
-    for (o, fate) in owned.iter().zip(&fates) {
+/// The dead letters and `rejected` replies of the refused entries; the
+/// refusals of `settle.batch` entries go to their batch's reply
+/// (`read.refused_in`).
+fn refusals(
+    batch: &[Delivery],
+    read: &mut Read,
+    fates: &[Fate],
+) -> anyhow::Result<(Vec<Outgoing>, Vec<Outgoing>)> {
+    let (mut out, mut replies) = (Vec::new(), Vec::new());
+    for (o, fate) in read.owned.iter().zip(fates) {
         let Some((code, why)) = fate.refusal(&o.entry) else {
             continue;
         };
@@ -290,32 +345,22 @@ async fn settle_batch(db: &PgPool, sealer: &ledger::Sealer, whole: &Batch) -> an
         // Bad input and what can never be booked go to the dead-letter
         // queue; a short balance is an answer, not a fault.
         let dead = code != ErrorCode::InsufficientFunds;
-        match kinds[o.at] {
+        match read.kinds[o.at] {
             Kind::Batch => {
                 if dead {
-                    out.push(dead_letter_copy(
-                        delivery,
-                        serde_json::to_vec(&o.entry)?,
-                        code,
-                        &why,
-                        false,
-                    ));
+                    let body = serde_json::to_vec(&o.entry)?;
+                    out.push(dead_letter_copy(delivery, body, code, &why, false));
                 }
-                refused_in[o.at].push(SettleRefusal {
+                read.refused_in[o.at].push(SettleRefusal {
                     entry_id: Some(o.entry.entry_id.clone()),
                     code,
-                    message: Some(why.clone()),
+                    message: Some(why),
                 });
             }
             Kind::One => {
                 if dead {
-                    out.push(dead_letter_copy(
-                        delivery,
-                        delivery.data.clone(),
-                        code,
-                        &why,
-                        true,
-                    ));
+                    let body = delivery.data.clone();
+                    out.push(dead_letter_copy(delivery, body, code, &why, true));
                 }
                 if let Some(to) = delivery.properties.reply_to() {
                     let request = decode_envelope(&delivery.data).ok();
@@ -330,20 +375,27 @@ async fn settle_batch(db: &PgPool, sealer: &ledger::Sealer, whole: &Batch) -> an
             Kind::Answered => {}
         }
     }
+    Ok((out, replies))
+}
 
-    // The `ok` replies: one per delivery that asked and was not answered.
+/// The `ok` replies: one per delivery that asked and was not answered.
+fn ok_replies(batch: &[Delivery], read: &mut Read, fates: &[Fate]) -> Vec<Outgoing> {
+    let landed = |at: usize| {
+        read.owned
+            .iter()
+            .zip(fates)
+            .filter(move |(o, f)| o.at == at && f.landed())
+            .map(|(o, _)| o)
+    };
+    let mut replies = Vec::new();
     for (at, d) in batch.iter().enumerate() {
         let Some(to) = d.properties.reply_to().as_ref() else {
             continue;
         };
-        let body = match kinds[at] {
+        let body = match read.kinds[at] {
             Kind::Answered => continue,
             Kind::One => {
-                let Some((o, _)) = owned
-                    .iter()
-                    .zip(&fates)
-                    .find(|(o, f)| o.at == at && f.landed())
-                else {
+                let Some(o) = landed(at).next() else {
                     continue;
                 };
                 SettleResult {
@@ -352,14 +404,9 @@ async fn settle_batch(db: &PgPool, sealer: &ledger::Sealer, whole: &Batch) -> an
                 }
             }
             Kind::Batch => {
-                let n = owned
-                    .iter()
-                    .zip(&fates)
-                    .filter(|(o, f)| o.at == at && f.landed())
-                    .count();
                 let mut body = SettleResult {
-                    entries: Some(n),
-                    refused: std::mem::take(&mut refused_in[at]),
+                    entries: Some(landed(at).count()),
+                    refused: std::mem::take(&mut read.refused_in[at]),
                     ..SettleResult::default()
                 };
                 fit_refusals(&mut body);
@@ -372,23 +419,16 @@ async fn settle_batch(db: &PgPool, sealer: &ledger::Sealer, whole: &Batch) -> an
             typed_json("settle_result", &body),
         ));
     }
-    if !out.is_empty() {
-        publisher.publish_all(out).await?;
-    }
-    if replier.send(replies).await == amqp::Sent::GivenUp {
-        // The entries are booked: a requester still waiting sends them again
-        // and is answered from the ledger.
-        tracing::warn!("settle replies could not be delivered; their requesters are gone");
-    }
-    // Every delivery of the batch is settled now; the loop's acker sends
-    // one `multiple` ack for the run (those acked on their own are no
-    // longer outstanding and are skipped).
-    for (d, acked) in batch.iter().zip(&acked) {
-        if !acked {
-            whole.settle(d, Settle::Ack);
-        }
-    }
-    Ok(())
+    replies
+}
+
+/// How long a batch waits between attempts while Postgres is unreachable.
+fn outage_backoff() -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_jitter()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(5))
+        .without_max_times()
 }
 
 /// Books `owned` in one transaction and returns each entry's fate. While
@@ -400,79 +440,72 @@ async fn book(
     owned: &[Owned],
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Vec<Fate>> {
-    let mut fates: Vec<Option<Fate>> = owned.iter().map(|_| None).collect();
-    let mut delays = ExponentialBuilder::default()
-        .with_jitter()
-        .with_min_delay(Duration::from_millis(100))
-        .with_max_delay(Duration::from_secs(5))
-        .without_max_times()
-        .build();
-    // Positions still to book.
-    let mut pending: Vec<usize> = (0..owned.len()).collect();
-    let mut alone = false;
-    while !pending.is_empty() {
-        let outcome = if alone {
-            book_alone(db, owned, &mut pending, &mut fates).await
-        } else {
-            let entries: Vec<&SettleRequest> = pending.iter().map(|&k| &owned[k].entry).collect();
-            let started = std::time::Instant::now();
-            let result = ledger::apply_each(db, &entries).await;
-            metrics::histogram!("prizepool_settle_commit_seconds")
-                .record(started.elapsed().as_secs_f64());
-            result.map(|verdicts| {
-                for (k, v) in pending.drain(..).zip(verdicts) {
-                    fates[k] = Some(Fate::Judged(v));
-                }
-            })
-        };
-        match outcome {
-            Ok(()) => {}
-            Err(error) if ledger::is_permanent(&error) => {
-                tracing::warn!(%error, "batch refused by Postgres; booking its entries one by one");
-                alone = true;
-            }
-            Err(error) => {
-                let delay = delays.next().unwrap_or(Duration::from_secs(5));
-                tracing::warn!(%error, ?delay, "ledger unreachable; keeping the batch and retrying");
-                tokio::select! {
-                    // Unacked deliveries go back to the queue when the channel closes.
-                    _ = shutdown.cancelled() => anyhow::bail!("shutdown while the ledger is unreachable"),
-                    _ = tokio::time::sleep(delay) => {}
-                }
-            }
+    let entries: Vec<&SettleRequest> = owned.iter().map(|o| &o.entry).collect();
+    if entries.is_empty() {
+        return Ok(Vec::new());
+    }
+    match until_reachable(db, &entries, shutdown).await? {
+        Ok(verdicts) => return Ok(verdicts.into_iter().map(Fate::Judged).collect()),
+        Err(error) => {
+            tracing::warn!(%error, "batch refused by Postgres; booking its entries one by one");
         }
     }
-    fates
-        .into_iter()
-        .map(|f| f.ok_or_else(|| anyhow::anyhow!("a settle entry was not booked")))
-        .collect()
+    let mut fates = Vec::with_capacity(entries.len());
+    for entry in entries {
+        fates.push(match until_reachable(db, &[entry], shutdown).await? {
+            Ok(mut verdicts) => verdicts
+                .pop()
+                .map(Fate::Judged)
+                .ok_or_else(|| anyhow::anyhow!("a settle entry was not booked"))?,
+            Err(error) => Fate::Failed(format!("refused by the ledger: {error}")),
+        });
+    }
+    Ok(fates)
 }
 
-/// Books the `pending` entries one transaction each, taking the booked and
-/// the failed ones off `pending`; stops at the first outage.
-async fn book_alone(
+/// Applies `entries` in one transaction, retrying with backoff while
+/// Postgres is unreachable: their verdicts, or the error with which
+/// Postgres refused them for good ([`ledger::is_permanent`]). Fails only
+/// when `shutdown` comes while Postgres is unreachable (unacked deliveries
+/// go back to the queue when the channel closes); an attempt under way is
+/// never cut short, so a stop lets a batch that is being written finish.
+async fn until_reachable(
     db: &PgPool,
-    owned: &[Owned],
-    pending: &mut Vec<usize>,
-    fates: &mut [Option<Fate>],
-) -> Result<(), sqlx::Error> {
-    while let Some(&k) = pending.first() {
+    entries: &[&SettleRequest],
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Result<Vec<Verdict>, sqlx::Error>> {
+    let attempt = || async {
         let started = std::time::Instant::now();
-        let result = ledger::apply_each(db, &[&owned[k].entry]).await;
+        let result = ledger::apply_each(db, entries).await;
         metrics::histogram!("prizepool_settle_commit_seconds")
             .record(started.elapsed().as_secs_f64());
-        match result {
-            Ok(mut verdicts) => {
-                fates[k] = verdicts.pop().map(Fate::Judged);
+        result
+    };
+    let stop = shutdown.clone();
+    // The wait between attempts ends early on a stop.
+    let sleep = move |delay: Duration| {
+        let stop = stop.clone();
+        async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = tokio::time::sleep(delay) => {}
             }
-            Err(error) if ledger::is_permanent(&error) => {
-                fates[k] = Some(Fate::Failed(format!("refused by the ledger: {error}")));
-            }
-            Err(error) => return Err(error),
         }
-        pending.remove(0);
+    };
+    let booked = attempt
+        .retry(outage_backoff())
+        .sleep(sleep)
+        .when(|error| !ledger::is_permanent(error) && !shutdown.is_cancelled())
+        .notify(|error, delay| {
+            tracing::warn!(%error, ?delay, "ledger unreachable; keeping the batch and retrying");
+        })
+        .await;
+    match booked {
+        Err(error) if !ledger::is_permanent(&error) => {
+            anyhow::bail!("shutdown while the ledger is unreachable: {error}")
+        }
+        booked => Ok(booked),
     }
-    Ok(())
 }
 
 /// Records how long the oldest message of the batch waited since it was

@@ -321,9 +321,19 @@ async fn use_up_batch_one(
     kinds: &Kinds,
     pool: &str,
 ) -> Vec<prizepool::messages::DrawResult> {
+    use_up_batch_one_by(env, kinds, pool, 8).await
+}
+
+/// [`use_up_batch_one`], `count` prizes a draw.
+async fn use_up_batch_one_by(
+    env: &TestEnv,
+    kinds: &Kinds,
+    pool: &str,
+    count: u32,
+) -> Vec<prizepool::messages::DrawResult> {
     let mut results = Vec::new();
-    for n in 0..20 {
-        match draw_and_record(env, kinds, pool, n, 8).await {
+    for n in 0..40 {
+        match draw_and_record(env, kinds, pool, n, count).await {
             Step::Awarded(a) => {
                 if let Some(r) = &a.refill {
                     refill(env, pool, r.trigger).await;
@@ -421,6 +431,16 @@ async fn a_sorted_batch_and_a_reused_seed_are_caught() {
     assert_eq!(honest.batches[0].status, "ok");
     assert!(honest.batches[0].complete, "{honest:?}");
     assert_eq!(honest.batches[0].prizes_checked, 80);
+    // Ordinary draws (one run of one batch each) are recorded lean: their
+    // run and the SHA-256 of their prizes, no value per prize.
+    let (lean, all): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE prizes IS NULL AND length(prizes_sha256) = 32), count(*)
+         FROM fair_draws WHERE pool = 'honest'",
+    )
+    .fetch_one(&env.db)
+    .await
+    .unwrap();
+    assert_eq!((lean, all), (10, 10));
     let sorted = audit::verify(&env.db, "sorted", Some(1)).await.unwrap();
     assert!(!sorted.ok, "{sorted:?}");
     let m = sorted.batches[0].first_mismatch.clone().unwrap();
@@ -480,6 +500,52 @@ async fn a_sorted_batch_and_a_reused_seed_are_caught() {
     assert!(!again.ok, "{again:?}");
     let reason = again.batches[0].first_mismatch.clone().unwrap().reason;
     assert!(reason.contains("reused"), "{reason}");
+}
+
+/// A draw across a batch boundary keeps its full record (its runs and
+/// prizes), the others the lean one; the verifier reads both, and checks
+/// every prize of the batch either way.
+#[tokio::test]
+async fn a_draw_across_a_batch_boundary_keeps_its_full_record() {
+    let env = TestEnv::new(&[]).await;
+    let kinds = Kinds::new(env.redis.clone(), &env.config.redis_prefix);
+    env.load(&pool_toml(
+        "edge",
+        "refill_at = 0.5\nmax_count = 100",
+        SMALL,
+    ))
+    .await;
+    // 7 prizes a draw: the 12th takes positions 77..79 of batch 1 and
+    // 0..3 of batch 2.
+    let results = use_up_batch_one_by(&env, &kinds, "edge", 7).await;
+    let crossing: Vec<&str> = results
+        .iter()
+        .filter(|r| r.positions.len() > 1)
+        .map(|r| r.request_id.as_str())
+        .collect();
+    assert_eq!(crossing.len(), 1, "{results:?}");
+    let full: Vec<String> = sqlx::query_scalar(
+        "SELECT request_id FROM fair_draws
+         WHERE pool = 'edge' AND prizes IS NOT NULL AND positions IS NOT NULL AND generation IS NULL",
+    )
+    .fetch_all(&env.db)
+    .await
+    .unwrap();
+    assert_eq!(full, crossing);
+    let (lean,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM fair_draws WHERE pool = 'edge' AND prizes IS NULL")
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
+    assert_eq!(lean as usize, results.len() - 1);
+    let verdict = audit::verify(&env.db, "edge", None).await.unwrap();
+    assert!(verdict.ok, "{verdict:?}");
+    let first = &verdict.batches[0];
+    assert_eq!((first.generation, first.status), (1, "ok"), "{verdict:?}");
+    assert!(first.complete, "{verdict:?}");
+    assert_eq!(first.prizes_checked, 80);
+    assert_eq!(first.draws_checked as usize, results.len());
+    assert_eq!(verdict.batches[1].status, "unrevealed", "{verdict:?}");
 }
 
 /// The positions a draw reply names, prize by prize: (generation, position).
@@ -611,7 +677,21 @@ async fn the_verifier_names_the_first_draw_of_a_tampered_batch() {
     assert_eq!(by_generation[&2].status, "mismatch");
     let m = by_generation[&2].first_mismatch.clone().unwrap();
     assert_eq!(m.request_id, tampered, "{m:?}");
-    assert_eq!(m.position, Some(i as u64));
+    // The draw is an ordinary one (one run of one batch), recorded by the
+    // SHA-256 of its prizes rather than the prizes: the verifier names it
+    // and the positions of its run, `i` among them, not the prize.
+    let tampered_positions: Vec<u64> = replies
+        .iter()
+        .find(|r| r["request_id"].as_str() == tampered.as_deref())
+        .map(|r| positions_of(r).into_iter().map(|(_, p)| p).collect())
+        .unwrap();
+    let (first, last) = (tampered_positions[0], *tampered_positions.last().unwrap());
+    assert!((first..=last).contains(&(i as u64)));
+    assert!(
+        m.reason.contains(&format!("positions {first} to {last}")) && m.reason.contains("SHA-256"),
+        "{m:?}"
+    );
+    assert_eq!(m.position, None, "{m:?}");
     // Batch 3 is committed (recorded before it was visible) and secret.
     assert_eq!(by_generation[&3].status, "unrevealed");
     let state = lucky_gift::fair_state(&mut redis, &env.keys("fair"))

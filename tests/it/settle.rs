@@ -717,3 +717,47 @@ async fn check_case(env: &TestEnv, case: i64, ops: &[Op]) {
         assert!(b >= 0);
     }
 }
+
+/// A balance the batch's sum would take out of the 64-bit range is locked
+/// but left where it is by the writing statement, and judged from where it
+/// stands: the credit is refused, the rest of the batch lands.
+#[tokio::test]
+async fn a_balance_at_the_edge_of_the_64_bit_range_is_judged_where_it_stands() {
+    let env = TestEnv::new(&[]).await;
+    // A balance from before the exact-range rules, near the 64-bit limit.
+    sqlx::query("INSERT INTO balances (account, asset, balance) VALUES (77, 'coin', $1)")
+        .bind(i64::MAX - 5)
+        .execute(&env.db)
+        .await
+        .unwrap();
+    let req = |id: &str, account: i64, amount: i64, reason: &str| {
+        prizepool::messages::SettleRequest::new(
+            id,
+            account,
+            "coin",
+            amount,
+            reason,
+            json!({"pool": "edge"}),
+        )
+    };
+    let over = req("edge-over", 77, 10, "topup");
+    let back = req("edge-back", 77, -3, "withdrawal");
+    let fine = req("edge-fine", 78, 10, "topup");
+    let verdicts = prizepool::ledger::apply_each(&env.db, &[&over, &back, &fine])
+        .await
+        .unwrap();
+    assert_eq!(
+        verdicts,
+        [
+            prizepool::ledger::Verdict::Overflow {
+                balance: i64::MAX - 5
+            },
+            prizepool::ledger::Verdict::Applied,
+            prizepool::ledger::Verdict::Applied,
+        ]
+    );
+    assert_eq!(balance(&env, 77).await, i64::MAX - 8);
+    assert_eq!(balance(&env, 78).await, 10);
+    assert!(rows(&env, "edge-over").await.is_empty());
+    assert_eq!(rows(&env, "edge-fine").await.len(), 1);
+}
