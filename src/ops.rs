@@ -121,6 +121,7 @@ pub const METRIC_HELP: &[(&str, &str)] = &[
     ("prizepool_draws_per_call", "Draws served by one call of a draw script (coalesced draws of one pool)"),
     ("prizepool_draws_total", "Draws answered, by prize kind and outcome (ok or the refusal's error code)"),
     ("prizepool_group_bodies", "Bodies per grouped message (settle.batch, draw.completed.batch), by type"),
+    ("prizepool_handed_back_total", "Deliveries handed back through their queue's retry queue while a server they need is away, by queue"),
     ("prizepool_handle_seconds", "Seconds a worker spent on one delivery, up to its reply, by queue"),
     ("prizepool_handler_panics_total", "Handler panics caught (the delivery is dead-lettered with code internal)"),
     ("prizepool_ledger_entries_total", "Ledger entries written by the settle worker (duplicates not counted)"),

@@ -42,7 +42,7 @@ impl DrawWriter {
         db: &PgPool,
         draws: Vec<DrawResult>,
     ) -> Result<(), HandleError> {
-        if !draws.iter().any(super::records_anything) {
+        if !draws.iter().any(super::records::records_anything) {
             return Ok(());
         }
         let (done, fate) = oneshot::channel();
@@ -75,7 +75,8 @@ impl DrawWriter {
 /// Writes `group` in one statement and tells each delivery its fate; after
 /// an error retrying cannot mend, writes each delivery's draws alone.
 async fn write_group(db: &PgPool, group: Vec<Waiting>) {
-    let result = super::record_draws_of(db, group.iter().flat_map(|(draws, _)| draws)).await;
+    let result =
+        super::records::record_draws_of(db, group.iter().flat_map(|(draws, _)| draws)).await;
     match result {
         // A delivery that is gone (stopped) finds its draws written when
         // it comes back; nobody needs its fate now.

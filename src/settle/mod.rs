@@ -36,6 +36,7 @@
 //! The ledger API lives in [`crate::ledger`]; the re-exports below keep the
 //! older paths working.
 
+mod lag;
 mod worker;
 
 /// Runs a settle worker and, beside it, the audit consumer

@@ -38,6 +38,7 @@
 //!   holds across versions.
 
 pub mod config;
+mod counters;
 mod ladder;
 mod wheel;
 
@@ -46,6 +47,7 @@ use redis::aio::ConnectionLike;
 use sqlx::PgPool;
 
 pub use config::{parse_file, ActivityConfig};
+pub use counters::{chances_left, stats, Stats};
 
 use crate::{
     amqp::HandleError,
@@ -268,84 +270,106 @@ pub async fn load<C: ConnectionLike + Send>(
     let mut tx = db.begin().await?;
     let mut versions = Vec::new();
     for a in activities {
-        sqlx::query("INSERT INTO pools (id, kind) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING")
-            .bind(&a.id)
-            .bind(KIND)
-            .execute(&mut *tx)
-            .await?;
-        let (kind,): (String,) = sqlx::query_as("SELECT kind FROM pools WHERE id = $1 FOR UPDATE")
-            .bind(&a.id)
-            .fetch_one(&mut *tx)
-            .await?;
-        anyhow::ensure!(
-            kind == KIND,
-            "id {:?} already names a {kind}, not an activity",
-            a.id
-        );
-        let previous: Option<(Option<String>,)> = sqlx::query_as(
-            "SELECT config->>'strategy' FROM activity_versions WHERE activity_id = $1 ORDER BY version DESC LIMIT 1",
-        )
-        .bind(&a.id)
-        .fetch_optional(&mut *tx)
-        .await?;
-        if let Some((Some(previous),)) = previous {
-            // Draw workers resolve an activity's strategy once and keep it.
-            anyhow::ensure!(
-                previous == a.strategy,
-                "activity {:?}: field `strategy`: cannot change from {previous:?} to {:?} on a loaded activity",
-                a.id,
-                a.strategy
-            );
-        }
-        let (version,): (i32,) = sqlx::query_as(
-            "SELECT coalesce(max(version), 0) + 1 FROM activity_versions WHERE activity_id = $1",
-        )
-        .bind(&a.id)
-        .fetch_one(&mut *tx)
-        .await?;
-        sqlx::query(
-            "INSERT INTO activity_versions (activity_id, version, config) VALUES ($1, $2, $3)",
-        )
-        .bind(&a.id)
-        .bind(version)
-        .bind(sqlx::types::Json(a))
-        .execute(&mut *tx)
-        .await?;
+        let version = store_version(&mut tx, a).await?;
         versions.push((a.id.clone(), version));
     }
     tx.commit().await?;
     for (a, (_, version)) in activities.iter().zip(&versions) {
-        let keys = PoolKeys::new(prefix, &a.id);
-        let prizes: Vec<String> = a
-            .prizes
-            .iter()
-            .map(|p| format!("{}:{}", p.id, p.weight))
-            .collect();
-        let consolation = a
-            .consolation
-            .as_ref()
-            .map(|c| format!("{}:{}", c.id, c.weight))
-            .unwrap_or_default();
-        let mut inv = scripts.configure_activity.key(keys.meta());
-        inv.key(keys.stock())
-            .key(keys.awarded())
-            .arg(version)
-            .arg(&a.strategy)
-            .arg(a.starts_at.timestamp_millis())
-            .arg(a.ends_at.timestamp_millis())
-            .arg(prizes.join(","))
-            .arg(consolation);
-        for p in &a.prizes {
-            inv.arg(&p.id).arg(p.stock);
-        }
-        let (status, detail): (String, String) = inv.invoke_async(redis).await?;
-        anyhow::ensure!(
-            status == "ok",
-            "activity {} not written to Redis: {status} {detail}",
-            a.id
-        );
+        configure(redis, scripts, prefix, a, *version).await?;
     }
     Ok(versions)
+}
+
+/// Records activity `a` as a new version in Postgres: its id stays an
+/// activity's and its strategy stays the one it was loaded with.
+async fn store_version(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    a: &ActivityConfig,
+) -> anyhow::Result<i32> {
+    sqlx::query("INSERT INTO pools (id, kind) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING")
+        .bind(&a.id)
+        .bind(KIND)
+        .execute(&mut **tx)
+        .await?;
+    let (kind,): (String,) = sqlx::query_as("SELECT kind FROM pools WHERE id = $1 FOR UPDATE")
+        .bind(&a.id)
+        .fetch_one(&mut **tx)
+        .await?;
+    anyhow::ensure!(
+        kind == KIND,
+        "id {:?} already names a {kind}, not an activity",
+        a.id
+    );
+    let previous: Option<(Option<String>,)> = sqlx::query_as(
+        "SELECT config->>'strategy' FROM activity_versions WHERE activity_id = $1 ORDER BY version DESC LIMIT 1",
+    )
+    .bind(&a.id)
+    .fetch_optional(&mut **tx)
+    .await?;
+    if let Some((Some(previous),)) = previous {
+        // Draw workers resolve an activity's strategy once and keep it.
+        anyhow::ensure!(
+            previous == a.strategy,
+            "activity {:?}: field `strategy`: cannot change from {previous:?} to {:?} on a loaded activity",
+            a.id,
+            a.strategy
+        );
+    }
+    let (version,): (i32,) = sqlx::query_as(
+        "SELECT coalesce(max(version), 0) + 1 FROM activity_versions WHERE activity_id = $1",
+    )
+    .bind(&a.id)
+    .fetch_one(&mut **tx)
+    .await?;
+    sqlx::query("INSERT INTO activity_versions (activity_id, version, config) VALUES ($1, $2, $3)")
+        .bind(&a.id)
+        .bind(version)
+        .bind(sqlx::types::Json(a))
+        .execute(&mut **tx)
+        .await?;
+    Ok(version)
+}
+
+/// Writes version `version` of activity `a` to Redis
+/// (`lua/configure_activity.lua`): its settings, and the stock of each
+/// prize it lists for the first time.
+async fn configure<C: ConnectionLike + Send>(
+    redis: &mut C,
+    scripts: &Scripts,
+    prefix: &str,
+    a: &ActivityConfig,
+    version: i32,
+) -> anyhow::Result<()> {
+    let keys = PoolKeys::new(prefix, &a.id);
+    let prizes: Vec<String> = a
+        .prizes
+        .iter()
+        .map(|p| format!("{}:{}", p.id, p.weight))
+        .collect();
+    let consolation = a
+        .consolation
+        .as_ref()
+        .map(|c| format!("{}:{}", c.id, c.weight))
+        .unwrap_or_default();
+    let mut inv = scripts.configure_activity.key(keys.meta());
+    inv.key(keys.stock())
+        .key(keys.awarded())
+        .arg(version)
+        .arg(&a.strategy)
+        .arg(a.starts_at.timestamp_millis())
+        .arg(a.ends_at.timestamp_millis())
+        .arg(prizes.join(","))
+        .arg(consolation);
+    for p in &a.prizes {
+        inv.arg(&p.id).arg(p.stock);
+    }
+    let (status, detail): (String, String) = inv.invoke_async(redis).await?;
+    anyhow::ensure!(
+        status == "ok",
+        "activity {} not written to Redis: {status} {detail}",
+        a.id
+    );
+    Ok(())
 }
 
 /// What a grant did.
@@ -393,131 +417,6 @@ pub async fn grant<C: ConnectionLike + Send>(
             )))
         }
     })
-}
-
-/// The chances `user` has left in the activity of `keys`, `None` when the
-/// user was never granted any: meta's `u:<user>`, or the chances hash of an
-/// activity loaded before the counters moved into meta.
-pub async fn chances_left<C: ConnectionLike + Send>(
-    conn: &mut C,
-    keys: &PoolKeys,
-    user: i64,
-) -> Result<Option<i64>, redis::RedisError> {
-    let (now, before): (Option<i64>, Option<i64>) = redis::pipe()
-        .cmd("HGET")
-        .arg(keys.meta())
-        .arg(format!("u:{user}"))
-        .cmd("HGET")
-        .arg(keys.chances())
-        .arg(user)
-        .query_async(conn)
-        .await?;
-    Ok(now.or(before))
-}
-
-/// An activity's counters for one day.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Stats {
-    pub activity: String,
-    pub day: String,
-    pub pv: u64,
-    pub uv: u64,
-    /// (prize, awarded, stock left; `None` for the consolation prize)
-    pub prizes: Vec<(String, u64, Option<u64>)>,
-}
-
-/// Meta's kind, prizes, consolation, counters, `c` and today's `pv`.
-type Meta = (
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-);
-
-/// Awards and stock left per prize id.
-type Counts = std::collections::HashMap<String, u64>;
-
-/// PV, UV and per-prize counts of `activity` on `day` (`YYYYMMDD`).
-pub async fn stats<C: ConnectionLike + Send>(
-    conn: &mut C,
-    keys: &PoolKeys,
-    activity: &str,
-    day: &str,
-) -> Result<Option<Stats>, redis::RedisError> {
-    let ((kind, prizes, consolation, counters, c, today), past_pv, uv): (Meta, Option<u64>, u64) =
-        redis::pipe()
-            .cmd("HMGET")
-            .arg(keys.meta())
-            .arg(&["kind", "prizes", "consolation", "counters", "c", "pv"])
-            .cmd("GET")
-            .arg(keys.pv(day))
-            .cmd("PFCOUNT")
-            .arg(keys.uv(day))
-            .query_async(conn)
-            .await?;
-    if kind.as_deref() != Some(KIND) {
-        return Ok(None);
-    }
-    let (awarded, stock) = if counters.as_deref() == Some("meta") {
-        counts_of(c.as_deref().unwrap_or_default())
-    } else {
-        redis::pipe()
-            .cmd("HGETALL")
-            .arg(keys.awarded())
-            .cmd("HGETALL")
-            .arg(keys.stock())
-            .query_async(conn)
-            .await?
-    };
-    let id_of = |entry: &str| entry.split(':').next().unwrap_or_default().to_owned();
-    let mut rows: Vec<(String, u64, Option<u64>)> = prizes
-        .unwrap_or_default()
-        .split(',')
-        .filter(|s| !s.is_empty())
-        .map(|entry| {
-            let id = id_of(entry);
-            let left = stock.get(&id).copied().unwrap_or(0);
-            (
-                id.clone(),
-                awarded.get(&id).copied().unwrap_or(0),
-                Some(left),
-            )
-        })
-        .collect();
-    if let Some(c) = consolation.filter(|c| !c.is_empty()) {
-        let id = id_of(&c);
-        rows.push((id.clone(), awarded.get(&id).copied().unwrap_or(0), None));
-    }
-    // Today's visits are meta's `pv` ("<day>:<n>") until the next day's
-    // first visit moves them to the day's own key.
-    let pv = match today.as_deref().and_then(|t| t.split_once(':')) {
-        Some((d, n)) if d == day => n.parse().unwrap_or(0),
-        _ => past_pv.unwrap_or(0),
-    };
-    Ok(Some(Stats {
-        activity: activity.to_owned(),
-        day: day.to_owned(),
-        pv,
-        uv,
-        prizes: rows,
-    }))
-}
-
-/// Awards and stock left per prize from meta's `c`
-/// ("<prize>:<stock left>:<awards>,...", `lua/lib/lottery.lua`).
-fn counts_of(c: &str) -> (Counts, Counts) {
-    let mut awarded = Counts::new();
-    let mut stock = Counts::new();
-    for entry in c.split(',') {
-        let mut parts = entry.split(':');
-        if let (Some(id), Some(left), Some(a)) = (parts.next(), parts.next(), parts.next()) {
-            stock.insert(id.to_owned(), left.parse().unwrap_or(0));
-            awarded.insert(id.to_owned(), a.parse().unwrap_or(0));
-        }
-    }
-    (awarded, stock)
 }
 
 #[cfg(test)]

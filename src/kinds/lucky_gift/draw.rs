@@ -291,24 +291,27 @@ async fn seam_step(
     award(ask, drawn, &table, replayed).map(|a| Step::Awarded(Box::new(a)))
 }
 
-/// The award of `drawn`: prizes decoded, the reward computed exactly, its
-/// ledger entry and the refill the draw triggered (sent again on a replay,
-/// in case the first attempt stopped before publishing it: the refill
-/// worker stocks one batch per trigger however often it is asked).
-fn award(
+/// The prizes of `codes` as the reply gives them, and their total
+/// multiplier. Up to PRIZE_LIST_MAX prizes the reply lists them one by one;
+/// past it, in the compact form, built from the pool's codes without a
+/// string per prize (docs/protocol.md, "Big draws").
+fn prizes_of(
     ask: &Ask<'_>,
-    drawn: Drawn,
+    codes: &[u32],
     table: &CodeTable,
-    replayed: bool,
-) -> Result<Award, HandleError> {
-    // Up to PRIZE_LIST_MAX prizes the reply lists them one by one; past it,
-    // in the compact form, built from the pool's codes without a string per
-    // prize (docs/protocol.md, "Big draws").
-    let compact = drawn.codes.len() > PRIZE_LIST_MAX;
-    let mut prizes = Vec::with_capacity(if compact { 0 } else { drawn.codes.len() });
+) -> Result<
+    (
+        Vec<Prize>,
+        Option<crate::messages::prize_codes::PrizeCodes>,
+        u64,
+    ),
+    HandleError,
+> {
+    let compact = codes.len() > PRIZE_LIST_MAX;
+    let mut prizes = Vec::with_capacity(if compact { 0 } else { codes.len() });
     let mut builder = crate::messages::prize_codes::Builder::default();
     let mut total: u64 = 0;
-    for &code in &drawn.codes {
+    for &code in codes {
         let (combo, multiplier) = table.decode(code).ok_or_else(|| {
             HandleError::internal(format!(
                 "code {code} is not in the table of pool {}",
@@ -327,7 +330,20 @@ fn award(
             });
         }
     }
-    let prize_codes = compact.then(|| builder.finish());
+    Ok((prizes, compact.then(|| builder.finish()), total))
+}
+
+/// The award of `drawn`: prizes decoded, the reward computed exactly, its
+/// ledger entry and the refill the draw triggered (sent again on a replay,
+/// in case the first attempt stopped before publishing it: the refill
+/// worker stocks one batch per trigger however often it is asked).
+fn award(
+    ask: &Ask<'_>,
+    drawn: Drawn,
+    table: &CodeTable,
+    replayed: bool,
+) -> Result<Award, HandleError> {
+    let (prizes, prize_codes, total) = prizes_of(ask, &drawn.codes, table)?;
     let reward = i64::try_from(total)
         .ok()
         .and_then(|t| t.checked_mul(drawn.unit_price))

@@ -229,6 +229,10 @@ mod tests {
         assert_eq!(d.codes, vec![1, 2, 3]);
         assert_eq!(d.asset, "item:a|b");
         assert_eq!(Drawn::parse("1|1|1|4||coin").unwrap().trigger, Some(4));
+    }
+
+    #[test]
+    fn packed_awards_read_their_varints_and_runs() {
         // The varints of a packed award.
         assert_eq!(read_varint(&[0x05]), Some((5, 1)));
         assert_eq!(read_varint(&[0x80, 0x80, 0x40]), Some((1 << 20, 3)));
@@ -243,6 +247,10 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn the_fairness_record_of_a_stored_answer_parses() {
         let seed = "ab".repeat(32);
         let d = Drawn::parse(&format!(
             "5|2|10|-1|7,8,9/3.10.2,0.0.1/3.12/2.1.{seed}|coin"
@@ -283,6 +291,10 @@ mod tests {
             Drawn::parse("5|2|10|-1|7///|coin").unwrap().positions,
             vec![]
         );
+    }
+
+    #[test]
+    fn malformed_stored_answers_are_internal_errors() {
         for bad in [
             "",
             "1|1|1|1|1",
