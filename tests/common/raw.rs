@@ -33,6 +33,20 @@ pub struct Raw {
 }
 
 impl Raw {
+    /// Every reply received so far, by correlation id (request id), each
+    /// copy kept: a request answered twice shows two.
+    pub fn by_id(&self) -> std::collections::HashMap<String, Vec<Value>> {
+        let mut by_id: std::collections::HashMap<String, Vec<Value>> =
+            std::collections::HashMap::new();
+        for (corr, reply) in self.replies.lock().unwrap().iter() {
+            by_id
+                .entry(corr.clone().unwrap_or_default())
+                .or_default()
+                .push(reply.clone());
+        }
+        by_id
+    }
+
     pub async fn new(env: &TestEnv) -> Self {
         let (conn, ch) = env.confirm_channel("attacker").await;
         let q = ch

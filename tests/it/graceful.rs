@@ -6,10 +6,10 @@
 
 use crate::common;
 
-use std::{collections::HashMap, process::Command, time::Duration};
+use std::{process::Command, time::Duration};
 
 use common::{pool_toml, raw::Raw, spawn_binary, wait_exit, TestEnv};
-use serde_json::{json, Value};
+use serde_json::json;
 
 const GIFT: &[(&str, &[(u64, u64)])] = &[
     ("a", &[(0, 300), (1, 60), (5, 20)]),
@@ -42,16 +42,7 @@ async fn sigterm_with_ten_thousand_draws_in_flight_answers_each_once() {
         .collect();
     raw.publish_all(&messages).await;
     // Replies by request id, every copy kept.
-    let replies = || {
-        let mut by_id: HashMap<String, Vec<Value>> = HashMap::new();
-        for (corr, reply) in raw.replies.lock().unwrap().iter() {
-            by_id
-                .entry(corr.clone().unwrap_or_default())
-                .or_default()
-                .push(reply.clone());
-        }
-        by_id
-    };
+    let replies = || raw.by_id();
 
     // Stop every draw worker while most of the queue is still ahead of them.
     let count = || replies().len();

@@ -5,10 +5,10 @@
 
 use crate::common;
 
-use std::{collections::HashMap, process::Command, time::Duration};
+use std::{process::Command, time::Duration};
 
 use common::{pool_toml, raw::Raw, spawn_binary, wait_exit, TestEnv};
-use serde_json::{json, Value};
+use serde_json::json;
 
 const GIFT: &[(&str, &[(u64, u64)])] = &[
     ("a", &[(0, 300), (1, 60), (5, 20)]),
@@ -61,16 +61,7 @@ async fn sigterm_to_the_whole_fleet_in_a_burst_answers_each_once() {
             ("draw", serde_json::to_vec(&body).unwrap(), id)
         })
         .collect();
-    let replies = || {
-        let mut by_id: HashMap<String, Vec<Value>> = HashMap::new();
-        for (corr, reply) in raw.replies.lock().unwrap().iter() {
-            by_id
-                .entry(corr.clone().unwrap_or_default())
-                .or_default()
-                .push(reply.clone());
-        }
-        by_id
-    };
+    let replies = || raw.by_id();
     // Wait until the fleet consumes, then burst and stop it mid-burst.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while env.consumers(prizepool::amqp::DRAW.queue).await < 2 {

@@ -25,23 +25,11 @@ const GIFT: &[(&str, &[(u64, u64)])] = &[
 
 const SENDER: i64 = 7;
 
-/// Every reply `raw` received, by correlation id.
-fn by_id(raw: &Raw) -> HashMap<String, Vec<Value>> {
-    let mut by_id: HashMap<String, Vec<Value>> = HashMap::new();
-    for (corr, reply) in raw.replies.lock().unwrap().iter() {
-        by_id
-            .entry(corr.clone().unwrap_or_default())
-            .or_default()
-            .push(reply.clone());
-    }
-    by_id
-}
-
 /// Waits until every id of `ids` has a reply, or `within` is over.
 async fn answered(raw: &Raw, ids: &[String], within: Duration) -> HashMap<String, Vec<Value>> {
     let deadline = Instant::now() + within;
     loop {
-        let replies = by_id(raw);
+        let replies = raw.by_id();
         if ids.iter().all(|id| replies.contains_key(id)) || Instant::now() > deadline {
             return replies;
         }
@@ -124,7 +112,7 @@ async fn a_postgres_outage_with_red_packet_creates_in_flight_starves_no_refill()
     assert!(refills >= 3, "refills ran during the outage ({refills})");
     let create_ids: Vec<String> = creates.iter().map(|(_, _, id)| id.clone()).collect();
     assert!(
-        by_id(&raw).keys().all(|id| !create_ids.contains(id)),
+        raw.by_id().keys().all(|id| !create_ids.contains(id)),
         "no create answered while Postgres was down"
     );
 
@@ -138,7 +126,7 @@ async fn a_postgres_outage_with_red_packet_creates_in_flight_starves_no_refill()
     }
     // Late duplicates, had there been any, arrive within this.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let replies = by_id(&raw);
+    let replies = raw.by_id();
     assert!(replies.values().all(|r| r.len() == 1), "one answer each");
     assert_eq!(replies.len(), CREATES + DRAWS);
     for route in [prizepool::amqp::DRAW, prizepool::amqp::REFILL] {
