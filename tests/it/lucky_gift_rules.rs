@@ -381,10 +381,11 @@ async fn a_reload_frees_parked_prizes_that_are_no_jackpot_any_more(storage: &str
     );
     let held: Vec<u32> = held_codes(&env, pool).await;
     assert!(held.iter().all(|c| multiplier(c) == 100), "{held:?}");
-    // Every parked 100x prize is still there (the fresh draw may have
-    // parked one more).
+    // Every parked 100x prize is still there. The fresh draw may have
+    // parked more: each batch holds one 100x prize, and a draw of two may
+    // finish one batch and start the next, so it walks past at most two.
     assert!(
-        (parked.len() - fifties..=parked.len() - fifties + 1).contains(&held.len()),
+        (parked.len() - fifties..=parked.len() - fifties + 2).contains(&held.len()),
         "parked before {parked:?} ({fifties} of 50x), held after {held:?}, next draw {:?}",
         next.codes
     );
