@@ -83,9 +83,18 @@ pub async fn connect_with(url: &str, tls: &TlsFiles) -> anyhow::Result<RedisConn
     }
     let certificates = || tls.redis().context("loading the TLS files for Redis");
     if nodes.len() > 1 {
+        // The client's own retries are few and short: a call to a node that
+        // is down fails within tens of milliseconds, so the worker's retry
+        // in its slot and its hand-back (`amqp::consumer::delivery`) decide
+        // what waits for the failover, not a client that would hold the
+        // call (and a worker slot) for its whole response timeout. Three
+        // retries still follow a MOVED and an ASK of a slot being moved.
         let mut builder = ClusterClient::builder(nodes)
             .connection_timeout(std::time::Duration::from_secs(5))
-            .response_timeout(std::time::Duration::from_secs(5));
+            .response_timeout(std::time::Duration::from_secs(5))
+            .retries(3)
+            .min_retry_wait(10)
+            .max_retry_wait(100);
         if secure != 0 {
             builder = builder.certs(certificates()?);
         }

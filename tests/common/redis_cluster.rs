@@ -81,6 +81,14 @@ impl RedisCluster {
                     "yes",
                     "--appendfsync",
                     "always",
+                    // A replica syncs at once, not 5 s after it asks: one
+                    // that has not synced cannot replace its master.
+                    "--repl-diskless-sync-delay",
+                    "0",
+                    // The masters that are up serve their slots while a
+                    // lost one is replaced (docs/operations.md).
+                    "--cluster-require-full-coverage",
+                    "no",
                 ],
             );
             nodes.push(Node {
@@ -118,7 +126,28 @@ impl RedisCluster {
             dir,
         };
         cluster.wait_ok().await;
+        cluster.wait_synced().await;
         cluster
+    }
+
+    /// Waits until every live replica has synced with its master: a
+    /// replica that has not cannot be promoted when its master dies.
+    async fn wait_synced(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for node in self.nodes.iter().filter(|n| n.process.is_some()) {
+            loop {
+                let info = cli(node.port, &["info", "replication"]);
+                if info.contains("role:master") || info.contains("master_link_status:up") {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "replica {} not in sync: {info}",
+                    node.port
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
     }
 
     /// Waits until every live node says the cluster is up and agrees on

@@ -141,9 +141,6 @@ async fn a_postgres_outage_with_red_packet_creates_in_flight_starves_no_refill()
 /// timeout), handed back meanwhile; the others keep flowing: the longest
 /// stretch without any answer stays far below the failover's length.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails on main: some draws stay unanswered 60 s after the master is killed \
-            (the Redis Cluster client's own retries, 16 with waits up to 655 s, can hold a \
-            delivery far past the 500 ms in-slot budget); run with --ignored"]
 async fn a_killed_master_without_the_pools_keys_stalls_no_draw_of_the_pool() {
     const ROUNDS: usize = 80;
     const PER_ROUND: usize = 25;
@@ -230,8 +227,11 @@ async fn a_killed_master_without_the_pools_keys_stalls_no_draw_of_the_pool() {
         assert_eq!(answers, 1, "{id} answered {answers} times");
         assert_eq!(replies[id][0]["status"], "ok", "{id}: {:?}", replies[id][0]);
     }
+    // The failover takes about 3 s (node timeout 2 s, then the election);
+    // a stall of the pool's draws shorter than a third of it shows that
+    // they did not wait for it. Draws are published every 100 ms.
     assert!(
-        stall < Duration::from_secs(2),
+        stall < Duration::from_secs(1),
         "draws of the pool stalled {stall:?}"
     );
     for route in [prizepool::amqp::DRAW, prizepool::amqp::REFILL] {

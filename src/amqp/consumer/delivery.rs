@@ -6,8 +6,9 @@
 //!
 //! # Transient failures hold no slot for long
 //!
-//! A transient failure (a server away: see [`HandleError`]) is retried in
-//! its slot, with backoff, for at most [`RETRY_IN_SLOT`]. If it persists,
+//! A transient failure (a server away: see [`HandleError`]) is retried
+//! with backoff for at most [`RETRY_BEFORE_HAND_BACK`], holding its slot only while
+//! an attempt runs (see [`handled`]). If it persists,
 //! the delivery is handed back: a copy, the same body and properties, goes
 //! to the queue's retry queue (`<queue>.retry`, [`crate::amqp::retry_queue`]),
 //! waits there [`crate::amqp::RETRY_DELAY`] and returns to the queue; the
@@ -56,9 +57,10 @@ use crate::{
     messages::{self, Invalid},
 };
 
-/// How long a transient failure is retried in its slot before the delivery
+/// How long a transient failure is retried before the delivery
 /// is handed back.
-pub(crate) const RETRY_IN_SLOT: std::time::Duration = std::time::Duration::from_millis(500);
+pub(crate) const RETRY_BEFORE_HAND_BACK: std::time::Duration =
+    std::time::Duration::from_millis(500);
 
 /// What a delivery ended as: the label of its outcome metric, how it is
 /// settled, and the guard held from its reply until its ack is handed on.
@@ -139,42 +141,20 @@ fn delivery_span<H: Handler>(
 /// A decoded delivery: handled in a slot of its lane and of the worker,
 /// then finished, dead-lettered or handed back. A slot of the lane comes
 /// first, so a delivery waiting for its lane holds none of the worker's.
+///
+/// A transient failure is tried again with backoff while [`RETRY_BEFORE_HAND_BACK`]
+/// is not over (an attempt that waits for a server may take longer on its
+/// own: then it is the only one), and handed back after. The slots are held
+/// for each attempt, not across the backoff between attempts: with one
+/// Redis Cluster master down, a third of the draws fail fast and wait to
+/// try again, and waiting in their slots they would take every slot from
+/// the draws that need only the masters that are up.
 async fn handled<H: Handler>(
     shared: &Shared<H>,
     delivery: &Delivery,
     value: Value,
     stop: &CancellationToken,
 ) -> Option<Ended> {
-    let lane = tokio::select! {
-        _ = stop.cancelled() => return None,
-        entered = shared.lanes.enter(shared.handler.lane(&value)) => match entered {
-            Entered::In(lane) => lane,
-            Entered::Failing(name) => {
-                let why = format!("every slot of lane {name} is taken and its dependency is failing");
-                return Some(hand_back(shared, delivery, &why).await);
-            }
-        },
-    };
-    let slot = tokio::select! {
-        _ = stop.cancelled() => return None,
-        slot = shared.slots.clone().acquire_owned() => slot.ok()?,
-    };
-    let result = attempts(shared, &value).await;
-    lane.record(&result);
-    drop((lane, slot));
-    Some(match result {
-        Ok(outcome) => finish::succeeded(shared, delivery, outcome).await,
-        Err(HandleError::Transient(error)) => {
-            hand_back(shared, delivery, &format!("{error:#}")).await
-        }
-        Err(other) => finish::failed(shared, delivery, other).await,
-    })
-}
-
-/// Calls the handler, and again with backoff after a transient failure,
-/// while [`RETRY_IN_SLOT`] is not over (an attempt that waits for a server
-/// may take longer on its own: then it is the only one).
-async fn attempts<H: Handler>(shared: &Shared<H>, value: &Value) -> Result<Outcome, HandleError> {
     let started = Instant::now();
     let mut delays = ExponentialBuilder::default()
         .with_jitter()
@@ -182,25 +162,45 @@ async fn attempts<H: Handler>(shared: &Shared<H>, value: &Value) -> Result<Outco
         .with_max_delay(std::time::Duration::from_millis(400))
         .without_max_times()
         .build();
+    let mut first = true;
     loop {
-        match handle_caught(&*shared.handler, value, &shared.publisher).await {
-            Err(HandleError::Transient(error)) => {
-                let delay = delays
-                    .next()
-                    .unwrap_or(std::time::Duration::from_millis(400));
-                if started.elapsed() + delay >= RETRY_IN_SLOT {
-                    return Err(HandleError::Transient(error));
+        let lane = tokio::select! {
+            // A delivery that began its attempts sees them through.
+            _ = stop.cancelled(), if first => return None,
+            entered = shared.lanes.enter(shared.handler.lane(&value)) => match entered {
+                Entered::In(lane) => lane,
+                Entered::Failing(name) => {
+                    let why = format!("every slot of lane {name} is taken and its dependency is failing");
+                    return Some(hand_back(shared, delivery, &why).await);
                 }
-                tracing::warn!(
-                    error = format!("{error:#}"),
-                    ?delay,
-                    "transient failure; retrying"
-                );
-                metrics::counter!("prizepool_retries_total").increment(1);
-                tokio::time::sleep(delay).await;
-            }
-            other => return other,
+            },
+        };
+        let slot = tokio::select! {
+            _ = stop.cancelled(), if first => return None,
+            slot = shared.slots.clone().acquire_owned() => slot.ok()?,
+        };
+        first = false;
+        let result = handle_caught(&*shared.handler, &value, &shared.publisher).await;
+        lane.record(&result);
+        drop((lane, slot));
+        let error = match result {
+            Ok(outcome) => return Some(finish::succeeded(shared, delivery, outcome).await),
+            Err(HandleError::Transient(error)) => error,
+            Err(other) => return Some(finish::failed(shared, delivery, other).await),
+        };
+        let delay = delays
+            .next()
+            .unwrap_or(std::time::Duration::from_millis(400));
+        if started.elapsed() + delay >= RETRY_BEFORE_HAND_BACK {
+            return Some(hand_back(shared, delivery, &format!("{error:#}")).await);
         }
+        tracing::warn!(
+            error = format!("{error:#}"),
+            ?delay,
+            "transient failure; retrying"
+        );
+        metrics::counter!("prizepool_retries_total").increment(1);
+        tokio::time::sleep(delay).await;
     }
 }
 
