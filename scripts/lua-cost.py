@@ -14,6 +14,9 @@ the cost of everything up to that line; `-` runs the whole step:
 
     python3 scripts/lua-cost.py - "local plan, in_pool = jackpot_pick"
 
+With ANSWER_BUCKETS=hashes the draws' tokens ask for hash buckets in the
+answer store (lib/answer.lua), as a worker with that setting does.
+
 An argument indented by two spaces cuts inside a function (the function
 returns nil, 0 there). Needs valgrind, redis-server, a release build of
 `prizepool` (PRIZEPOOL, default target/release/prizepool) and the redis
@@ -43,6 +46,9 @@ LUA = os.path.join(ROOT, "lua")
 PRIZEPOOL = os.environ.get("PRIZEPOOL", os.path.join(ROOT, "target", "release", "prizepool"))
 PORT = int(os.environ.get("LUA_COST_PORT", "6399"))
 CALLS = 250
+# ANSWER_BUCKETS=hashes: the answer store's epochs as hash buckets
+# (lib/answer.lua), as a worker with that setting asks in its tokens.
+MARK = b"h" if os.environ.get("ANSWER_BUCKETS") == "hashes" else b""
 
 
 def read(path):
@@ -93,7 +99,7 @@ def measure(cut):
     keys = [f"pp:{{cost}}:{k}" for k in ("meta", "q", "held", f"spent:{day}", "rs")]
 
     def draw():
-        token = b"90000:%d:" % int(time.time()) + os.urandom(24)
+        token = b"90000%s:%d:" % (MARK, int(time.time())) + os.urandom(24)
         return r.fcall("cost", 5, *keys, 4, 10, 90000, 0, token)
 
     for _ in range(20):

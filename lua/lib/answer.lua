@@ -16,18 +16,28 @@
 -- ids (and contents) agree on 128 bits of SHA-256.
 --
 -- Buckets. Millions of records are kept for a day, so a record is not a key
--- of its own: records are concatenated in string "buckets" that expire
--- whole, read with one GET and rewritten with one SET, so a record costs its
--- bytes and nothing else.
+-- of its own: records live in "buckets" that expire whole, so a record
+-- costs its bytes and little else. An epoch's buckets may be hashes (flag
+-- `h` in `r.e`): a record is a field named by the digest holding the value,
+-- read with one HGET and written with one HSET, kept by Redis as a compact
+-- listpack while the bucket has at most 128 fields of at most 64 bytes
+-- (Redis's defaults, hash-max-listpack-entries and -value); every bucket
+-- also holds the field '' (no digest), so it is never emptied and made
+-- again without its expiry. Other epochs (the default, ANSWER_BUCKETS=
+-- strings) have string buckets: records concatenated, read with one MGET
+-- for all such epochs and rewritten whole with one SET. A new epoch gets
+-- hashes when its opener's token asks (a token "<ttl>h:..."); both are
+-- read, whichever the token asks.
 --
 -- Epochs. Time is cut into epochs whose geometry is kept in the store's
 -- meta hash, never derived from a setting: field `r.e` lists the live
--- epochs, newest first, as "<start>:<length>:<buckets>;..." (the start also
+-- epochs, newest first, as "<start>:<length>:<buckets>[o][h];..." (o: an
+-- epoch whose full string buckets gave records keys of their own; the start also
 -- names the epoch's buckets; the length is a quarter of the answer TTL of
 -- the writer that opened it). A write at or after start + length opens a
 -- new epoch; an epoch's buckets expire 5 lengths (and SKEW) after it
 -- starts, and a lookup reads the current epoch and the EPOCHS - 1 before it
--- in one MGET, so a record is kept at least 4 lengths (its opener's TTL)
+-- (one HGET per hash epoch), so a record is kept at least 4 lengths (its opener's TTL)
 -- and at most a quarter more. A fleet whose workers disagree on the TTL
 -- keeps every answer at least the shorter of the two; changing the TTL
 -- changes the length of the next epoch and loses nothing.
@@ -35,7 +45,8 @@
 -- Growth. An epoch starts with one bucket and grows by linear hashing, so a
 -- lookup reads exactly one bucket per epoch: with n buckets (2^L <= n <
 -- 2^(L+1)) a record whose hash is h lives in bucket h mod 2^(L+1), or
--- h mod 2^L when that is n or more. One new record in PER_BUCKET (chosen by
+-- h mod 2^L when that is n or more. One new record in PER_BUCKET (PER_HASH
+-- in a hash epoch; chosen by
 -- other bits of its digest, so without a counter) splits bucket n - 2^L into
 -- itself and a new bucket n, which keeps about PER_BUCKET records a bucket.
 --
@@ -45,25 +56,36 @@
 -- its pool and its answer store's geometry in one HMGET; a claim store keeps
 -- them in its own hash:
 --   <meta>                      hash: r.e
---   <store>:<epoch start>:<i>   string: records
+--   <store>:<epoch start>:<i>   hash: digest -> value (string: records)
 --   <store>:x:<hex digest>      string: a long body
 -- A meta hash that holds only a store's fields (a refusal remembered for a
 -- pool that does not exist) expires with the store; loading the pool keeps
 -- it for good (PERSIST in the loaders).
 --
 -- A request comes as a token built by the Rust side (src/kinds/answer.rs):
---   "<ttl s>:<now s, or empty>:" .. digest (16 bytes) .. fingerprint (8 bytes)
+--   "<ttl s>[h]:<now s, or empty>:" .. digest (16 bytes) .. fingerprint (8 bytes)
+-- (`h`: new epochs get hash buckets).
 -- `now` is the Redis time the request's claim read (so the pool step needs
 -- no TIME of its own); empty, the script reads TIME.
 
+-- Records a bucket holds on average: a string bucket PER_BUCKET, a hash
+-- bucket PER_HASH. A hash bucket stays a listpack up to
+-- hash-max-listpack-entries (128 by default) fields; with linear hashing a
+-- bucket not yet split holds up to twice the average, so 40 on average
+-- keeps every bucket below 128 but at five standard deviations.
 local PER_BUCKET = 128
+local PER_HASH = 40
 -- A record's hash has 24 bits: an epoch has at most this many buckets.
 local MAX_BUCKETS = 16777216
--- Longer bodies are stored in a key of their own.
+-- Longer bodies are stored in a key of their own: in a string bucket, and
+-- in a hash bucket, where a longer value would turn the hash from Redis's
+-- compact listpack into a table (hash-max-listpack-value, 64 by default).
 local INLINE = 200
--- A bucket holds at most this many bytes (about 16 times its share); a
--- record for a full bucket gets a key of its own, so ids crafted to land in
--- one bucket cannot make every write to it cost its size.
+local HASH_INLINE = 64
+-- A string bucket holds at most this many bytes (about 16 times its
+-- share); a record for a full bucket gets a key of its own, so ids crafted
+-- to land in one bucket cannot make every write to it cost its size. (A
+-- hash bucket they aim at becomes a hash table: a write costs the same.)
 local FULL = 32768
 -- Clock skew tolerated between the nodes whose TIME names `now`.
 local SKEW = 300
@@ -170,22 +192,25 @@ end
 -- already (from index `at` on). `s.epochs` lists the live epochs, newest
 -- first, each {start, length, buckets}.
 local function store_open(key, token, pre, at)
-  local ttl, now, rest = string.match(token, '^(%d+):(%d*):(.*)$')
+  local ttl, hashes, now, rest = string.match(token, '^(%d+)(h?):(%d*):(.*)$')
   if now == '' then now = tonumber(redis.call('TIME')[1]) else now = tonumber(now) end
   local s = {key = key, meta = meta_of(key), len = math.max(1, math.ceil(tonumber(ttl) / (EPOCHS - 1))),
-    now = now, d = string.sub(rest, 1, 16), fp = string.sub(rest, 17, 24), epochs = {}}
+    now = now, d = string.sub(rest, 1, 16), fp = string.sub(rest, 17, 24), epochs = {},
+    hashes = hashes == 'h'}
   -- A claim store's records are all 24 bytes.
   s.fixed = s.meta == key
   s.h = hash_at(s.d, 1)
   local a, b = string.byte(s.d, 7, 8)
-  s.splits = (a * 256 + b) % PER_BUCKET == 0
+  s.split_at = a * 256 + b
   local field
   if pre then field = pre[at or 1] else field = redis.call('HGET', s.meta, 'r.e') end
-  for t, l, n, o in string.gmatch(field or '', '(%d+):(%d+):(%d+)(o?)') do
+  for t, l, n, o, h in string.gmatch(field or '', '(%d+):(%d+):(%d+)(o?)(h?)') do
     t, l, n = tonumber(t), tonumber(l), tonumber(n)
     -- An epoch is read until EPOCHS lengths from its start (its buckets
     -- stay SKEW longer, for a node whose clock runs behind).
-    if now < t + EPOCHS * l and #s.epochs < EPOCHS then s.epochs[#s.epochs + 1] = {t, l, n, o == 'o'} end
+    if now < t + EPOCHS * l and #s.epochs < EPOCHS then
+      s.epochs[#s.epochs + 1] = {t, l, n, o == 'o', h == 'h'}
+    end
   end
   return s
 end
@@ -199,28 +224,39 @@ local function bucket_of(s, t, i)
   return s.key .. ':' .. int(t) .. ':' .. int(i)
 end
 
+-- A value as a record holds it: '' stands for a body in a key of its own.
+local function long_body(s, v)
+  if v == '' then return redis.call('GET', s.key .. ':x:' .. hex(s.d)) or nil end
+  return v
+end
+
 -- The value stored for the store's request, or nil. Keeps the current
--- bucket's content for store_put.
+-- bucket's content for store_put when that bucket is a string.
 local function store_find(s)
-  local names = {}
-  for _, e in ipairs(s.epochs) do names[#names + 1] = bucket_of(s, e[1], index_of(s.h, e[3])) end
-  if #names == 0 then s.cur = '' return nil end
+  local names, strings = {}, {}
+  s.cur = ''
+  for k, e in ipairs(s.epochs) do
+    local name = bucket_of(s, e[1], index_of(s.h, e[3]))
+    if e[5] then
+      local v = redis.call('HGET', name, s.d)
+      if v then return long_body(s, v) end
+    else
+      names[#names + 1] = name
+      strings[#strings + 1] = k
+    end
+  end
+  if #names == 0 then return nil end
   local got = redis.call('MGET', unpack(names))
-  s.cur = got[1] or ''
-  for k = 1, #names do
-    local v = record_in(got[k] or '', s.d, s.fixed)
-    if not v and s.epochs[k][4] then
+  if strings[1] == 1 then s.cur = got[1] or '' end
+  for j = 1, #names do
+    local e = s.epochs[strings[j]]
+    local v = record_in(got[j] or '', s.d, s.fixed)
+    if not v and e[4] then
       -- An epoch with full buckets: the record may have a key of its own.
-      v = redis.call('GET', overflow_of(s, s.epochs[k][1]))
+      v = redis.call('GET', overflow_of(s, e[1]))
       if v then return v end
     end
-    if v then
-      if v == '' then
-        v = redis.call('GET', s.key .. ':x:' .. hex(s.d))
-        if not v then return nil end
-      end
-      return v
-    end
+    if v then return long_body(s, v) end
   end
   return nil
 end
@@ -230,6 +266,7 @@ local function epochs_text(s)
   local out = {}
   for _, e in ipairs(s.epochs) do
     out[#out + 1] = int(e[1]) .. ':' .. int(e[2]) .. ':' .. int(e[3]) .. (e[4] and 'o' or '')
+      .. (e[5] and 'h' or '')
   end
   return table.concat(out, ';')
 end
@@ -241,6 +278,33 @@ local function split(s)
   local n = e[3]
   local p = level_of(n)
   local from = bucket_of(s, e[1], n - p)
+  local exp = expiry_of(e[1], e[2])
+  if e[5] then
+    local to = bucket_of(s, e[1], n)
+    local all = redis.call('HGETALL', from)
+    local move = {}
+    for i = 1, #all, 2 do
+      local d = all[i]
+      if #d == 16 and hash_at(d, 1) % (2 * p) == n then
+        move[#move + 1] = d
+        move[#move + 1] = all[i + 1]
+      end
+    end
+    -- The new bucket exists from now on, with its epoch's expiry, even
+    -- before its first record: the placeholder field '' is no digest.
+    move[#move + 1] = ''
+    move[#move + 1] = ''
+    redis.call('HSET', to, unpack(move))
+    redis.call('EXPIREAT', to, exp)
+    if #move > 2 then
+      local gone = {}
+      for i = 1, #move - 2, 2 do gone[#gone + 1] = move[i] end
+      redis.call('HDEL', from, unpack(gone))
+    end
+    e[3] = n + 1
+    redis.call('HSET', s.meta, 'r.e', epochs_text(s))
+    return
+  end
   local b = redis.call('GET', from) or ''
   local keep, move = {}, {}
   local pos = 1
@@ -250,7 +314,6 @@ local function split(s)
     if hash_at(b, pos) % (2 * p) == n then move[#move + 1] = rec else keep[#keep + 1] = rec end
     pos = last + 1
   end
-  local exp = expiry_of(e[1], e[2])
   redis.call('SET', from, table.concat(keep), 'EXAT', exp)
   redis.call('SET', bucket_of(s, e[1], n), table.concat(move), 'EXAT', exp)
   e[3] = n + 1
@@ -262,10 +325,12 @@ end
 local function store_put(s, value)
   if s.cur == nil then store_find(s) end
   local e = s.epochs[1]
+  local opened = false
   if not e or s.now >= e[1] + e[2] then
+    opened = true
     -- A new epoch, before the others; the oldest beyond EPOCHS is dropped
     -- (its buckets expire on their own).
-    e = {s.now, s.len, 1}
+    e = {s.now, s.len, 1, false, s.hashes}
     table.insert(s.epochs, 1, e)
     s.epochs[EPOCHS + 1] = nil
     s.cur = ''
@@ -277,6 +342,25 @@ local function store_put(s, value)
     end
   end
   local exp = expiry_of(e[1], e[2])
+  if e[5] then
+    local name = bucket_of(s, e[1], index_of(s.h, e[3]))
+    if #value > HASH_INLINE then
+      redis.call('SET', s.key .. ':x:' .. hex(s.d), value, 'EXAT', exp)
+      value = ''
+    end
+    s.cur = nil
+    if opened then
+      -- An epoch's first bucket is made by its first record, with the
+      -- placeholder every bucket keeps ('' is no digest), so no bucket is
+      -- ever emptied and made again without its expiry.
+      redis.call('HSET', name, s.d, value, '', '')
+      redis.call('EXPIREAT', name, exp)
+    else
+      redis.call('HSET', name, s.d, value)
+    end
+    if s.split_at % PER_HASH == 0 and e[3] < MAX_BUCKETS then split(s) end
+    return
+  end
   if #s.cur >= FULL then
     redis.call('SET', overflow_of(s, e[1]), value, 'EXAT', exp)
     if not e[4] then
@@ -300,20 +384,31 @@ local function store_put(s, value)
   -- a remembered result costs.
   redis.call('SET', bucket_of(s, e[1], index_of(s.h, e[3])), s.cur .. rec, 'EXAT', exp)
   s.cur = nil
-  if s.splits and e[3] < MAX_BUCKETS then split(s) end
+  if s.split_at % PER_BUCKET == 0 and e[3] < MAX_BUCKETS then split(s) end
 end
 
 -- Removes the store's record, wherever it is; says whether there was one.
 local function store_drop(s)
   for _, e in ipairs(s.epochs) do
-    if e[4] and redis.call('DEL', overflow_of(s, e[1])) == 1 then return true end
-    local name = bucket_of(s, e[1], index_of(s.h, e[3]))
-    local b = redis.call('GET', name)
-    local v, first, last = record_in(b, s.d, s.fixed)
-    if v then
-      redis.call('SET', name, string.sub(b, 1, first - 1) .. string.sub(b, last + 1), 'KEEPTTL')
-      if v == '' then redis.call('DEL', s.key .. ':x:' .. hex(s.d)) end
-      return true
+    if e[5] then
+      local name = bucket_of(s, e[1], index_of(s.h, e[3]))
+      local v = redis.call('HGET', name, s.d)
+      if v then
+        redis.call('HDEL', name, s.d)
+        if v == '' then redis.call('DEL', s.key .. ':x:' .. hex(s.d)) end
+        return true
+      end
+    end
+    if not e[5] then
+      if e[4] and redis.call('DEL', overflow_of(s, e[1])) == 1 then return true end
+      local name = bucket_of(s, e[1], index_of(s.h, e[3]))
+      local b = redis.call('GET', name)
+      local v, first, last = record_in(b, s.d, s.fixed)
+      if v then
+        redis.call('SET', name, string.sub(b, 1, first - 1) .. string.sub(b, last + 1), 'KEEPTTL')
+        if v == '' then redis.call('DEL', s.key .. ':x:' .. hex(s.d)) end
+        return true
+      end
     end
   end
   return false

@@ -129,20 +129,34 @@ pub fn epochs_end(field: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The token's mark of the layout of the epochs its script opens: `h` for
+/// hash buckets, nothing for string buckets.
+fn layout(hashes: bool) -> &'static str {
+    if hashes {
+        "h"
+    } else {
+        ""
+    }
+}
+
 /// Where one request's claim and answer live, and what it asked: the
 /// tokens `lua/lib/answer.lua` reads.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tokens {
     /// The claim store of the id's group: `<prefix>:<space>:{<group>}`.
     pub claim_store: String,
-    /// `"<ttl>::" ‖ 16 bytes of SHA-256(id) ‖ 8 fingerprint bytes`.
+    /// `"<ttl>[h]::" ‖ 16 bytes of SHA-256(id) ‖ 8 fingerprint bytes`
+    /// (`h`: new epochs as hash buckets, see [`layout`]).
     pub claim: Vec<u8>,
-    /// `"<ttl>:<now>:" ‖ 16 bytes of SHA-256(fingerprint ‖ id) ‖ 8
+    /// `"<ttl>[h]:<now>:" ‖ 16 bytes of SHA-256(fingerprint ‖ id) ‖ 8
     /// fingerprint bytes`; `now` is empty until [`Tokens::at`] sets it.
     pub answer: Vec<u8>,
     id: String,
     ttl_s: u64,
     fingerprint: Fingerprint,
+    /// Whether the stores' new epochs are hash buckets
+    /// ([`crate::config::hash_buckets`]).
+    hashes: bool,
 }
 
 impl Tokens {
@@ -152,7 +166,8 @@ impl Tokens {
     pub fn new(prefix: &str, space: &str, id: &str, fingerprint: Fingerprint, ttl_s: u64) -> Self {
         let h = Sha256::digest(id.as_bytes());
         let group = u16::from_be_bytes([h[0], h[1]]) % CLAIM_GROUPS;
-        let mut claim = format!("{ttl_s}::").into_bytes();
+        let hashes = crate::config::hash_buckets();
+        let mut claim = format!("{ttl_s}{}::", layout(hashes)).into_bytes();
         claim.extend_from_slice(&h[..DIGEST_BYTES]);
         claim.extend_from_slice(&fingerprint.0);
         let mut tokens = Self {
@@ -162,8 +177,35 @@ impl Tokens {
             id: id.to_owned(),
             ttl_s,
             fingerprint,
+            hashes,
         };
         tokens.answer = tokens.answer_token(None);
+        tokens
+    }
+
+    /// The same tokens, opening new epochs as hash buckets or as string
+    /// buckets, whatever this process's setting: for tests of both layouts
+    /// side by side.
+    pub fn with_hash_buckets(&self, hashes: bool) -> Self {
+        let mut tokens = self.clone();
+        tokens.hashes = hashes;
+        let digits = tokens
+            .claim
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .count();
+        let rest = tokens.claim[digits..].to_vec();
+        let rest = rest.strip_prefix(b"h").unwrap_or(&rest);
+        tokens.claim = [&tokens.claim[..digits], layout(hashes).as_bytes(), rest].concat();
+        let now = tokens
+            .answer
+            .split(|&b| b == b':')
+            .nth(1)
+            .map(<[u8]>::to_vec);
+        tokens.answer = tokens.answer_token(
+            now.and_then(|n| String::from_utf8(n).ok())
+                .and_then(|n| n.parse().ok()),
+        );
         tokens
     }
 
@@ -191,7 +233,7 @@ impl Tokens {
         hash.update(self.id.as_bytes());
         let h = hash.finalize();
         let now = now.map(|n| n.to_string()).unwrap_or_default();
-        let mut answer = format!("{}:{now}:", self.ttl_s).into_bytes();
+        let mut answer = format!("{}{}:{now}:", self.ttl_s, layout(self.hashes)).into_bytes();
         answer.extend_from_slice(&h[..DIGEST_BYTES]);
         answer.extend_from_slice(&self.fingerprint.0);
         answer

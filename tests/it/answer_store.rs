@@ -92,8 +92,22 @@ async fn encodings(env: &TestEnv, pattern: &str) -> Vec<String> {
     out
 }
 
+/// Hash buckets (the layout new epochs get) and string buckets (the
+/// earlier one, `ANSWER_BUCKETS=strings`) keep the same promises.
 #[tokio::test]
-async fn every_claim_and_answer_is_found_again_however_the_buckets_grow() {
+async fn every_claim_and_answer_is_found_again_however_the_hash_buckets_grow() {
+    found_again_however_the_buckets_grow(false).await;
+}
+
+#[tokio::test]
+async fn every_claim_and_answer_is_found_again_however_the_string_buckets_grow() {
+    found_again_however_the_buckets_grow(true).await;
+}
+
+async fn found_again_however_the_buckets_grow(strings: bool) {
+    let tokens = |env: &TestEnv, id: &str, content: u32, ttl: u64| {
+        tokens(env, id, content, ttl).with_hash_buckets(!strings)
+    };
     let env = TestEnv::new(&[]).await;
     let mut redis = env.redis.clone();
     let store = env.keys("grow").results();
@@ -111,7 +125,7 @@ async fn every_claim_and_answer_is_found_again_however_the_buckets_grow() {
             None
         );
     }
-    // Past 64 records per bucket the buckets split many times; every id is
+    // The buckets split many times; every id is
     // still bound to its content and its answer.
     for i in (0..n).step_by(7) {
         let id = format!("id-{i}");
@@ -156,14 +170,22 @@ async fn every_claim_and_answer_is_found_again_however_the_buckets_grow() {
         .unwrap(),
         Claim::Ours
     );
-    // Compact: buckets are plain strings, about one per 64 records.
+    // Compact: buckets are plain strings or listpack hashes (no bucket
+    // past Redis's 128 fields of a listpack).
     let buckets = encodings(&env, &format!("{store}:*")).await;
+    let compact = if strings {
+        ["raw", "embstr"]
+    } else {
+        ["listpack", "listpack"]
+    };
     assert!(
-        buckets.iter().all(|e| e == "raw" || e == "embstr"),
+        buckets.iter().all(|e| compact.contains(&e.as_str())),
         "{buckets:?}"
     );
+    // About one bucket per 128 records (strings), per 40 (hashes).
+    let per = if strings { 128 } else { 40 };
     assert!(
-        (n / 160..=n / 32).contains(&buckets.len()),
+        (n / (2 * per)..=2 * n / per).contains(&buckets.len()),
         "{} buckets for {n} answers",
         buckets.len()
     );
@@ -495,12 +517,12 @@ fn the_store_agrees_with_a_model_of_exact_ids() {
 }
 
 #[tokio::test]
-async fn ids_aimed_at_one_bucket_cannot_make_it_grow_without_bound() {
+async fn ids_aimed_at_one_string_bucket_cannot_make_it_grow_without_bound() {
     let env = TestEnv::new(&[]).await;
     let store = env.keys("aimed").results();
     let mut redis = env.redis.clone();
     // Digests that agree on the bytes that place a record (4-6) and not on
-    // those that split buckets (7-8 never a multiple of 64): every record
+    // those that split buckets (7-8 never a multiple of 40): every record
     // lands in one bucket, as ids crafted by an attacker would.
     let token = |i: u32| {
         let mut d = [7u8; 16];
@@ -538,6 +560,141 @@ async fn ids_aimed_at_one_bucket_cannot_make_it_grow_without_bound() {
         "records past the full bucket have keys of their own"
     );
     // Every one is still found, and replays its first answer.
+    for i in (0..n).step_by(37) {
+        assert_eq!(
+            remember(&env, &store, &token(i), ErrorCode::PoolExhausted).await,
+            Some(ScriptReply::Refused(Refusal::new(ErrorCode::SoldOut))),
+            "{i}"
+        );
+    }
+}
+
+/// A fleet whose workers disagree on `ANSWER_BUCKETS` (a rolling upgrade)
+/// or that changes it loses nothing: an epoch keeps the layout it was
+/// opened with, and every answer and claim is found whichever layout the
+/// retry's worker writes, in the store's old and new epochs alike.
+#[tokio::test]
+async fn answers_and_claims_survive_a_change_of_bucket_layout() {
+    let env = TestEnv::new(&[]).await;
+    let mut redis = env.redis.clone();
+    let n = 300;
+    for (first, then) in [(true, false), (false, true)] {
+        let store = env.keys(&format!("layout-{first}")).results();
+        let id = |i: u32| format!("{first}-{i}");
+        let mut now = 0;
+        // The first epoch: opened in layout `first`, then written by
+        // workers of both settings (it keeps its layout).
+        for i in 0..n {
+            let mut t = tokens(&env, &id(i), 1, 90_000).with_hash_buckets(first != (i % 2 == 0));
+            assert_eq!(
+                answer::claim(&mut redis, &env.scripts, &mut t)
+                    .await
+                    .unwrap(),
+                Claim::Ours
+            );
+            now = t
+                .answer
+                .split(|&b| b == b':')
+                .nth(1)
+                .map_or(0, |n| String::from_utf8_lossy(n).parse::<u64>().unwrap());
+            assert_eq!(
+                remember(&env, &store, &t.answer, ErrorCode::SoldOut).await,
+                None
+            );
+        }
+        // Retries a quarter of the TTL later, past the first epoch: a new
+        // epoch opens, in layout `then`, and every answer is found in the
+        // old one; new requests go to the new one.
+        let later = now + 90_000 / 4 + 1;
+        for i in 0..n {
+            let mut t = tokens(&env, &id(i), 1, 90_000);
+            assert_eq!(
+                answer::claim(&mut redis, &env.scripts, &mut t)
+                    .await
+                    .unwrap(),
+                Claim::Ours,
+                "{}",
+                id(i)
+            );
+            let mut other = tokens(&env, &id(i), 2, 90_000);
+            assert_eq!(
+                answer::claim(&mut redis, &env.scripts, &mut other)
+                    .await
+                    .unwrap(),
+                Claim::Reused,
+                "{}",
+                id(i)
+            );
+            t.at(later);
+            let t = t.with_hash_buckets(!then);
+            assert_eq!(
+                remember(&env, &store, &t.answer, ErrorCode::PoolExhausted).await,
+                Some(ScriptReply::Refused(Refusal::new(ErrorCode::SoldOut))),
+                "{}",
+                id(i)
+            );
+            let mut fresh = tokens(&env, &format!("new-{}", id(i)), 1, 90_000);
+            fresh.at(later);
+            let fresh = fresh.with_hash_buckets(!then);
+            assert_eq!(
+                remember(&env, &store, &fresh.answer, ErrorCode::SoldOut).await,
+                None
+            );
+        }
+        for i in 0..n {
+            let mut fresh = tokens(&env, &format!("new-{}", id(i)), 1, 90_000);
+            fresh.at(later);
+            let fresh = fresh.with_hash_buckets(!first);
+            assert_eq!(
+                remember(&env, &store, &fresh.answer, ErrorCode::PoolExhausted).await,
+                Some(ScriptReply::Refused(Refusal::new(ErrorCode::SoldOut))),
+                "new-{}",
+                id(i)
+            );
+        }
+        // Both layouts were written: the first epoch's and the second's.
+        let encodings = encodings(&env, &format!("{store}:*")).await;
+        assert!(encodings.iter().any(|e| e == "listpack"), "{encodings:?}");
+        assert!(
+            encodings.iter().any(|e| e == "raw" || e == "embstr"),
+            "{encodings:?}"
+        );
+    }
+}
+
+/// Ids aimed at one hash bucket make it a larger hash: Redis turns it from
+/// a listpack into a hash table past 128 fields, where a write costs the
+/// same however many records the bucket holds (a string bucket would be
+/// rewritten whole: see the test above). Every record is found again.
+#[tokio::test]
+async fn ids_aimed_at_one_hash_bucket_cost_no_more_per_write() {
+    let env = TestEnv::new(&[]).await;
+    let store = env.keys("aimed").results();
+    let token = |i: u32| {
+        let mut d = [7u8; 16];
+        d[6] = 1;
+        d[7] = 1;
+        d[8..12].copy_from_slice(&i.to_be_bytes());
+        let mut t = b"90000h::".to_vec();
+        t.extend_from_slice(&d);
+        t.extend_from_slice(&[1; 8]);
+        t
+    };
+    let n = 2_000;
+    for i in 0..n {
+        assert_eq!(
+            remember(&env, &store, &token(i), ErrorCode::SoldOut).await,
+            None,
+            "{i}"
+        );
+    }
+    let buckets = keys(&env, &format!("{store}:*:*")).await;
+    assert_eq!(
+        buckets.len(),
+        1,
+        "one bucket took every record: {buckets:?}"
+    );
+    assert_eq!(encodings(&env, &buckets[0]).await, ["hashtable"]);
     for i in (0..n).step_by(37) {
         assert_eq!(
             remember(&env, &store, &token(i), ErrorCode::PoolExhausted).await,
@@ -587,8 +744,10 @@ async fn what_a_remembered_result_costs() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100_000);
+    // `ANSWER_BUCKETS=hashes` measures the hash layout.
+    let hashes = std::env::var("ANSWER_BUCKETS").as_deref() == Ok("hashes");
     let all: Vec<Tokens> = (0..n)
-        .map(|i| tokens(&env, &format!("01JDRQ5T3WZ8{i:014}"), 1, 90_000))
+        .map(|i| tokens(&env, &format!("01JDRQ5T3WZ8{i:014}"), 1, 90_000).with_hash_buckets(hashes))
         .collect();
     let before = used_memory(&mut redis).await;
     for chunk in all.chunks(1_000) {
