@@ -114,7 +114,12 @@ async fn leader_loss(shards: u16) {
         .with_test_writer()
         .try_init();
     let started = Instant::now();
-    let nodes = [node("c1"), node("c2"), node("c3")];
+    // The three nodes boot at once (an Erlang VM each, seconds apiece); they
+    // join the first one after.
+    let nodes = std::thread::scope(|s| {
+        let [c1, c2, c3] = ["c1", "c2", "c3"].map(|tag| s.spawn(move || node(tag)));
+        [c1, c2, c3].map(|h| h.join().unwrap())
+    });
     for n in &nodes[1..] {
         for args in [
             vec!["stop_app"],

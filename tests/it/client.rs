@@ -473,7 +473,23 @@ async fn draws_retried_across_a_killed_worker_are_paid_once() {
             results
         })
     };
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // The kill comes once the second round is on its way (the rounds run
+    // one after the other: the first was answered, retries aside): draws in the
+    // worker's hands and more behind them. A fixed 150 ms came after the
+    // last answer once the dependencies were built optimised.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while client
+        .stats()
+        .entries
+        .load(std::sync::atomic::Ordering::Relaxed)
+        <= 50
+    {
+        assert!(
+            Instant::now() < deadline && !draws.is_finished(),
+            "the second round of draws never started"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     worker.0.kill().unwrap();
     worker.0.wait().unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;

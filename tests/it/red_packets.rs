@@ -798,8 +798,17 @@ async fn an_expiry_while_postgres_is_away_closes_and_refunds_once_it_is_back() {
     env.start_fleet().await;
     let client = env.client().await;
     env.fund(3, 50_000).await;
+    // Six seconds to expiry: the grabs and the stop below come before it
+    // even on a loaded machine (with three, the last grab once found the
+    // packet closed), and the expiry still comes due during the outage.
+    let expires_in = Duration::from_secs(6);
+    let created = tokio::time::Instant::now();
     let reply = client
-        .call("refill", &create("rp-pg", 3, 30_000, 10, 100, 3), T)
+        .call(
+            "refill",
+            &create("rp-pg", 3, 30_000, 10, 100, expires_in.as_secs() as i64),
+            T,
+        )
         .await
         .unwrap();
     assert_eq!(reply["status"], "ok", "{reply}");
@@ -821,9 +830,13 @@ async fn an_expiry_while_postgres_is_away_closes_and_refunds_once_it_is_back() {
         .unwrap();
     assert_eq!(r["status"], "ok", "{r}");
     grabbed += r["reward"].as_i64().unwrap();
-    // The expiry (3 s) arrives during the outage; give it time to be tried
-    // and retried.
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    // The expiry arrives during the outage; give it time to be tried and
+    // retried (six seconds past it, about what the 3 s expiry had).
+    assert!(
+        created.elapsed() < expires_in,
+        "the grabs took longer than the expiry"
+    );
+    tokio::time::sleep_until(created + expires_in + Duration::from_secs(6)).await;
     assert_eq!(
         env.queue_depth(amqp::REFILL.dlq).await,
         0,
