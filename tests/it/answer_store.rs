@@ -67,6 +67,14 @@ async fn peek(env: &TestEnv, store: &str, token: &[u8]) -> Option<Vec<u8>> {
         .unwrap()
 }
 
+/// Claims the id of `tokens` for their content.
+async fn claimed(env: &TestEnv, tokens: &mut Tokens) -> Claim {
+    let mut redis = env.redis.clone();
+    answer::claim(&mut redis, &env.scripts, tokens)
+        .await
+        .unwrap()
+}
+
 async fn keys(env: &TestEnv, pattern: &str) -> Vec<String> {
     let mut redis = env.redis.clone();
     redis::cmd("KEYS")
@@ -516,24 +524,27 @@ fn the_store_agrees_with_a_model_of_exact_ids() {
         .unwrap();
 }
 
+/// Answer token `i` of ids aimed at one bucket: digests that agree on the
+/// bytes that place a record (4-6) and not on those that split buckets
+/// (7-8, 257, never a multiple of 40 or 128), as ids crafted by an
+/// attacker would; `mark` is the token's layout mark (`h` for hashes).
+fn aimed_token(i: u32, mark: &str) -> Vec<u8> {
+    let mut d = [7u8; 16];
+    d[6] = 1;
+    d[7] = 1;
+    d[8..12].copy_from_slice(&i.to_be_bytes());
+    let mut t = format!("90000{mark}::").into_bytes();
+    t.extend_from_slice(&d);
+    t.extend_from_slice(&[1; 8]);
+    t
+}
+
 #[tokio::test]
 async fn ids_aimed_at_one_string_bucket_cannot_make_it_grow_without_bound() {
     let env = TestEnv::new(&[]).await;
     let store = env.keys("aimed").results();
     let mut redis = env.redis.clone();
-    // Digests that agree on the bytes that place a record (4-6) and not on
-    // those that split buckets (7-8 never a multiple of 40): every record
-    // lands in one bucket, as ids crafted by an attacker would.
-    let token = |i: u32| {
-        let mut d = [7u8; 16];
-        d[6] = 1;
-        d[7] = 1;
-        d[8..12].copy_from_slice(&i.to_be_bytes());
-        let mut t = b"90000::".to_vec();
-        t.extend_from_slice(&d);
-        t.extend_from_slice(&[1; 8]);
-        t
-    };
+    let token = |i: u32| aimed_token(i, "");
     let n = 2_000;
     for i in 0..n {
         assert_eq!(
@@ -608,20 +619,10 @@ async fn answers_and_claims_survive_a_change_of_bucket_layout() {
         let later = now + 90_000 / 4 + 1;
         for i in 0..n {
             let mut t = tokens(&env, &id(i), 1, 90_000);
-            assert_eq!(
-                answer::claim(&mut redis, &env.scripts, &mut t)
-                    .await
-                    .unwrap(),
-                Claim::Ours,
-                "{}",
-                id(i)
-            );
             let mut other = tokens(&env, &id(i), 2, 90_000);
             assert_eq!(
-                answer::claim(&mut redis, &env.scripts, &mut other)
-                    .await
-                    .unwrap(),
-                Claim::Reused,
+                (claimed(&env, &mut t).await, claimed(&env, &mut other).await),
+                (Claim::Ours, Claim::Reused),
                 "{}",
                 id(i)
             );
@@ -670,16 +671,7 @@ async fn answers_and_claims_survive_a_change_of_bucket_layout() {
 async fn ids_aimed_at_one_hash_bucket_cost_no_more_per_write() {
     let env = TestEnv::new(&[]).await;
     let store = env.keys("aimed").results();
-    let token = |i: u32| {
-        let mut d = [7u8; 16];
-        d[6] = 1;
-        d[7] = 1;
-        d[8..12].copy_from_slice(&i.to_be_bytes());
-        let mut t = b"90000h::".to_vec();
-        t.extend_from_slice(&d);
-        t.extend_from_slice(&[1; 8]);
-        t
-    };
+    let token = |i: u32| aimed_token(i, "h");
     let n = 2_000;
     for i in 0..n {
         assert_eq!(
