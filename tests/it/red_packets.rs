@@ -301,18 +301,16 @@ fn worker(env: &TestEnv) -> prizepool::refill::RefillWorker {
     prizepool::refill::RefillWorker::new(env.config.clone(), env.redis.clone(), env.db.clone())
 }
 
-fn decode_create(body: &Value) -> prizepool::messages::RedPacketCreate {
-    match prizepool::messages::decode_typed(body).unwrap() {
-        prizepool::messages::RefillQueueMessage::RedPacketCreate(req) => req,
-        other => panic!("not a create: {other:?}"),
-    }
+/// A create as the refill worker reads it (its `type` checked).
+fn decode_create(body: &Value) -> Value {
+    assert_eq!(body["type"], "redpacket.create", "not a create: {body}");
+    body.clone()
 }
 
-fn decode_expire(body: &Value) -> prizepool::messages::RedPacketExpire {
-    match prizepool::messages::decode_typed(body).unwrap() {
-        prizepool::messages::RefillQueueMessage::RedPacketExpire(req) => req,
-        other => panic!("not an expire: {other:?}"),
-    }
+/// An expiry as the refill worker reads it (its `type` checked).
+fn decode_expire(body: &Value) -> Value {
+    assert_eq!(body["type"], "redpacket.expire", "not an expire: {body}");
+    body.clone()
 }
 
 fn reply_of(outcome: &prizepool::ledger::Unsealed) -> Value {
@@ -589,9 +587,7 @@ async fn escrow_holds_under_concurrent_grabs_forged_expiries_and_duplicate_creat
     let mut tasks = Vec::new();
     for _ in 0..20 {
         let (w, req) = (w.clone(), decode_create(&body));
-        tasks.push(tokio::spawn(async move {
-            w.create_red_packet(req).await.unwrap()
-        }));
+        tasks.push(tokio::spawn(async move { w.step(&req).await.unwrap() }));
     }
     let mut replies = Vec::new();
     for t in tasks {
@@ -619,7 +615,7 @@ async fn escrow_holds_under_concurrent_grabs_forged_expiries_and_duplicate_creat
         }));
         if i % 10 == 0 {
             let (w, req) = (w.clone(), forged.clone());
-            expiries.push(tokio::spawn(async move { w.expire_red_packet(req).await }));
+            expiries.push(tokio::spawn(async move { w.step(&req).await }));
         }
     }
     let mut won = HashMap::new();
@@ -654,7 +650,7 @@ async fn a_create_sent_twice_at_once_with_different_contents_has_one_winner() {
         let id = format!("rp-twice-{round}");
         let a = decode_create(&create(&id, 1, 10_000, 10, 1, 3600));
         let b = decode_create(&create(&id, 1, 20_000, 5, 1, 3600));
-        let (ra, rb) = tokio::join!(w.create_red_packet(a), w.create_red_packet(b));
+        let (ra, rb) = tokio::join!(w.step(&a), w.step(&b));
         let winner = match (ra, rb) {
             (Ok(o), Err(amqp::HandleError::Invalid(_))) => (o, 10_000),
             (Err(amqp::HandleError::Invalid(_)), Ok(o)) => (o, 20_000),
@@ -676,7 +672,7 @@ async fn closing_refunds_once_and_lets_the_keys_expire() {
     let w = worker(&env);
     env.fund(4, 10_000).await;
     let created = w
-        .create_red_packet(decode_create(&create("rp-short", 4, 10_000, 5, 1, 1)))
+        .step(&decode_create(&create("rp-short", 4, 10_000, 5, 1, 1)))
         .await
         .unwrap();
     assert_eq!(reply_of(&created)["status"], "ok");
@@ -698,7 +694,7 @@ async fn closing_refunds_once_and_lets_the_keys_expire() {
     );
     let expire = decode_expire(&json!({"type": "redpacket.expire", "packet_id": "rp-short"}));
     // Due in about a second: an early call leaves it open.
-    let early = w.expire_red_packet(expire.clone()).await.unwrap();
+    let early = w.step(&expire).await.unwrap();
     assert_eq!(reply_of(&early)["closed"], false);
     assert!(!packet(&env, "rp-short").await.unwrap().closed);
     // Due at the whole second the create answered (at most two away).
@@ -723,7 +719,7 @@ async fn closing_refunds_once_and_lets_the_keys_expire() {
     );
     let mut announced = 0;
     for _ in 0..3 {
-        let closed = w.expire_red_packet(expire.clone()).await.unwrap();
+        let closed = w.step(&expire).await.unwrap();
         announced += closed
             .effects
             .iter()
@@ -776,12 +772,12 @@ async fn closing_refunds_once_and_lets_the_keys_expire() {
             .unwrap();
     }
     let again = w
-        .create_red_packet(decode_create(&create("rp-short", 4, 10_000, 5, 1, 1)))
+        .step(&decode_create(&create("rp-short", 4, 10_000, 5, 1, 1)))
         .await
         .unwrap();
     assert_eq!(reply_of(&again), reply_of(&created));
     assert!(packet(&env, "rp-short").await.is_none());
-    let closed = w.expire_red_packet(expire).await.unwrap();
+    let closed = w.step(&expire).await.unwrap();
     assert_eq!(reply_of(&closed)["refunded"], 10_000 - amount);
 }
 

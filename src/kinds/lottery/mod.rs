@@ -39,6 +39,7 @@
 
 pub mod config;
 mod counters;
+mod kind;
 mod ladder;
 mod wheel;
 
@@ -48,6 +49,7 @@ use sqlx::PgPool;
 
 pub use config::{parse_file, ActivityConfig};
 pub use counters::{chances_left, stats, Stats};
+pub use kind::{Lottery, LOTTERY};
 
 use crate::{
     amqp::HandleError,
@@ -221,19 +223,26 @@ fn award(ask: &Ask<'_>, body: &str, replayed: bool) -> Result<Award, HandleError
     })
 }
 
-/// Every registered strategy. A new one is a module and a line here.
-fn registry() -> [&'static dyn Strategy; 2] {
-    [&wheel::Wheel, &ladder::Ladder]
-}
+/// Every registered strategy, each as the draw of the activities that name
+/// it. A new one is a module and a line here.
+static REGISTRY: [kind::ByStrategy; 2] = [
+    kind::ByStrategy(&wheel::Wheel),
+    kind::ByStrategy(&ladder::Ladder),
+];
 
 /// The strategy registered under `label`.
 pub fn strategy(label: &str) -> Option<&'static dyn Strategy> {
-    registry().into_iter().find(|s| s.label() == label)
+    by_strategy(label).map(|s| s.0)
+}
+
+/// The draw of the activities of strategy `label`.
+fn by_strategy(label: &str) -> Option<&'static kind::ByStrategy> {
+    REGISTRY.iter().find(|s| s.0.label() == label)
 }
 
 /// The registered labels.
 pub fn labels() -> Vec<&'static str> {
-    registry().iter().map(|s| s.label()).collect()
+    REGISTRY.iter().map(|s| s.0.label()).collect()
 }
 
 /// The wheel's pick, as `draw_wheel.lua` makes it: the first of `random`

@@ -4,10 +4,13 @@
 //! `redpacket.expire`) and hands them here; the races are explained in
 //! [`super`].
 
+use serde_json::Value;
+
 use crate::{
     amqp::{HandleError, Outgoing},
+    kinds::registry::{self, LifeStep, Lifecycle},
     ledger::Unsealed,
-    messages::{with_type, ErrorCode, Invalid, RedPacketCreate, RedPacketExpire},
+    messages::{decode_payload, with_type, ErrorCode, Invalid, RedPacketCreate, RedPacketExpire},
     redis_conn::RedisConn,
     scripts::{PoolKeys, Scripts},
 };
@@ -15,7 +18,7 @@ use crate::{
 use super::{
     arm_expiry, close, closed_event, create as create_packet, encode, fair, pending_expiry,
     record_closed, refund_entry, stored, Close, CreateError, ExpireReply, Expiry, RejectedReply,
-    Stored, CLOSED_EVENT, CREATED_EVENT, EXPIRE_TYPE,
+    Stored, CLOSED_EVENT, CREATED_EVENT, EXPIRE_TYPE, RESULT_TYPE,
 };
 
 /// What the lifecycle steps use of the worker that runs them.
@@ -26,6 +29,42 @@ pub struct Life<'a> {
     pub scripts: &'a Scripts,
     /// `REDIS_PREFIX`.
     pub prefix: &'a str,
+}
+
+/// The refill queue's red-packet messages. Both need Postgres.
+pub(super) const LIFECYCLE: &[Lifecycle] = &[
+    Lifecycle {
+        message: "redpacket.create",
+        reply: RESULT_TYPE,
+        postgres: true,
+        handle: handle_create,
+    },
+    Lifecycle {
+        message: EXPIRE_TYPE,
+        reply: RESULT_TYPE,
+        postgres: true,
+        handle: handle_expire,
+    },
+];
+
+fn handle_create<'a>(life: &'a registry::Life<'a>, envelope: &'a Value) -> LifeStep<'a> {
+    Box::pin(async move { create(&Life::of(life), decode_payload(envelope)?).await })
+}
+
+fn handle_expire<'a>(life: &'a registry::Life<'a>, envelope: &'a Value) -> LifeStep<'a> {
+    Box::pin(async move { expire(&Life::of(life), decode_payload(envelope)?).await })
+}
+
+impl<'a> Life<'a> {
+    /// What the steps use of the refill worker's `life`.
+    pub fn of(life: &'a registry::Life<'a>) -> Self {
+        Self {
+            db: life.db,
+            redis: life.redis,
+            scripts: life.scripts,
+            prefix: &life.config.redis_prefix,
+        }
+    }
 }
 
 /// A reply or event of the red-packet kind as bytes.

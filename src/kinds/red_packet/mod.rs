@@ -75,6 +75,7 @@ mod close;
 mod create;
 pub mod fair;
 mod grab;
+mod kind;
 pub mod lifecycle;
 mod names;
 pub mod split;
@@ -87,6 +88,7 @@ pub use close::{
 pub use create::{create, validate, whole_second_from, CreateError, Created};
 pub use grab::grab;
 pub(crate) use grab::grab_call;
+pub use kind::{RedPacket, RED_PACKET};
 pub use stored::{stored, Stored};
 
 use close::parse_share;
