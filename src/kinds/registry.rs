@@ -57,8 +57,7 @@ pub trait PrizeKind: std::fmt::Debug + Send + Sync {
     /// What one dispatch ([`super::Kinds`]) keeps for this kind's draws
     /// (lucky gift: its coalescer and code tables); handed to each
     /// [`Draw::draw_pool`] as [`At::state`].
-    fn open(&self, scripts: &Scripts) -> Box<dyn Any + Send + Sync> {
-        let _ = scripts;
+    fn open(&self) -> Box<dyn Any + Send + Sync> {
         Box::new(())
     }
 
@@ -97,12 +96,7 @@ pub trait Draw: std::fmt::Debug + Send + Sync {
 
     /// The Lua call one draw step makes for `ask`, with the same keys and
     /// arguments, but nothing around it (`prizepool bench`).
-    fn script_call<'a>(
-        &self,
-        scripts: &'a Scripts,
-        keys: &PoolKeys,
-        ask: &Ask<'_>,
-    ) -> ScriptInvocation<'a>;
+    fn script_call(&self, keys: &PoolKeys, ask: &Ask<'_>) -> ScriptInvocation<'static>;
 }
 
 /// What a draw step gets of its dispatch.

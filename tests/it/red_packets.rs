@@ -16,7 +16,6 @@ const T: Duration = Duration::from_secs(30);
 /// awarded, if any.
 async fn grab_share(
     conn: &mut prizepool::redis_conn::RedisConn,
-    scripts: &prizepool::scripts::Scripts,
     keys: &prizepool::scripts::PoolKeys,
     packet: &str,
     request_id: &str,
@@ -32,7 +31,7 @@ async fn grab_share(
         token: &tokens.answer,
         result_ttl_s: 60,
     };
-    match red_packet::grab(conn, scripts, keys, &ask).await.unwrap() {
+    match red_packet::grab(conn, keys, &ask).await.unwrap() {
         prizepool::kinds::Step::Awarded(award) => award.result.reward,
         _ => None,
     }
@@ -54,9 +53,7 @@ fn create(packet: &str, sender: i64, total: i64, count: i64, min: i64, expires_i
 
 async fn packet(env: &TestEnv, id: &str) -> Option<red_packet::PacketStatus> {
     let mut redis = env.redis.clone();
-    red_packet::status(&mut redis, &env.scripts, &env.keys(id))
-        .await
-        .unwrap()
+    red_packet::status(&mut redis, &env.keys(id)).await.unwrap()
 }
 
 #[tokio::test]
@@ -600,17 +597,16 @@ async fn escrow_holds_under_concurrent_grabs_forged_expiries_and_duplicate_creat
 
     // Grabs by 60 users (each several times) and forged expiries, at once.
     let keys = env.keys("rp-race");
-    let scripts = Arc::new(prizepool::scripts::Scripts::new());
     let forged = decode_expire(&json!({"type": "redpacket.expire", "packet_id": "rp-race",
                                        "expires_at": "2000-01-01T00:00:00Z"}));
     let mut grabs = Vec::new();
     let mut expiries = Vec::new();
     for i in 0..180i64 {
-        let (mut conn, scripts, keys) = (env.redis.clone(), scripts.clone(), keys.clone());
+        let (mut conn, keys) = (env.redis.clone(), keys.clone());
         let user = (i * 7) % 60;
         grabs.push(tokio::spawn(async move {
             let id = format!("grab-{i}");
-            let g = grab_share(&mut conn, &scripts, &keys, "rp-race", &id, user).await;
+            let g = grab_share(&mut conn, &keys, "rp-race", &id, user).await;
             (user, g)
         }));
         if i % 10 == 0 {
@@ -678,13 +674,11 @@ async fn closing_refunds_once_and_lets_the_keys_expire() {
     assert_eq!(reply_of(&created)["status"], "ok");
     let keys = env.keys("rp-short");
     let mut conn = env.redis.clone();
-    let amount = grab_share(&mut conn, &env.scripts, &keys, "rp-short", "g-1", 77)
+    let amount = grab_share(&mut conn, &keys, "rp-short", "g-1", 77)
         .await
         .expect("a share");
     // The close step itself checks the stored expiry, whoever calls it.
-    let early = red_packet::close(&mut conn, &env.scripts, &keys)
-        .await
-        .unwrap();
+    let early = red_packet::close(&mut conn, &keys).await.unwrap();
     let red_packet::Close::Early { expires_at } = early else {
         panic!("closed early: {early:?}")
     };
@@ -707,9 +701,7 @@ async fn closing_refunds_once_and_lets_the_keys_expire() {
     tokio::time::sleep(Duration::from_millis(wait.unsigned_abs())).await;
     // A closer that dies after the Redis step: the next expiry records the
     // close, refunds and announces it, once.
-    let step = red_packet::close(&mut conn, &env.scripts, &keys)
-        .await
-        .unwrap();
+    let step = red_packet::close(&mut conn, &keys).await.unwrap();
     assert_eq!(
         step,
         red_packet::Close::Closed {
@@ -870,9 +862,7 @@ async fn a_packet_of_the_earlier_layout_gives_one_share_per_user() {
     let keys = env.keys("rp-old");
     let mut redis = env.redis.clone();
     let expires = prizepool::scripts::now_ms() + 3_600_000;
-    let (status, n): (String, i64) = env
-        .scripts
-        .stock_red_packet
+    let (status, n): (String, i64) = prizepool::kinds::red_packet::scripts::STOCK
         .key(keys.meta())
         .key(keys.shares())
         .arg(1)
@@ -893,17 +883,14 @@ async fn a_packet_of_the_earlier_layout_gives_one_share_per_user() {
         .query_async(&mut redis)
         .await
         .unwrap();
-    let (s, e) = (&env.scripts, &keys);
+    let e = &keys;
     assert_eq!(
-        grab_share(&mut redis, s, e, "rp-old", "rq-1", 7).await,
+        grab_share(&mut redis, e, "rp-old", "rq-1", 7).await,
         Some(100)
     );
+    assert_eq!(grab_share(&mut redis, e, "rp-old", "rq-2", 7).await, None);
     assert_eq!(
-        grab_share(&mut redis, s, e, "rp-old", "rq-2", 7).await,
-        None
-    );
-    assert_eq!(
-        grab_share(&mut redis, s, e, "rp-old", "rq-3", 8).await,
+        grab_share(&mut redis, e, "rp-old", "rq-3", 8).await,
         Some(100)
     );
     let grabbed: HashMap<String, String> = redis::cmd("HGETALL")

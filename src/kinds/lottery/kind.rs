@@ -12,7 +12,7 @@ use crate::{
         Ask, Step,
     },
     ledger::reasons::{Direction::Credit, Reason},
-    scripts::{PoolKeys, ScriptInvocation, Scripts},
+    scripts::{PoolKeys, ScriptInvocation},
 };
 
 /// The lottery kind, registered in [`crate::kinds::KINDS`].
@@ -70,18 +70,13 @@ impl Draw for ByStrategy {
             let mut conn = at.redis.clone();
             let mut steps = Vec::with_capacity(asks.len());
             for ask in asks {
-                steps.push(draw(&mut conn, at.scripts, at.keys, self.0, ask).await);
+                steps.push(draw(&mut conn, at.keys, self.0, ask).await);
             }
             steps
         })
     }
 
-    fn script_call<'a>(
-        &self,
-        scripts: &'a Scripts,
-        keys: &PoolKeys,
-        ask: &Ask<'_>,
-    ) -> ScriptInvocation<'a> {
-        self.0.invocation(scripts, keys, ask, &random_values())
+    fn script_call(&self, keys: &PoolKeys, ask: &Ask<'_>) -> ScriptInvocation<'static> {
+        self.0.invocation(keys, ask, &random_values())
     }
 }

@@ -14,7 +14,7 @@ use crate::{
         Ask, Step,
     },
     ledger::reasons::{Direction::Credit, Reason},
-    scripts::{PoolKeys, ScriptInvocation, Scripts},
+    scripts::{PoolKeys, ScriptInvocation},
 };
 
 /// The lucky-gift kind, registered in [`crate::kinds::KINDS`].
@@ -61,9 +61,9 @@ impl PrizeKind for LuckyGift {
             .ok_or_else(|| HandleError::internal(format!("no draw for storage {storage:?}")))
     }
 
-    fn open(&self, scripts: &Scripts) -> Box<dyn Any + Send + Sync> {
+    fn open(&self) -> Box<dyn Any + Send + Sync> {
         Box::new(Dispatch {
-            calls: Coalescer::new(scripts),
+            calls: Coalescer::default(),
             codes: Decoder::default(),
         })
     }
@@ -109,14 +109,9 @@ impl Draw for Storage {
         })
     }
 
-    fn script_call<'a>(
-        &self,
-        scripts: &'a Scripts,
-        keys: &PoolKeys,
-        ask: &Ask<'_>,
-    ) -> ScriptInvocation<'a> {
+    fn script_call(&self, keys: &PoolKeys, ask: &Ask<'_>) -> ScriptInvocation<'static> {
         draw_call(
-            draw_script(scripts, *self),
+            draw_script(*self),
             keys,
             *self,
             &crate::scripts::utc_day(),

@@ -315,7 +315,6 @@ async fn stock<R: Recorder>(
     };
     let outcome = stock_committed(
         &mut conn,
-        at.scripts,
         keys,
         &stocked.pool,
         stocked.version,

@@ -2,6 +2,7 @@
 //! label, its ledger reasons, its grab, and its create and expiry on the
 //! refill queue.
 
+use crate::kinds::red_packet::scripts as lua;
 use futures_util::future::BoxFuture;
 
 use super::{grab, grab_call, lifecycle, KIND};
@@ -15,7 +16,7 @@ use crate::{
         Direction::{Credit, Debit},
         Reason,
     },
-    scripts::{PoolKeys, ScriptInvocation, Scripts},
+    scripts::{PoolKeys, ScriptInvocation},
 };
 
 /// The red-packet kind, registered in [`crate::kinds::KINDS`].
@@ -70,24 +71,13 @@ impl Draw for Grab {
             let mut conn = at.redis.clone();
             let mut steps = Vec::with_capacity(asks.len());
             for ask in asks {
-                steps.push(grab(&mut conn, at.scripts, at.keys, ask).await);
+                steps.push(grab(&mut conn, at.keys, ask).await);
             }
             steps
         })
     }
 
-    fn script_call<'a>(
-        &self,
-        scripts: &'a Scripts,
-        keys: &PoolKeys,
-        ask: &Ask<'_>,
-    ) -> ScriptInvocation<'a> {
-        grab_call(
-            &scripts.grab_red_packet,
-            keys,
-            ask.user,
-            ask.result_ttl_s,
-            ask.token,
-        )
+    fn script_call(&self, keys: &PoolKeys, ask: &Ask<'_>) -> ScriptInvocation<'static> {
+        grab_call(&lua::GRAB, keys, ask.user, ask.result_ttl_s, ask.token)
     }
 }

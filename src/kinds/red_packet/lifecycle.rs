@@ -88,7 +88,7 @@ fn remaining_ms(at: chrono::DateTime<chrono::Utc>) -> u64 {
 /// expiry (a create sent again replaces the one before).
 pub async fn create(at: &Life<'_>, req: RedPacketCreate) -> Result<Unsealed, HandleError> {
     let mut conn = at.redis.clone();
-    let created = match create_packet(at.db, &mut conn, at.scripts, at.prefix, &req).await {
+    let created = match create_packet(at.db, &mut conn, at.prefix, &req).await {
         Ok(created) => created,
         Err(CreateError::Invalid(message)) => return Err(Invalid::new(message).into()),
         Err(e @ CreateError::InsufficientFunds { .. }) => {
@@ -110,7 +110,7 @@ pub async fn create(at: &Life<'_>, req: RedPacketCreate) -> Result<Unsealed, Han
         // when it comes.
         let keys = PoolKeys::new(at.prefix, &created.packet_id);
         let token = ulid::Ulid::new().to_string();
-        let token = match arm_expiry(&mut conn, at.scripts, &keys, &token).await? {
+        let token = match arm_expiry(&mut conn, &keys, &token).await? {
             Expiry::Pending(token) => Some(Some(token)),
             // Closed in Redis, not yet in Postgres: an expiry (due, so
             // no token needed) records the close and sends the refund.
@@ -183,7 +183,7 @@ pub async fn expire(at: &Life<'_>, req: RedPacketExpire) -> Result<Unsealed, Han
     };
     loop {
         if let Some(expires_at) = early {
-            match pending_expiry(&mut conn, at.scripts, &keys, req.token.as_deref()).await? {
+            match pending_expiry(&mut conn, &keys, req.token.as_deref()).await? {
                 Expiry::Pending(token) => return expire_later(id, expires_at, Some(token)),
                 Expiry::Stale => {
                     tracing::debug!(packet = %id, "an expiry that is not the pending one came early; dropped");
@@ -193,7 +193,7 @@ pub async fn expire(at: &Life<'_>, req: RedPacketExpire) -> Result<Unsealed, Han
                 Expiry::Unknown => return Err(missing()),
             }
         }
-        match close(&mut conn, at.scripts, &keys).await? {
+        match close(&mut conn, &keys).await? {
             Close::Closed { refunded, .. } => {
                 // Announced by whoever records the close, which the Redis
                 // step's closer may not have lived to do.
