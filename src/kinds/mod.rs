@@ -208,7 +208,7 @@ impl Kinds {
         self.redis.clone()
     }
 
-    /// The scripts.
+    /// The scripts every kind shares (the claim and the answer store).
     pub fn scripts(&self) -> &Scripts {
         &self.scripts
     }

@@ -215,3 +215,51 @@ pub fn lifecycle(message: &str) -> Option<(usize, &'static Lifecycle)> {
             .map(|l| (i, l))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_resolves_its_pools_to_a_draw_of_its_own() {
+        let names = ["kind", "storage", "strategy"];
+        let values = [None, Some("sparse".to_owned()), Some("ladder".to_owned())];
+        let meta = Meta {
+            names: &names,
+            values: &values,
+        };
+        for kind in KINDS {
+            let draw = kind.resolve("p", &meta).unwrap();
+            assert_eq!(draw.label(), kind.label());
+            // Only lucky-gift pools are stocked as sub-pools.
+            assert_eq!(draw.routes_sub_pools(), kind.label() == "lucky_gift");
+        }
+        let unknown = [None, None, Some("no_such".to_owned())];
+        let (_, lottery) = find("lottery").unwrap();
+        let meta = Meta {
+            names: &names,
+            values: &unknown,
+        };
+        assert!(lottery.resolve("a", &meta).is_err());
+        assert!(find("scratch_card").is_none());
+    }
+
+    #[test]
+    fn lifecycle_messages_reach_their_kind_and_name_their_reply() {
+        let (slot, refill) = lifecycle("refill").unwrap();
+        assert_eq!(KINDS[slot].label(), "lucky_gift");
+        assert_eq!((refill.reply, refill.postgres), ("refill_result", false));
+        for message in ["redpacket.create", "redpacket.expire"] {
+            let (slot, step) = lifecycle(message).unwrap();
+            assert_eq!(KINDS[slot].label(), "red_packet");
+            assert!(step.postgres, "{message}");
+            assert_eq!(
+                crate::messages::reply_type(Some(message)),
+                "redpacket_result"
+            );
+        }
+        assert!(lifecycle("draw").is_none());
+        assert_eq!(crate::messages::reply_type(Some("refill")), "refill_result");
+        assert_eq!(crate::messages::reply_type(Some("nonsense")), "draw_result");
+    }
+}

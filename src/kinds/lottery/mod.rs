@@ -225,7 +225,7 @@ fn award(ask: &Ask<'_>, body: &str, replayed: bool) -> Result<Award, HandleError
 
 /// Every registered strategy, each as the draw of the activities that name
 /// it. A new one is a module and a line here.
-static REGISTRY: [kind::ByStrategy; 2] = [
+static REGISTRY: &[kind::ByStrategy] = &[
     kind::ByStrategy(&wheel::Wheel),
     kind::ByStrategy(&ladder::Ladder),
 ];

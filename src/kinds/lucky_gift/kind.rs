@@ -28,7 +28,7 @@ pub struct LuckyGift;
 const REASONS: &[Reason] = &[Reason::of_kind(KIND, "lucky_gift", Credit)];
 
 /// The draw of each storage, by [`Storage::ALL`]'s order.
-static DRAWS: [Storage; 2] = Storage::ALL;
+static DRAWS: [Storage; Storage::ALL.len()] = Storage::ALL;
 
 /// What one dispatch keeps for lucky-gift draws.
 #[derive(Debug)]

@@ -19,7 +19,7 @@
 //! Adding a storage: a file here implementing [`Layout`], a variant of
 //! [`Storage`] (`name.rs`) with its label and its place in [`Storage::ALL`],
 //! its arm in [`Storage::layout`], and its draw script in
-//! [`crate::scripts::Scripts`].
+//! `kinds/lucky_gift/scripts.rs`.
 
 mod list;
 pub(super) mod name;
