@@ -22,12 +22,7 @@ use super::{
 
 /// Draw-step cost with 1 thousand vs 10 million prizes stocked.
 pub(crate) async fn flatness(svc: &Services<'_>) -> anyhow::Result<report::Flatness> {
-    let Services {
-        config,
-        redis,
-        scripts,
-        ..
-    } = svc;
+    let Services { config, redis, .. } = svc;
     let small = pool_config(
         &unique("bench-small"),
         Storage::List,
@@ -59,10 +54,10 @@ pub(crate) async fn flatness(svc: &Services<'_>) -> anyhow::Result<report::Flatn
         small_rates.push(fixed_draws(&dispatch, &small.id, 960).await?);
         big_rates.push(fixed_draws(&dispatch, &big.id, 960).await?);
         let mut conn = redis.clone();
-        let gen = lucky_gift::status(&mut conn, scripts, &sk, &small.id)
+        let gen = lucky_gift::status(&mut conn, &sk, &small.id)
             .await?
             .map_or(0, |s| s.generation);
-        lucky_gift::stock_next(&mut conn, scripts, &sk, &small, &table, gen, 4000, 30_000).await?;
+        lucky_gift::stock_next(&mut conn, &sk, &small, &table, gen, 4000, 30_000).await?;
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -117,12 +112,7 @@ async fn fixed_draws(dispatch: &[Arc<Kinds>], pool: &str, n: usize) -> anyhow::R
 
 /// Longest time Redis stopped answering while a 3-million-prize batch was stocked.
 pub(crate) async fn stall(svc: &Services<'_>) -> anyhow::Result<report::Stall> {
-    let Services {
-        config,
-        redis,
-        scripts,
-        ..
-    } = svc;
+    let Services { config, redis, .. } = svc;
     let pool = pool_config(
         &unique("bench-stall"),
         Storage::List,
@@ -151,7 +141,6 @@ pub(crate) async fn stall(svc: &Services<'_>) -> anyhow::Result<report::Stall> {
     let started = std::time::Instant::now();
     let outcome = lucky_gift::stock_next(
         &mut conn,
-        scripts,
         &keys,
         &pool,
         &table,

@@ -23,7 +23,6 @@ impl Services<'_> {
         prizepool::pools::load(
             &self.db,
             &mut conn,
-            &self.scripts,
             &self.config.redis_prefix,
             std::slice::from_ref(pool),
             self.config.refill_chunk,

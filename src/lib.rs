@@ -9,7 +9,7 @@
 //! | [`config`], [`telemetry`], [`shutdown`], [`ops`] | start-up plumbing: environment, logs and traces (OTLP, trace context in AMQP headers), signals, `/metrics` + health |
 //! | [`amqp`] | topology, publishing with confirms, the shared consume loop, coalesced acks, grouped messages (the groups are declared by the workers), dead letters |
 //! | [`messages`] | the wire contract: every request, reply and event as a serde type, validation, error codes |
-//! | [`scripts`] | the Lua scripts of `lua/` and the Redis key names |
+//! | [`scripts`] | how a Lua script of `lua/` runs (a Redis function), the scripts all kinds share, and the Redis key names; each kind's own scripts are in its folder |
 //! | [`kinds`] | the seam: one dispatch and one vocabulary (award, refuse, short) for every prize kind, each kind in its own folder; request fingerprints and stored answers |
 //! | [`ledger`] | the Postgres ledger: apply entries, balances, totals, the seals on the fleet's own entries, and the group they are published in |
 //! | [`draw`], [`refill`], [`settle`] | the three workers |

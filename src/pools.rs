@@ -7,7 +7,7 @@ use sqlx::PgPool;
 
 use crate::{
     kinds::lucky_gift::{self, CodeTable, PoolConfig, StockOutcome},
-    scripts::{PoolKeys, Scripts},
+    scripts::PoolKeys,
 };
 
 /// What loading one pool did.
@@ -28,7 +28,6 @@ pub struct Loaded {
 pub async fn load<C: ConnectionLike + Send>(
     db: &PgPool,
     redis: &mut C,
-    scripts: &Scripts,
     prefix: &str,
     configs: &[PoolConfig],
     chunk: usize,
@@ -46,7 +45,7 @@ pub async fn load<C: ConnectionLike + Send>(
         let mut first_batch = None;
         for sub in config.sub_pools() {
             let keys = PoolKeys::new(prefix, &sub.id);
-            lucky_gift::configure(redis, scripts, &keys, &sub, i64::from(version), &table)
+            lucky_gift::configure(redis, &keys, &sub, i64::from(version), &table)
                 .await
                 .with_context(|| format!("writing pool {} to Redis", sub.id))?;
             // The first batch is committed like any other: its commitment is
@@ -55,7 +54,6 @@ pub async fn load<C: ConnectionLike + Send>(
             let token = ulid::Ulid::new().to_string();
             let outcome = lucky_gift::stock_committed(
                 redis,
-                scripts,
                 &keys,
                 &sub,
                 i64::from(version),
@@ -196,14 +194,13 @@ async fn register(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>, id: &str) -> a
 /// pool exists.
 pub async fn status<C: ConnectionLike + Send>(
     conn: &mut C,
-    scripts: &Scripts,
     prefix: &str,
     pool: &str,
 ) -> Result<Option<Status>, redis::RedisError> {
     let shards = shards_of(conn, prefix, pool).await?;
     if shards <= 1 {
         let keys = PoolKeys::new(prefix, pool);
-        return Ok(lucky_gift::status(conn, scripts, &keys, pool)
+        return Ok(lucky_gift::status(conn, &keys, pool)
             .await?
             .map(|total| Status {
                 total,
@@ -214,7 +211,7 @@ pub async fn status<C: ConnectionLike + Send>(
     for shard in 0..shards {
         let id = lucky_gift::config::sub_pool_id(pool, shard);
         let keys = PoolKeys::new(prefix, &id);
-        match lucky_gift::status(conn, scripts, &keys, &id).await? {
+        match lucky_gift::status(conn, &keys, &id).await? {
             Some(status) => subs.push(status),
             None => return Ok(None),
         }

@@ -66,12 +66,11 @@ async fn load(svc: &Services<'_>, id: &str, users: u64) -> anyhow::Result<()> {
     let activities = prizepool::kinds::lottery::parse_file(&text)?;
     let mut conn = svc.redis.clone();
     let prefix = &svc.config.redis_prefix;
-    prizepool::kinds::lottery::load(&svc.db, &mut conn, &svc.scripts, prefix, &activities).await?;
+    prizepool::kinds::lottery::load(&svc.db, &mut conn, prefix, &activities).await?;
     let keys = PoolKeys::new(prefix, id);
     for user in 1..=users {
         prizepool::kinds::lottery::grant(
             &mut conn,
-            &svc.scripts,
             &keys,
             id,
             &format!("bench-{user}"),

@@ -122,14 +122,7 @@ async fn create(
             expires_in_s: 3600,
             asset: "coin".into(),
         };
-        red_packet::create(
-            &svc.db,
-            &mut conn,
-            &svc.scripts,
-            &svc.config.redis_prefix,
-            &create,
-        )
-        .await?;
+        red_packet::create(&svc.db, &mut conn, &svc.config.redis_prefix, &create).await?;
     }
     Ok(packets)
 }

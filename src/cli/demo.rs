@@ -19,7 +19,7 @@ use crate::{
     config::Config,
     kinds::lucky_gift,
     ops::Health,
-    scripts::{PoolKeys, Scripts},
+    scripts::PoolKeys,
 };
 
 /// Options of `prizepool demo`.
@@ -52,8 +52,7 @@ pub(crate) async fn run(config: &Config, args: DemoArgs) -> anyhow::Result<()> {
         args.draw_workers, args.users, args.draws);
     let db = crate::db::migrate(&config.database_url).await?;
     let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
-    let scripts = Scripts::new();
-    let pool = load_pool(config, &db, &mut redis, &scripts, &args).await?;
+    let pool = load_pool(config, &db, &mut redis, &args).await?;
     let shutdown = CancellationToken::new();
     let workers = start_fleet(config, args.draw_workers, &shutdown).await?;
 
@@ -65,7 +64,7 @@ pub(crate) async fn run(config: &Config, args: DemoArgs) -> anyhow::Result<()> {
     // Settlement runs behind the replies; wait for the ledger to catch up.
     let ledger_total = wait_for_ledger(&db, &pool.id, tally.total_reward).await?;
     let keys = PoolKeys::new(&config.redis_prefix, &pool.id);
-    let status = lucky_gift::status(&mut redis, &scripts, &keys, &pool.id)
+    let status = lucky_gift::status(&mut redis, &keys, &pool.id)
         .await?
         .context("the demo pool vanished")?;
     let consistent = tally.check(&pool, &status, ledger_total);
@@ -92,7 +91,6 @@ async fn load_pool(
     config: &Config,
     db: &sqlx::PgPool,
     redis: &mut crate::redis_conn::RedisConn,
-    scripts: &Scripts,
     args: &DemoArgs,
 ) -> anyhow::Result<lucky_gift::PoolConfig> {
     let text = match &args.pool_file {
@@ -108,7 +106,6 @@ async fn load_pool(
     crate::pools::load(
         db,
         redis,
-        scripts,
         &config.redis_prefix,
         std::slice::from_ref(&pool),
         config.refill_chunk,
@@ -395,7 +392,7 @@ async fn wait_closed(
     let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let s = crate::kinds::red_packet::status(&mut redis, &Scripts::new(), &keys)
+        let s = crate::kinds::red_packet::status(&mut redis, &keys)
             .await?
             .context("the packet vanished")?;
         if s.closed || tokio::time::Instant::now() > deadline {
@@ -424,7 +421,6 @@ async fn lottery_demo(
     crate::kinds::lottery::load(
         db,
         &mut redis,
-        &Scripts::new(),
         &config.redis_prefix,
         std::slice::from_ref(&activity),
     )

@@ -17,7 +17,7 @@ use crate::{
     config::Config,
     kinds::lucky_gift,
     messages::{with_type, DrawRequest, RefillRequest},
-    scripts::{PoolKeys, Scripts},
+    scripts::PoolKeys,
 };
 
 /// The library's subcommands: everything `prizepool` does but `bench`.
@@ -280,20 +280,15 @@ async fn draw(
 }
 
 async fn pool(config: &Config, command: PoolCommand) -> anyhow::Result<()> {
-    let scripts = Scripts::new();
     match command {
-        PoolCommand::Load { file } => pool_load(config, &scripts, &file).await,
-        PoolCommand::Status { id, json } => pool_status(config, &scripts, &id, json).await,
-        PoolCommand::Refill { id } => pool_refill(config, &scripts, &id).await,
+        PoolCommand::Load { file } => pool_load(config, &file).await,
+        PoolCommand::Status { id, json } => pool_status(config, &id, json).await,
+        PoolCommand::Refill { id } => pool_refill(config, &id).await,
     }
 }
 
 /// `pool load FILE`: stores and stocks every pool of a pool file.
-async fn pool_load(
-    config: &Config,
-    scripts: &Scripts,
-    file: &std::path::Path,
-) -> anyhow::Result<()> {
+async fn pool_load(config: &Config, file: &std::path::Path) -> anyhow::Result<()> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
     let configs = lucky_gift::parse_file(&text)
@@ -303,7 +298,6 @@ async fn pool_load(
     let loaded = crate::pools::load(
         &db,
         &mut redis,
-        scripts,
         &config.redis_prefix,
         &configs,
         config.refill_chunk,
@@ -323,15 +317,10 @@ async fn pool_load(
 
 /// `pool status ID`: a pool's counters, fairness state and memory, or its
 /// sub-pools' counters for a sharded pool.
-async fn pool_status(
-    config: &Config,
-    scripts: &Scripts,
-    id: &str,
-    json: bool,
-) -> anyhow::Result<()> {
+async fn pool_status(config: &Config, id: &str, json: bool) -> anyhow::Result<()> {
     let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
     let keys = PoolKeys::new(&config.redis_prefix, id);
-    let whole = crate::pools::status(&mut redis, scripts, &config.redis_prefix, id)
+    let whole = crate::pools::status(&mut redis, &config.redis_prefix, id)
         .await?
         .with_context(|| format!("no pool named {id}"))?;
     if !whole.shards.is_empty() {
@@ -373,9 +362,9 @@ async fn pool_status(
 
 /// `pool refill ID`: makes the current batch (of each sub-pool) due and
 /// asks the refill worker for the next one.
-async fn pool_refill(config: &Config, scripts: &Scripts, id: &str) -> anyhow::Result<()> {
+async fn pool_refill(config: &Config, id: &str) -> anyhow::Result<()> {
     let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
-    let status = crate::pools::status(&mut redis, scripts, &config.redis_prefix, id)
+    let status = crate::pools::status(&mut redis, &config.redis_prefix, id)
         .await?
         .with_context(|| format!("no pool named {id}"))?;
     // A sharded pool is refilled as a whole: each sub-pool gets its
@@ -472,14 +461,9 @@ async fn activity(config: &Config, command: ActivityCommand) -> anyhow::Result<(
                 .with_context(|| format!("{} is not a valid activity file", file.display()))?;
             let db = crate::db::migrate(&config.database_url).await?;
             let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
-            let loaded = crate::kinds::lottery::load(
-                &db,
-                &mut redis,
-                &Scripts::new(),
-                &config.redis_prefix,
-                &activities,
-            )
-            .await?;
+            let loaded =
+                crate::kinds::lottery::load(&db, &mut redis, &config.redis_prefix, &activities)
+                    .await?;
             for (id, version) in loaded {
                 println!("activity {id} loaded as version {version}");
             }

@@ -12,7 +12,7 @@ use clap::Args;
 use lapin::{options::QueueDeclareOptions, types::FieldTable, Connection};
 use serde::Serialize;
 
-use crate::{amqp, config::Config, scripts::Scripts};
+use crate::{amqp, config::Config};
 
 /// Seconds the ledger may trail queued settlements before it counts as lagging
 /// (the `PrizepoolSettleLagging` alert's threshold).
@@ -186,10 +186,9 @@ async fn pools(
             entries,
         });
     }
-    let scripts = Scripts::new();
     let mut out = Vec::new();
     for (id, max_count) in registered {
-        let Some(status) = crate::pools::status(redis, &scripts, &config.redis_prefix, &id)
+        let Some(status) = crate::pools::status(redis, &config.redis_prefix, &id)
             .await
             .with_context(|| format!("reading pool {id}"))?
         else {

@@ -36,10 +36,17 @@
 //!   reused for other content is refused before any pool is touched; the
 //!   kinds' own races are explained in each kind's module.
 //!
-//! Adding a kind: a folder here with its `KIND` label, its config loader,
-//! a `draw` that answers a [`Step`] and its lifecycle steps, plus its label
-//! in [`LABELS`], its variant of [`Kind`] with an arm in each match on it
-//! in this file, its ledger reasons and its scripts: `docs/design.md`,
+//! # The registry
+//!
+//! The kinds are listed once, in [`registry::KINDS`]: each is a value of
+//! its folder implementing [`PrizeKind`] (its label, its ledger reasons,
+//! how a pool's meta hash resolves into its [`Draw`], its lifecycle
+//! messages on the refill queue). This module resolves a pool once into a
+//! [`Kind`] (a `&'static dyn Draw`, cached with the pool) and each draw
+//! step is one virtual call into it; the ledger and the refill worker read
+//! the same list. Adding a kind is a folder here (its `KIND`, its
+//! `kind.rs`, its draw and lifecycle steps, its `scripts.rs`), its `pub
+//! mod` line below and its line in [`registry::KINDS`]: `docs/design.md`,
 //! "Adding a prize kind", lists each line, and a test checks that list
 //! against the code.
 
@@ -47,13 +54,15 @@ pub mod answer;
 pub mod lottery;
 pub mod lucky_gift;
 pub mod red_packet;
+pub mod registry;
 mod request;
 
-use std::collections::HashMap;
+use std::{any::Any, collections::HashMap};
 
 use tokio::sync::RwLock;
 
 pub use answer::{claim, fingerprint, remember, Claim, Fingerprint, Refusal, ScriptReply, Tokens};
+pub use registry::{At, Draw, Meta, PrizeKind, KINDS};
 pub use request::{Opened, Prepared};
 
 use crate::{
@@ -62,6 +71,9 @@ use crate::{
     redis_conn::RedisConn,
     scripts::{PoolKeys, Scripts},
 };
+/// Sub-pools are named as lucky gift names them, the one kind whose pools
+/// may be sharded ([`Draw::routes_sub_pools`]).
+use lucky_gift::config as sub_pools;
 
 /// What one draw request asks of a kind.
 #[derive(Clone, Copy, Debug)]
@@ -103,28 +115,26 @@ pub struct Award {
 }
 
 /// Every prize kind, by the label its pools carry (`meta.kind` in Redis,
-/// `pools.kind` in Postgres, the owner of its ledger reasons). One line per
-/// kind, each the `KIND` of its folder.
-pub const LABELS: [&str; 3] = [lucky_gift::KIND, red_packet::KIND, lottery::KIND];
+/// `pools.kind` in Postgres, the owner of its ledger reasons), in the order
+/// of [`registry::KINDS`].
+pub fn labels() -> impl Iterator<Item = &'static str> {
+    KINDS.iter().map(|k| k.label())
+}
 
-/// The prize kinds a draw can address.
+/// The kind of a pool, resolved once: how its draws run ([`Draw`]: for a
+/// lucky gift its storage, for a lottery its strategy, which `pool load` and
+/// `activity load` refuse to change, so the value cannot go stale).
 #[derive(Clone, Copy, Debug)]
-pub enum Kind {
-    LuckyGift(lucky_gift::Storage),
-    RedPacket,
-    /// The activity's strategy, resolved once: `activity load` refuses to
-    /// change an activity's strategy, so the label cannot go stale.
-    Lottery(&'static dyn lottery::Strategy),
+pub struct Kind {
+    draw: &'static dyn Draw,
+    /// The kind's place in [`KINDS`], where a dispatch keeps its state.
+    slot: usize,
 }
 
 impl Kind {
     /// The label stored in `meta.kind` and the pool registry.
     pub fn label(self) -> &'static str {
-        match self {
-            Self::LuckyGift(_) => lucky_gift::KIND,
-            Self::RedPacket => red_packet::KIND,
-            Self::Lottery(_) => lottery::KIND,
-        }
+        self.draw.label()
     }
 }
 
@@ -132,14 +142,9 @@ impl Kind {
 /// over (a kind is one Redis read away).
 const MAX_CACHED_KINDS: usize = 100_000;
 
-/// `kind`, `storage`, `strategy`, `shards` and `r.e` of a pool's meta hash.
-type MetaFields = (
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Option<u32>,
-    Option<String>,
-);
+/// The fields of a pool's meta hash the seam reads itself, before those the
+/// kinds ask for ([`PrizeKind::meta_fields`]).
+const META_FIELDS: [&str; 3] = ["kind", "shards", "r.e"];
 
 /// What [`Kinds`] remembers of a pool id.
 #[derive(Clone, Copy, Debug)]
@@ -165,21 +170,31 @@ pub struct Kinds {
     /// never changes its shards (`pool load` refuses it), so entries never
     /// go stale.
     kinds: RwLock<HashMap<String, Resolved>>,
-    lucky: lucky_gift::Decoder,
-    lucky_calls: lucky_gift::Coalescer,
+    /// The meta fields read to resolve a pool: [`META_FIELDS`], then every
+    /// kind's own.
+    meta_fields: Vec<&'static str>,
+    /// Each kind's state in this dispatch ([`PrizeKind::open`]), in the
+    /// order of [`KINDS`].
+    states: Vec<Box<dyn Any + Send + Sync>>,
 }
 
 impl Kinds {
     /// The dispatch over `redis`, with keys under `prefix`.
     pub fn new(redis: RedisConn, prefix: &str) -> Self {
         let scripts = Scripts::new();
+        let mut meta_fields = META_FIELDS.to_vec();
+        for field in KINDS.iter().flat_map(|k| k.meta_fields()) {
+            if !meta_fields.contains(field) {
+                meta_fields.push(field);
+            }
+        }
         Self {
             redis,
-            lucky_calls: lucky_gift::Coalescer::new(&scripts),
+            states: KINDS.iter().map(|k| k.open()).collect(),
             scripts,
             prefix: prefix.to_owned(),
             kinds: RwLock::new(HashMap::new()),
-            lucky: lucky_gift::Decoder::default(),
+            meta_fields,
         }
     }
 
@@ -193,7 +208,7 @@ impl Kinds {
         self.redis.clone()
     }
 
-    /// The scripts.
+    /// The scripts every kind shares (the claim and the answer store).
     pub fn scripts(&self) -> &Scripts {
         &self.scripts
     }
@@ -232,16 +247,14 @@ impl Kinds {
         let Some(Resolved { kind, shards, .. }) = self.resolve_sharded(pool).await? else {
             return Ok(None);
         };
-        if matches!(kind, Kind::LuckyGift(_))
-            && lucky_gift::config::split_sub_pool(pool).1.is_some()
-        {
+        if kind.draw.routes_sub_pools() && sub_pools::split_sub_pool(pool).1.is_some() {
             return Ok(None);
         }
         if shards <= 1 {
             return Ok(Some((kind, pool.to_owned())));
         }
         let shard = u32::try_from(user.rem_euclid(i64::from(shards))).unwrap_or(0);
-        Ok(Some((kind, lucky_gift::config::sub_pool_id(pool, shard))))
+        Ok(Some((kind, sub_pools::sub_pool_id(pool, shard))))
     }
 
     async fn resolve_sharded(&self, id: &str) -> Result<Option<Resolved>, HandleError> {
@@ -251,43 +264,39 @@ impl Kinds {
         let mut conn = self.redis.clone();
         // `r.e`: the epochs of the pool's own answer store, there once an
         // answer was stored under the pool's id (lua/lib/answer.lua).
-        let (label, storage, strategy, shards, epochs): MetaFields = redis::cmd("HMGET")
+        let values: Vec<Option<String>> = redis::cmd("HMGET")
             .arg(self.keys(id).meta())
-            .arg("kind")
-            .arg("storage")
-            .arg("strategy")
-            .arg("shards")
-            .arg("r.e")
+            .arg(&self.meta_fields)
             .query_async(&mut conn)
             .await?;
-        let kind = match label.as_deref() {
-            Some(lucky_gift::KIND) => {
-                Kind::LuckyGift(lucky_gift::Storage::from_label(storage.as_deref()))
-            }
-            Some(red_packet::KIND) => Kind::RedPacket,
-            Some(lottery::KIND) => match strategy.as_deref().and_then(lottery::strategy) {
-                Some(s) => Kind::Lottery(s),
-                None => {
-                    return Err(HandleError::internal(format!(
-                        "activity {id} names no registered strategy ({strategy:?})"
-                    )))
-                }
-            },
-            None => return Ok(None),
-            Some(other) => {
+        let meta = Meta {
+            names: &self.meta_fields,
+            values: &values,
+        };
+        let Some(label) = meta.get("kind") else {
+            return Ok(None);
+        };
+        let Some((slot, kind)) = registry::find(label) else {
+            return Err(HandleError::internal(format!(
+                "pool {id} has an unknown kind {label:?}"
+            )));
+        };
+        let kind = Kind {
+            draw: kind.resolve(id, &meta)?,
+            slot,
+        };
+        let shards = match meta.get("shards").map(str::parse::<u32>) {
+            None => 1,
+            Some(Ok(k @ 1..=sub_pools::MAX_SHARDS)) => k,
+            Some(k) => {
                 return Err(HandleError::internal(format!(
-                    "pool {id} has an unknown kind {other:?}"
+                    "pool {id} has {k:?} shards, past the most a pool may have"
                 )))
             }
         };
-        let shards = match shards {
-            None => 1,
-            Some(k @ 1..=lucky_gift::config::MAX_SHARDS) => k,
-            Some(k) => {
-                return Err(HandleError::internal(format!(
-                    "pool {id} has {k} shards, past the most a pool may have"
-                )))
-            }
+        let answered_until = match meta.get("r.e") {
+            Some(epochs) if shards > 1 => answer::epochs_end(epochs),
+            _ => 0,
         };
         let mut kinds = self.kinds.write().await;
         if kinds.len() >= MAX_CACHED_KINDS {
@@ -296,10 +305,7 @@ impl Kinds {
         let resolved = Resolved {
             kind,
             shards,
-            answered_until: match epochs {
-                Some(epochs) if shards > 1 => answer::epochs_end(&epochs),
-                _ => 0,
-            },
+            answered_until,
         };
         kinds.insert(id.to_owned(), resolved);
         Ok(Some(resolved))
@@ -350,66 +356,30 @@ impl Kinds {
     /// coalescing. What the step's bare round trip costs (`prizepool
     /// bench`); a draw goes through [`Kinds::draw`].
     pub fn script_call(&self, kind: Kind, ask: &Ask<'_>) -> crate::scripts::ScriptInvocation<'_> {
-        let keys = self.keys(ask.pool);
-        let scripts = &self.scripts;
-        match kind {
-            Kind::LuckyGift(storage) => lucky_gift::draw_call(
-                lucky_gift::draw_script(scripts, storage),
-                &keys,
-                storage,
-                &crate::scripts::utc_day(),
-                ask.count,
-                ask.result_ttl_s,
-                ask.token,
-            ),
-            Kind::RedPacket => red_packet::grab_call(
-                &scripts.grab_red_packet,
-                &keys,
-                ask.user,
-                ask.result_ttl_s,
-                ask.token,
-            ),
-            Kind::Lottery(strategy) => {
-                strategy.invocation(scripts, &keys, ask, &lottery::random_values())
-            }
-        }
+        kind.draw.script_call(&self.keys(ask.pool), ask)
     }
 
     /// Draw steps of `kind` for `asks`, all of one pool, applied in order;
-    /// their steps in the same order. A lucky-gift pool applies them in one
-    /// call, shared with the draws of other deliveries in flight
-    /// ([`lucky_gift::Coalescer`]); the other kinds one call each.
+    /// their steps in the same order: one virtual call into the kind
+    /// ([`Draw::draw_pool`]), with this dispatch's state of the kind.
     async fn draw_pool(&self, kind: Kind, asks: &[Ask<'_>]) -> Vec<Result<Step, HandleError>> {
         let Some(first) = asks.first() else {
             return Vec::new();
         };
         let keys = self.keys(first.pool);
-        let mut conn = self.redis.clone();
-        let mut steps = Vec::with_capacity(asks.len());
-        match kind {
-            Kind::LuckyGift(storage) => {
-                return lucky_gift::draw(
-                    &self.redis,
-                    &self.lucky_calls,
-                    &self.lucky,
-                    &keys,
-                    storage,
-                    asks,
-                )
-                .await
-            }
-            Kind::RedPacket => {
-                for ask in asks {
-                    steps.push(red_packet::grab(&mut conn, &self.scripts, &keys, ask).await);
-                }
-            }
-            Kind::Lottery(strategy) => {
-                for ask in asks {
-                    steps.push(lottery::draw(&mut conn, &self.scripts, &keys, strategy, ask).await);
-                }
-            }
-        }
-        steps
+        let Some(state) = self.states.get(kind.slot) else {
+            return asks
+                .iter()
+                .map(|_| Err(HandleError::internal("a kind outside the registry")))
+                .collect();
+        };
+        let at = At {
+            redis: &self.redis,
+            scripts: &self.scripts,
+            keys: &keys,
+            state: state.as_ref(),
+        };
+        kind.draw.draw_pool(at, asks).await
     }
 }
 
@@ -417,8 +387,8 @@ impl Kinds {
 mod tests {
     use std::path::Path;
 
-    use super::LABELS;
-    use crate::ledger::reasons::{Owner, REASONS};
+    use super::{labels, KINDS};
+    use crate::ledger::reasons::Owner;
 
     /// The repository's root.
     fn root() -> &'static Path {
@@ -446,7 +416,7 @@ mod tests {
     fn every_kind_has_its_folder_and_every_folder_is_a_kind() {
         // Each label is the `KIND` of a module (`LABELS` names them), and
         // the module is the folder of that name.
-        for label in LABELS {
+        for label in labels() {
             assert!(
                 root().join(format!("src/kinds/{label}/mod.rs")).is_file(),
                 "kind {label:?} has no folder src/kinds/{label}/"
@@ -458,7 +428,7 @@ mod tests {
             if entry.file_type().unwrap().is_dir() {
                 let name = entry.file_name().into_string().unwrap();
                 assert!(
-                    LABELS.contains(&name.as_str()),
+                    labels().any(|label| label == name),
                     "src/kinds/{name}/ is a folder of no registered kind"
                 );
             }
@@ -467,20 +437,36 @@ mod tests {
 
     #[test]
     fn every_kind_owns_its_ledger_reasons_and_no_reason_names_another() {
-        for label in LABELS {
+        for kind in KINDS {
+            let label = kind.label();
             assert!(
-                REASONS.iter().any(|r| r.owner == Owner::Kind(label)),
+                !kind.reasons().is_empty(),
                 "kind {label} books no ledger reason"
             );
-        }
-        for reason in REASONS {
-            if let Owner::Kind(kind) = reason.owner {
-                assert!(
-                    LABELS.contains(&kind),
-                    "reason {} belongs to {kind:?}, which is no registered kind",
+            for reason in kind.reasons() {
+                assert_eq!(
+                    reason.owner,
+                    Owner::Kind(label),
+                    "reason {} of kind {label} is owned by another",
                     reason.name
                 );
             }
+        }
+        let mut all: Vec<&str> = labels().collect();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), KINDS.len(), "two kinds share a label");
+    }
+
+    #[test]
+    fn every_lifecycle_message_has_one_kind() {
+        let messages: Vec<&str> = KINDS
+            .iter()
+            .flat_map(|k| k.lifecycle())
+            .map(|l| l.message)
+            .collect();
+        for (i, m) in messages.iter().enumerate() {
+            assert!(!messages[i + 1..].contains(m), "{m} is handled twice");
         }
     }
 
@@ -504,16 +490,19 @@ mod tests {
                 Some((file, shape.split('`').next()?))
             })
             .collect();
+        // The registration lines a new kind needs: at least its module
+        // and its line in the registry, and at most three.
         assert!(
-            rows.len() >= 3,
+            (2..=3).contains(&rows.len()),
             "the recipe's table has {} rows",
             rows.len()
         );
         for (file, shape) in rows {
             let code = read(file);
-            for label in LABELS {
+            for label in labels() {
                 let line = shape
                     .replace("scratch_card", label)
+                    .replace("SCRATCH_CARD", &label.to_uppercase())
                     .replace("ScratchCard", &variant(label));
                 assert!(
                     code.contains(&line),

@@ -245,7 +245,6 @@ impl Kinds {
         let keys = self.keys(&grant.activity);
         match lottery::grant(
             &mut conn,
-            self.scripts(),
             &keys,
             &grant.activity,
             &grant.grant_id,

@@ -5,9 +5,17 @@
 //! ([`super::Sealer`]), so no upstream can publish it. The reasons upstream
 //! services publish (top-ups, withdrawals, purchases) need no seal.
 //!
-//! The table is the only list: the settle worker's checks, the seal's rule
-//! and the error texts all read it, so a reason cannot be a credit in one
-//! place and forgotten by the seal in another.
+//! Each reason is declared once: the upstream ones here ([`UPSTREAM`]),
+//! each kind's in its own folder ([`PrizeKind::reasons`], with
+//! [`Reason::of_kind`]). [`reasons`] is every one of them, and the only
+//! list: the settle worker's checks, the seal's rule and the error texts
+//! all read it, so a reason cannot be a credit in one place and forgotten
+//! by the seal in another, and a new kind's reasons are sealed by being
+//! registered.
+//!
+//! [`PrizeKind::reasons`]: crate::kinds::registry::PrizeKind::reasons
+
+use crate::kinds::registry::KINDS;
 
 /// Whether an entry adds to a balance or takes from it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,32 +51,47 @@ impl Reason {
     }
 }
 
-const fn reason(name: &'static str, direction: Direction, owner: Owner) -> Reason {
-    Reason {
-        name,
-        direction,
-        owner,
+impl Reason {
+    /// A reason upstream services publish, unsealed.
+    const fn upstream(name: &'static str, direction: Direction) -> Reason {
+        Reason {
+            name,
+            direction,
+            owner: Owner::Upstream,
+        }
+    }
+
+    /// A reason the prize kind labelled `kind` books, sealed: how a kind
+    /// declares its reasons, in its folder.
+    pub const fn of_kind(kind: &'static str, name: &'static str, direction: Direction) -> Reason {
+        Reason {
+            name,
+            direction,
+            owner: Owner::Kind(kind),
+        }
     }
 }
 
 use Direction::{Credit, Debit};
-use Owner::{Kind, Upstream};
 
-/// Every reason, upstream ones first, then each kind's.
-pub const REASONS: &[Reason] = &[
-    reason("topup", Credit, Upstream),
-    reason("withdrawal", Debit, Upstream),
-    reason("purchase", Debit, Upstream),
-    reason("lucky_gift", Credit, Kind("lucky_gift")),
-    reason("red_packet_escrow", Debit, Kind("red_packet")),
-    reason("red_packet", Credit, Kind("red_packet")),
-    reason("red_packet_refund", Credit, Kind("red_packet")),
-    reason("lottery", Credit, Kind("lottery")),
+/// The reasons upstream services publish. The kinds' own follow them in
+/// [`reasons`].
+pub const UPSTREAM: &[Reason] = &[
+    Reason::upstream("topup", Credit),
+    Reason::upstream("withdrawal", Debit),
+    Reason::upstream("purchase", Debit),
 ];
+
+/// Every reason: the upstream ones, then each registered kind's.
+pub fn reasons() -> impl Iterator<Item = &'static Reason> {
+    UPSTREAM
+        .iter()
+        .chain(KINDS.iter().flat_map(|kind| kind.reasons()))
+}
 
 /// The reason called `name`, if the ledger knows it.
 pub fn find(name: &str) -> Option<&'static Reason> {
-    REASONS.iter().find(|r| r.name == name)
+    reasons().find(|r| r.name == name)
 }
 
 /// Whether entries with reason `name` must be sealed (see [`Reason::sealed`]).
@@ -78,8 +101,7 @@ pub fn is_sealed(name: &str) -> bool {
 
 /// The names of the reasons of one direction, comma separated.
 fn names(direction: Direction) -> String {
-    REASONS
-        .iter()
+    reasons()
         .filter(|r| r.direction == direction)
         .map(|r| r.name)
         .collect::<Vec<_>>()
@@ -123,9 +145,10 @@ mod tests {
 
     #[test]
     fn every_reason_is_declared_once() {
-        for (i, r) in REASONS.iter().enumerate() {
+        let all: Vec<_> = reasons().collect();
+        for (i, r) in all.iter().enumerate() {
             assert!(
-                REASONS[i + 1..].iter().all(|o| o.name != r.name),
+                all[i + 1..].iter().all(|o| o.name != r.name),
                 "{} is declared twice",
                 r.name
             );
@@ -134,14 +157,13 @@ mod tests {
 
     #[test]
     fn every_reason_a_kind_books_is_sealed_and_no_other() {
-        for r in REASONS {
-            assert_eq!(r.sealed(), matches!(r.owner, Kind(_)), "{}", r.name);
+        for r in reasons() {
+            assert_eq!(r.sealed(), matches!(r.owner, Owner::Kind(_)), "{}", r.name);
             assert_eq!(is_sealed(r.name), r.sealed(), "{}", r.name);
         }
         // Every credit but an upstream top-up is a kind's, and so sealed: a
         // credit an upstream could publish unsealed is only `topup`.
-        let unsealed_credits: Vec<_> = REASONS
-            .iter()
+        let unsealed_credits: Vec<_> = reasons()
             .filter(|r| r.direction == Credit && !r.sealed())
             .map(|r| r.name)
             .collect();

@@ -60,6 +60,16 @@ pub fn decode_typed<T: serde::de::DeserializeOwned>(value: &Value) -> Result<T, 
         }
     })
 }
+/// Decodes the payload of a message whose `type` was read already (a
+/// kind's lifecycle message, dispatched by its type): the envelope without
+/// `type`, as `T`, with the complaints [`decode_typed`] gives.
+pub fn decode_payload<T: serde::de::DeserializeOwned>(value: &Value) -> Result<T, Invalid> {
+    let mut payload = value.clone();
+    if let Some(fields) = payload.as_object_mut() {
+        fields.remove("type");
+    }
+    T::deserialize(payload).map_err(|e| Invalid::new(e.to_string()))
+}
 /// The idempotency-id fields, in the order a reply looks for them.
 pub(super) const ID_FIELDS: [&str; 4] = ["request_id", "grant_id", "packet_id", "entry_id"];
 
@@ -146,11 +156,14 @@ impl<'de> Deserialize<'de> for IdFields {
 pub fn reply_type(request_type: Option<&str>) -> &'static str {
     match request_type {
         Some("lottery.grant") => "grant_result",
-        Some("redpacket.create" | "redpacket.expire") => "redpacket_result",
-        Some("refill") => "refill_result",
         Some("settle" | "settle.batch") => "settle_result",
         Some("draw.batch") => "draw_result.batch",
-        _ => "draw_result",
+        // A kind's lifecycle message names its reply where it is
+        // registered.
+        Some(other) => {
+            crate::kinds::registry::lifecycle(other).map_or("draw_result", |(_, l)| l.reply)
+        }
+        None => "draw_result",
     }
 }
 

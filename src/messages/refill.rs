@@ -1,10 +1,11 @@
 //! The refill queue's lucky-gift messages: `refill`, its reply and the
-//! `pool.refilled` event, and the envelope of everything the refill queue
-//! carries.
+//! `pool.refilled` event. The refill worker reads each message of its queue
+//! by its `type`, as the kind that registered it says
+//! (`kinds::registry::Lifecycle`).
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_id, Invalid, RedPacketCreate, RedPacketExpire, Status};
+use super::{check_id, Invalid, Status};
 
 /// `{"type":"refill_result", ...}`: the reply to a `refill`: the batch
 /// after the trigger exists (stocked now or before).
@@ -33,17 +34,6 @@ pub struct PoolRefilled {
     /// The combos the batch was built from, in configuration order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub composition: Option<Vec<crate::fairness::ComboStock>>,
-}
-/// A request the refill queue carries.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "type")]
-pub enum RefillQueueMessage {
-    #[serde(rename = "refill")]
-    Refill(RefillRequest),
-    #[serde(rename = "redpacket.create")]
-    RedPacketCreate(RedPacketCreate),
-    #[serde(rename = "redpacket.expire")]
-    RedPacketExpire(RedPacketExpire),
 }
 /// `{"type":"refill","pool":…,"trigger":N}`: batch `trigger` of `pool` reached
 /// its refill point (or ran short), so batch `trigger + 1` must exist. The

@@ -1,30 +1,27 @@
 //! The refill worker: a dispatcher for the refill queue. It hands each
-//! message to the kind whose life step it is, then seals and publishes what
-//! comes back, as the draw worker does for draws:
-//!
-//! - `refill`: stock a lucky-gift pool's next batch
-//!   ([`lucky_gift::refill`], where its races are explained);
-//! - `redpacket.create`, `redpacket.expire`: a red packet's create and
-//!   expiry ([`red_packet::lifecycle`]).
+//! message to the kind whose lifecycle step it is, by its `type`
+//! ([`registry::lifecycle`]: every registered kind lists its messages and
+//! their handlers), then seals and publishes what comes back, as the draw
+//! worker does for draws. Today: `refill` stocks a lucky-gift pool's next
+//! batch (`kinds/lucky_gift/refill.rs`, where its races are explained);
+//! `redpacket.create` and `redpacket.expire` are a red packet's create and
+//! expiry (`kinds/red_packet/lifecycle.rs`).
 //!
 //! It also keeps the depth gauges of every queue and drains the outbox of
 //! commitments Postgres could not take.
 
-use std::sync::Arc;
+use std::{any::Any, sync::Arc};
 
 use crate::redis_conn::RedisConn;
 use serde_json::Value;
 use sqlx::PgPool;
 
 use crate::{
-    amqp::{self, Group, HandleError, Handler, Outcome, Outgoing, Publisher},
+    amqp::{self, Group, HandleError, Handler, Outcome, Publisher},
     config::Config,
-    kinds::{lucky_gift, red_packet},
+    kinds::registry::{self, Life, KINDS},
     ledger::{self, Unsealed},
-    messages::{
-        decode_typed, PoolRefilled, RedPacketCreate, RedPacketExpire, RefillQueueMessage,
-        RefillRequest,
-    },
+    messages::Invalid,
     scripts::Scripts,
 };
 
@@ -35,10 +32,11 @@ pub struct RefillWorker {
     redis: RedisConn,
     db: PgPool,
     scripts: Scripts,
-    /// Seals the refunds this worker sends to the ledger.
+    /// Seals the refunds and events this worker sends.
     sealer: crate::ledger::FleetSealer,
-    /// The lucky-gift stocking attempts this worker is working on.
-    attempts: lucky_gift::refill::Attempts,
+    /// Each kind's state in this worker ([`registry::PrizeKind::open_life`]:
+    /// lucky gift's stocking attempts), in the order of [`KINDS`].
+    states: Vec<Box<dyn Any + Send + Sync>>,
 }
 
 impl RefillWorker {
@@ -50,67 +48,33 @@ impl RefillWorker {
             db,
             scripts: Scripts::new(),
             sealer: crate::ledger::FleetSealer::default(),
-            attempts: lucky_gift::refill::Attempts::default(),
+            states: KINDS.iter().map(|k| k.open_life()).collect(),
         }
     }
 
-    /// Stocks the batch after `req.trigger`, unless it exists
-    /// ([`lucky_gift::refill::refill`]), its commitment recorded in
-    /// Postgres (or the outbox in Redis) before the batch is visible.
-    pub async fn refill(&self, req: RefillRequest) -> Result<Unsealed, HandleError> {
-        let at = lucky_gift::refill::Refill {
-            db: &self.db,
-            redis: &self.redis,
-            scripts: &self.scripts,
-            prefix: &self.config.redis_prefix,
-            chunk: self.config.refill_chunk,
-            attempts: &self.attempts,
+    /// Runs the lifecycle step of the message `envelope` (its `type` names
+    /// it) and answers what it owes, unsealed: what [`Handler::handle`]
+    /// does before sealing and publishing, callable without a broker.
+    pub async fn step(&self, envelope: &Value) -> Result<Unsealed, HandleError> {
+        let message = envelope
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let Some((slot, lifecycle)) = registry::lifecycle(message) else {
+            return Err(Invalid::new(format!("unknown type {message:?}")).into());
         };
-        let recorder = crate::audit::PgRecorder::new(&self.db)
-            .with_outbox(self.redis.clone(), &self.config.redis_prefix);
-        let refilled = lucky_gift::refill::refill(&at, &recorder, req).await?;
-        let mut effects = Vec::with_capacity(refilled.events.len());
-        for event in &refilled.events {
-            effects.push(self.refilled_event(event).await?);
-        }
-        Ok(Unsealed {
-            reply: Some(refilled.reply),
-            effects,
-            ..Unsealed::default()
-        })
-    }
-
-    /// The `pool.refilled` event of `event`, sealed with the fleet's key so
-    /// the audit trail believes it whatever the pool's state is by the time
-    /// it reads it.
-    async fn refilled_event(&self, event: &PoolRefilled) -> Result<Outgoing, HandleError> {
-        let mut conn = self.redis.clone();
-        let sealer = self.sealer.get(&mut conn, &self.config).await?;
-        let body = crate::audit::pool_refilled(&sealer, event)
-            .map_err(|e| HandleError::Internal(e.into()))?;
-        Ok(Outgoing::event_raw("pool.refilled", body))
-    }
-
-    /// Creates a red packet and schedules its expiry
-    /// ([`red_packet::lifecycle::create`]).
-    pub async fn create_red_packet(&self, req: RedPacketCreate) -> Result<Unsealed, HandleError> {
-        red_packet::lifecycle::create(&self.life(), req).await
-    }
-
-    /// Closes a red packet whose stored expiry has come and refunds what is
-    /// left ([`red_packet::lifecycle::expire`]).
-    pub async fn expire_red_packet(&self, req: RedPacketExpire) -> Result<Unsealed, HandleError> {
-        red_packet::lifecycle::expire(&self.life(), req).await
-    }
-
-    /// What a red packet's lifecycle steps use of this worker.
-    fn life(&self) -> red_packet::lifecycle::Life<'_> {
-        red_packet::lifecycle::Life {
+        let Some(state) = self.states.get(slot) else {
+            return Err(HandleError::internal("a kind outside the registry"));
+        };
+        let life = Life {
+            config: &self.config,
             db: &self.db,
             redis: &self.redis,
             scripts: &self.scripts,
-            prefix: &self.config.redis_prefix,
-        }
+            sealer: &self.sealer,
+            state: state.as_ref(),
+        };
+        (lifecycle.handle)(&life, envelope).await
     }
 }
 
@@ -131,9 +95,10 @@ impl Handler for RefillWorker {
     }
 
     fn lane(&self, envelope: &Value) -> Option<&'static str> {
-        // Red-packet creates and expiries need Postgres; refills do not.
-        let kind = envelope.get("type")?.as_str()?;
-        kind.starts_with("redpacket.").then_some("postgres")
+        // The steps that need Postgres get a lane of their own.
+        let message = envelope.get("type")?.as_str()?;
+        let (_, lifecycle) = registry::lifecycle(message)?;
+        lifecycle.postgres.then_some("postgres")
     }
 
     async fn handle(
@@ -141,11 +106,7 @@ impl Handler for RefillWorker {
         envelope: &Value,
         _publisher: &Publisher,
     ) -> Result<Outcome, HandleError> {
-        let unsealed = match decode_typed::<RefillQueueMessage>(envelope)? {
-            RefillQueueMessage::Refill(req) => self.refill(req).await,
-            RefillQueueMessage::RedPacketCreate(req) => self.create_red_packet(req).await,
-            RefillQueueMessage::RedPacketExpire(req) => self.expire_red_packet(req).await,
-        }?;
+        let unsealed = self.step(envelope).await?;
         let mut conn = self.redis.clone();
         unsealed.seal(&self.sealer, &mut conn, &self.config).await
     }

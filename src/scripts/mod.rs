@@ -1,4 +1,6 @@
-//! Every Redis Lua script, loaded once and called through a typed wrapper.
+//! How the Redis Lua scripts run, the scripts every kind shares, and the
+//! names of a pool's keys. Each kind keeps its own scripts in its folder
+//! (`kinds/<kind>/scripts.rs`), built with the macros here.
 //!
 //! The scripts live in `lua/` as plain files with a contract header. Each one
 //! receives every key it touches in `KEYS` (Redis Cluster needs that), and all
@@ -12,125 +14,50 @@ mod function;
 pub use function::{Script, ScriptInvocation};
 
 /// A script that answers requests: `lua/lib/answer.lua` (fingerprints,
-/// stored answers, integer formatting) as its prelude, then the script.
+/// stored answers, integer formatting) as its prelude, then the script
+/// (`answering!("claim.lua")`, a file of `lua/`).
 macro_rules! answering {
-    ($path:literal) => {
-        Script::with_prelude(
-            include_str!("../../lua/lib/answer.lua"),
-            include_str!($path),
+    ($file:literal) => {
+        $crate::scripts::Script::with_prelude(
+            include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/lib/answer.lua")),
+            include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $file)),
         )
     };
 }
 
-/// A lottery strategy's draw script: the answer prelude and
-/// `lua/lib/lottery.lua` (window, chances, visits, the award), then the
-/// strategy's pick.
-macro_rules! lottery {
-    ($path:literal) => {
-        Script::with_prelude(
-            concat!(
-                include_str!("../../lua/lib/answer.lua"),
-                include_str!("../../lua/lib/lottery.lua")
-            ),
-            include_str!($path),
-        )
+/// A script without a prelude (`plain!("stock_begin.lua")`, a file of
+/// `lua/`).
+macro_rules! plain {
+    ($file:literal) => {
+        $crate::scripts::Script::new(include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/lua/",
+            $file
+        )))
     };
 }
 
-/// A lucky-gift script on its parked jackpots: the answer prelude,
-/// `lua/lib/award.lua` (how an award is stored) and `lua/lib/jackpot.lua`
-/// (the jackpot rule, once for both storages), then the script.
-macro_rules! lucky_gift {
-    ($path:literal) => {
-        Script::with_prelude(
-            concat!(
-                include_str!("../../lua/lib/answer.lua"),
-                include_str!("../../lua/lib/award.lua"),
-                include_str!("../../lua/lib/jackpot.lua")
-            ),
-            include_str!($path),
-        )
-    };
-}
+pub(crate) use {answering, plain};
 
-/// A lucky-gift storage's draw script, applying several draws of one pool
-/// per call: the [`lucky_gift!`] preludes, `lua/lib/draw.lua` (the frame
-/// every storage's draw shares: short answer, the award's last writes) and
-/// the script's body as a function of its arguments make the prelude; the
-/// driver `lua/lib/many.lua`, which calls it once per draw (ARGV[1] =
-/// arguments per draw, then each draw's arguments), is the body.
-macro_rules! coalesced {
-    ($path:literal) => {
-        Script::with_prelude(
-            concat!(
-                include_str!("../../lua/lib/answer.lua"),
-                include_str!("../../lua/lib/award.lua"),
-                include_str!("../../lua/lib/jackpot.lua"),
-                include_str!("../../lua/lib/draw.lua"),
-                "local function step(ARGV)\n",
-                include_str!($path),
-                "\nend\n"
-            ),
-            include_str!("../../lua/lib/many.lua"),
-        )
-    };
-}
-
-/// The compiled-in scripts.
+/// The scripts every kind shares: the claim of a request id and the
+/// answer store (`kinds::answer`). Each kind's own scripts live in its
+/// folder (`kinds/<kind>/scripts.rs`), as statics: a script is loaded into
+/// Redis by its digest when a call first finds it missing, so nothing
+/// needs a list of them.
 #[derive(Clone, Debug)]
 pub struct Scripts {
-    pub draw_lucky_gift: Script,
-    pub stock_begin: Script,
-    pub stock_trim: Script,
-    pub stock_push: Script,
-    pub stock_commit: Script,
-    pub fair_seed: Script,
-    pub configure_pool: Script,
-    pub regate_held: Script,
-    pub pool_status: Script,
-    pub stock_red_packet: Script,
-    pub grab_red_packet: Script,
-    pub close_red_packet: Script,
-    pub configure_activity: Script,
-    pub draw_wheel: Script,
-    pub draw_ladder: Script,
-    pub grant_chances: Script,
-    pub draw_sparse: Script,
-    pub sparse_stock: Script,
-    pub red_packet_status: Script,
     pub claim: Script,
     pub remember_refusal: Script,
     pub forget: Script,
-    pub red_packet_expiry: Script,
 }
 
 impl Scripts {
     /// Builds the script table (hashing only; nothing is sent to Redis yet).
     pub fn new() -> Self {
         Self {
-            draw_lucky_gift: coalesced!("../../lua/draw_lucky_gift.lua"),
-            regate_held: lucky_gift!("../../lua/regate_held.lua"),
-            stock_begin: Script::new(include_str!("../../lua/stock_begin.lua")),
-            stock_trim: Script::new(include_str!("../../lua/stock_trim.lua")),
-            stock_push: Script::new(include_str!("../../lua/stock_push.lua")),
-            stock_commit: Script::new(include_str!("../../lua/stock_commit.lua")),
-            fair_seed: Script::new(include_str!("../../lua/fair_seed.lua")),
-            configure_pool: Script::new(include_str!("../../lua/configure_pool.lua")),
-            pool_status: Script::new(include_str!("../../lua/pool_status.lua")),
-            stock_red_packet: Script::new(include_str!("../../lua/stock_red_packet.lua")),
-            grab_red_packet: answering!("../../lua/grab_red_packet.lua"),
-            close_red_packet: answering!("../../lua/close_red_packet.lua"),
-            configure_activity: lottery!("../../lua/configure_activity.lua"),
-            draw_wheel: lottery!("../../lua/draw_wheel.lua"),
-            draw_ladder: lottery!("../../lua/draw_ladder.lua"),
-            grant_chances: Script::new(include_str!("../../lua/grant_chances.lua")),
-            draw_sparse: coalesced!("../../lua/draw_sparse.lua"),
-            sparse_stock: Script::new(include_str!("../../lua/sparse_stock.lua")),
-            red_packet_status: Script::new(include_str!("../../lua/red_packet_status.lua")),
-            claim: answering!("../../lua/claim.lua"),
-            remember_refusal: answering!("../../lua/remember_refusal.lua"),
-            forget: answering!("../../lua/forget.lua"),
-            red_packet_expiry: Script::new(include_str!("../../lua/red_packet_expiry.lua")),
+            claim: answering!("claim.lua"),
+            remember_refusal: answering!("remember_refusal.lua"),
+            forget: answering!("forget.lua"),
         }
     }
 }

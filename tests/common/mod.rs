@@ -204,7 +204,6 @@ impl TestEnv {
         prizepool::pools::load(
             &self.db,
             &mut redis,
-            &self.scripts,
             &self.config.redis_prefix,
             configs,
             self.config.refill_chunk,
@@ -220,7 +219,6 @@ impl TestEnv {
         prizepool::kinds::lottery::load(
             &self.db,
             &mut redis,
-            &self.scripts,
             &self.config.redis_prefix,
             &activities,
         )
@@ -236,7 +234,7 @@ impl TestEnv {
     /// A pool's counters, with each sub-pool's if it is sharded.
     pub async fn pool_status(&self, pool: &str) -> prizepool::pools::Status {
         let mut redis = self.redis.clone();
-        prizepool::pools::status(&mut redis, &self.scripts, &self.config.redis_prefix, pool)
+        prizepool::pools::status(&mut redis, &self.config.redis_prefix, pool)
             .await
             .unwrap()
             .expect("pool exists")

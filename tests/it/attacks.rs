@@ -89,9 +89,7 @@ async fn wait_depth(env: &TestEnv, queue: &str, n: u32) -> u32 {
 
 async fn packet(env: &TestEnv, id: &str) -> Option<red_packet::PacketStatus> {
     let mut redis = env.redis.clone();
-    red_packet::status(&mut redis, &env.scripts, &env.keys(id))
-        .await
-        .unwrap()
+    red_packet::status(&mut redis, &env.keys(id)).await.unwrap()
 }
 
 /// Escrowed total of `packet` in the ledger (its escrow entry, negated).
@@ -1706,7 +1704,6 @@ async fn reloads_and_kind_changes_while_draws_run_conserve_and_pay_what_was_said
             let refused = prizepool::kinds::lottery::load(
                 &env.db,
                 &mut redis,
-                &env.scripts,
                 &env.config.redis_prefix,
                 &activity,
             )

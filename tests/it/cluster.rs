@@ -79,7 +79,7 @@ async fn the_fleet_runs_on_a_redis_cluster() {
     let again = client.call("draw", &draw("rp-c", 9, 1), T).await.unwrap();
     assert_eq!(again["error"]["code"], "already_grabbed");
     let mut redis = env.redis.clone();
-    let packet = prizepool::kinds::red_packet::status(&mut redis, &env.scripts, &env.keys("rp-c"))
+    let packet = prizepool::kinds::red_packet::status(&mut redis, &env.keys("rp-c"))
         .await
         .unwrap()
         .unwrap();

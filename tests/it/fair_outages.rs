@@ -60,17 +60,7 @@ async fn stock(env: &TestEnv, trigger: u64, recorder: &audit::PgRecorder<'_>) {
         .unwrap()
         .unwrap();
     let outcome = lucky_gift::stock_committed(
-        &mut redis,
-        &env.scripts,
-        &keys,
-        &config,
-        version,
-        &table,
-        trigger,
-        500,
-        30_000,
-        "test",
-        recorder,
+        &mut redis, &keys, &config, version, &table, trigger, 500, 30_000, "test", recorder,
     )
     .await
     .unwrap();

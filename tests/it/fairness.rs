@@ -294,17 +294,7 @@ async fn refill(env: &TestEnv, pool: &str, trigger: u64) {
         .unwrap();
     let recorder = audit::PgRecorder::new(&env.db);
     let outcome = lucky_gift::stock_committed(
-        &mut redis,
-        &env.scripts,
-        &keys,
-        &config,
-        version,
-        &table,
-        trigger,
-        500,
-        30_000,
-        "test",
-        &recorder,
+        &mut redis, &keys, &config, version, &table, trigger, 500, 30_000, "test", &recorder,
     )
     .await
     .unwrap();
@@ -1037,17 +1027,7 @@ async fn stocking_goes_on_while_postgres_is_away_and_the_commitment_comes_later(
         .unwrap();
     let started = std::time::Instant::now();
     let outcome = lucky_gift::stock_committed(
-        &mut redis,
-        &env.scripts,
-        &keys,
-        &config,
-        version,
-        &table,
-        trigger,
-        500,
-        30_000,
-        "t",
-        &recorder,
+        &mut redis, &keys, &config, version, &table, trigger, 500, 30_000, "t", &recorder,
     )
     .await
     .unwrap();
@@ -1118,17 +1098,9 @@ async fn lottery_draws_record_their_random_value_and_weights() {
     .await;
     let kinds = Kinds::new(env.redis.clone(), &env.config.redis_prefix);
     let mut redis = env.redis.clone();
-    prizepool::kinds::lottery::grant(
-        &mut redis,
-        &env.scripts,
-        &env.keys("spin"),
-        "spin",
-        "g-1",
-        7,
-        60,
-    )
-    .await
-    .unwrap();
+    prizepool::kinds::lottery::grant(&mut redis, &env.keys("spin"), "spin", "g-1", 7, 60)
+        .await
+        .unwrap();
     let mut ipads = 0;
     for n in 0..60 {
         let request_id = format!("spin-{n}");

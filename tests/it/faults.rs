@@ -270,15 +270,12 @@ async fn a_refill_that_loses_redis_is_retried_not_dead_lettered() {
     env.load(&pool_toml("lost", "max_count = 100", GIFT)).await;
     let worker =
         prizepool::refill::RefillWorker::new(env.config.clone(), env.redis.clone(), env.db.clone());
-    let request = prizepool::messages::RefillRequest {
-        pool: "lost".into(),
-        trigger: 1,
-        urgent: true,
-    };
+    let request =
+        serde_json::json!({"type": "refill", "pool": "lost", "trigger": 1, "urgent": true});
     // Its connection is cut (reset or broken pipe), then refused.
     drop(server);
     for _ in 0..2 {
-        let result = tokio::time::timeout(Duration::from_secs(30), worker.refill(request.clone()))
+        let result = tokio::time::timeout(Duration::from_secs(30), worker.step(&request))
             .await
             .expect("a refill without Redis ends");
         assert!(

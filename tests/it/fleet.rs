@@ -173,7 +173,6 @@ async fn fifty_refill_requests_for_one_trigger_through_the_queue_stock_one_batch
     let mut redis = env.redis.clone();
     let step = prizepool::kinds::lucky_gift::draw_once(
         &mut redis,
-        &env.scripts,
         &env.keys("r"),
         prizepool::kinds::lucky_gift::Storage::List,
         "past-the-flag",

@@ -217,7 +217,7 @@ async fn the_wheel_script_picks_exactly_as_the_reference_model() {
     .await;
     let keys = env.keys("model");
     let mut redis = env.redis.clone();
-    lottery::grant(&mut redis, &env.scripts, &keys, "model", "g", 1, 1000)
+    lottery::grant(&mut redis, &keys, "model", "g", 1, 1000)
         .await
         .unwrap();
     let names = ["a", "b", "points-10"];
@@ -236,33 +236,30 @@ async fn the_wheel_script_picks_exactly_as_the_reference_model() {
             .map(u64::to_string)
             .collect::<Vec<_>>()
             .join(",");
-        let (status, text, _): (String, String, u64) = env
-            .scripts
-            .draw_wheel
-            .key(keys.meta())
-            .key(keys.chances())
-            .key(keys.stock())
-            .key(keys.awarded())
-            .key(keys.results())
-            .key(keys.pv("d"))
-            .key(keys.uv("d"))
-            .arg(1)
-            .arg(prizepool::scripts::now_ms())
-            .arg(&list)
-            .arg(60)
-            .arg(60)
-            .arg(env.tokens("rq", &format!("r{n}")).answer)
-            .invoke_async(&mut redis)
-            .await
-            .unwrap();
+        let (status, text, _): (String, String, u64) =
+            prizepool::kinds::lottery::scripts::DRAW_WHEEL
+                .key(keys.meta())
+                .key(keys.chances())
+                .key(keys.stock())
+                .key(keys.awarded())
+                .key(keys.results())
+                .key(keys.pv("d"))
+                .key(keys.uv("d"))
+                .arg(1)
+                .arg(prizepool::scripts::now_ms())
+                .arg(&list)
+                .arg(60)
+                .arg(60)
+                .arg(env.tokens("rq", &format!("r{n}")).answer)
+                .invoke_async(&mut redis)
+                .await
+                .unwrap();
         assert_eq!(status, "ok", "{list}");
         let expected = names[lottery::pick_weighted(&weights, random).unwrap()];
         assert_eq!(text.split('|').nth(1), Some(expected), "random = {list}");
     }
     // Every value rejected: nothing changes, the caller is asked to retry.
-    let (status, _, _): (String, String, u64) = env
-        .scripts
-        .draw_wheel
+    let (status, _, _): (String, String, u64) = prizepool::kinds::lottery::scripts::DRAW_WHEEL
         .key(keys.meta())
         .key(keys.chances())
         .key(keys.stock())

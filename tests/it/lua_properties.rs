@@ -152,7 +152,7 @@ async fn load(env: &TestEnv, id: &str, case: &Case) -> (lucky_gift::PoolConfig, 
     let table = CodeTable::extend(None, &config);
     let mut redis = env.redis.clone();
     let keys = env.keys(id);
-    lucky_gift::configure(&mut redis, &env.scripts, &keys, &config, 1, &table)
+    lucky_gift::configure(&mut redis, &keys, &config, 1, &table)
         .await
         .unwrap();
     stock(env, id, &config, &table, 0).await;
@@ -169,7 +169,6 @@ async fn stock(
     let mut redis = env.redis.clone();
     let outcome = lucky_gift::stock_next(
         &mut redis,
-        &env.scripts,
         &env.keys(id),
         config,
         table,
@@ -329,7 +328,7 @@ async fn run(env: &TestEnv, n: usize, case: Case) -> Result<(), TestCaseError> {
             let config = lucky_gift::parse_file(&toml(&id, &reloaded))
                 .unwrap()
                 .remove(0);
-            lucky_gift::configure(&mut redis, &env.scripts, &keys, &config, version, &table)
+            lucky_gift::configure(&mut redis, &keys, &config, version, &table)
                 .await
                 .unwrap();
         }
@@ -338,7 +337,6 @@ async fn run(env: &TestEnv, n: usize, case: Case) -> Result<(), TestCaseError> {
         let rid = format!("{id}-r{i}");
         let step = lucky_gift::draw_once(
             &mut redis,
-            &env.scripts,
             &keys,
             case.storage,
             &rid,
@@ -361,7 +359,6 @@ async fn run(env: &TestEnv, n: usize, case: Case) -> Result<(), TestCaseError> {
                 // The answer is remembered: the same request replays it.
                 let again = lucky_gift::draw_once(
                     &mut redis,
-                    &env.scripts,
                     &keys,
                     case.storage,
                     &rid,
@@ -464,7 +461,6 @@ fn a_gated_draw_walks_a_long_jackpot_run() {
             let mut redis = env.redis.clone();
             let step = lucky_gift::draw_once(
                 &mut redis,
-                &env.scripts,
                 &keys,
                 storage,
                 "all-zeros",
@@ -485,7 +481,6 @@ fn a_gated_draw_walks_a_long_jackpot_run() {
             // Gated and nothing winnable left: short, and nothing moves.
             let step = lucky_gift::draw_once(
                 &mut redis,
-                &env.scripts,
                 &keys,
                 storage,
                 "gated",
@@ -507,12 +502,11 @@ fn a_gated_draw_walks_a_long_jackpot_run() {
             let config = lucky_gift::parse_file(&toml(&id, &freed))
                 .unwrap()
                 .remove(0);
-            lucky_gift::configure(&mut redis, &env.scripts, &keys, &config, 2, &table)
+            lucky_gift::configure(&mut redis, &keys, &config, 2, &table)
                 .await
                 .unwrap();
             let step = lucky_gift::draw_once(
                 &mut redis,
-                &env.scripts,
                 &keys,
                 storage,
                 "freed",
@@ -578,7 +572,6 @@ async fn coalesced(env: &TestEnv, n: usize, case: Case) -> Result<(), TestCaseEr
         singles.push(
             lucky_gift::draw_once(
                 &mut redis,
-                &env.scripts,
                 &env.keys(&one),
                 case.storage,
                 &rid,
@@ -598,7 +591,7 @@ async fn coalesced(env: &TestEnv, n: usize, case: Case) -> Result<(), TestCaseEr
     }
     let steps = lucky_gift::draw_many(
         &mut redis,
-        lucky_gift::draw_script(&env.scripts, case.storage),
+        lucky_gift::draw_script(case.storage),
         &env.keys(&many),
         case.storage,
         &pending,

@@ -18,7 +18,6 @@ async fn draw(env: &TestEnv, pool: &str, count: u32) -> DrawStep {
     let id = ulid::Ulid::new().to_string();
     lucky_gift::draw_once(
         &mut redis,
-        &env.scripts,
         &env.keys(pool),
         storage,
         &id,
@@ -54,18 +53,9 @@ async fn refill(env: &TestEnv, pool: &str) -> StockOutcome {
         .unwrap();
     let gen = env.status(pool).await.generation;
     let mut redis = env.redis.clone();
-    lucky_gift::stock_next(
-        &mut redis,
-        &env.scripts,
-        &env.keys(pool),
-        &config,
-        &codes,
-        gen,
-        7,
-        30_000,
-    )
-    .await
-    .unwrap()
+    lucky_gift::stock_next(&mut redis, &env.keys(pool), &config, &codes, gen, 7, 30_000)
+        .await
+        .unwrap()
 }
 
 /// A pool file for `storage` (see `common::pool_toml`).
@@ -427,20 +417,11 @@ async fn a_batch_is_stocked_only_when_a_draw_made_it_due() {
         let keys = env.keys(pool);
         let stock = |trigger| {
             let mut redis = env.redis.clone();
-            let (env, keys, config, codes) = (&env, &keys, &config, &codes);
+            let (keys, config, codes) = (&keys, &config, &codes);
             async move {
-                lucky_gift::stock_next(
-                    &mut redis,
-                    &env.scripts,
-                    keys,
-                    config,
-                    codes,
-                    trigger,
-                    50,
-                    30_000,
-                )
-                .await
-                .unwrap()
+                lucky_gift::stock_next(&mut redis, keys, config, codes, trigger, 50, 30_000)
+                    .await
+                    .unwrap()
             }
         };
         // Nobody took batch 1's refill point: a request for batch 2 is refused.
@@ -496,13 +477,10 @@ async fn fifty_concurrent_refills_for_one_trigger_stock_one_batch(storage: &str)
         let (keys, config, codes) = (env.keys(pool), config.clone(), codes.clone());
         tasks.push(tokio::spawn(async move {
             let mut redis = prizepool::redis_conn::connect(&url).await.unwrap();
-            let scripts = prizepool::scripts::Scripts::new();
             loop {
-                match lucky_gift::stock_next(
-                    &mut redis, &scripts, &keys, &config, &codes, 1, 50, 30_000,
-                )
-                .await
-                .unwrap()
+                match lucky_gift::stock_next(&mut redis, &keys, &config, &codes, 1, 50, 30_000)
+                    .await
+                    .unwrap()
                 {
                     StockOutcome::Busy { retry_in } => {
                         tokio::time::sleep(retry_in.min(std::time::Duration::from_millis(5))).await
@@ -538,9 +516,7 @@ async fn a_dead_stocking_attempt_is_cleaned_up_by_the_next() {
     make_due(&env, pool).await;
     let mut redis = env.redis.clone();
     // An attempt claims the lease, pushes half a batch, and dies.
-    let (status, _): (String, i64) = env
-        .scripts
-        .stock_begin
+    let (status, _): (String, i64) = prizepool::kinds::lucky_gift::scripts::STOCK_BEGIN
         .key(keys.meta())
         .key(keys.queue())
         .arg(1)
@@ -551,9 +527,7 @@ async fn a_dead_stocking_attempt_is_cleaned_up_by_the_next() {
         .await
         .unwrap();
     assert_eq!(status, "claimed");
-    let pushed: i64 = env
-        .scripts
-        .stock_push
+    let pushed: i64 = prizepool::kinds::lucky_gift::scripts::STOCK_PUSH
         .key(keys.meta())
         .key(keys.queue())
         .arg("dead")
@@ -686,7 +660,7 @@ async fn sparse_stocking_after_a_dead_attempt_trims_its_leftovers() {
     make_due(&env, pool).await;
     let mut redis = env.redis.clone();
     let step = |name: &str| {
-        let mut inv = env.scripts.sparse_stock.prepare_invoke();
+        let mut inv = prizepool::kinds::lucky_gift::scripts::SPARSE_STOCK.prepare_invoke();
         inv.key(keys.meta())
             .key(keys.sparse())
             .key(keys.segments())

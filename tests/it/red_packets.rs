@@ -16,7 +16,6 @@ const T: Duration = Duration::from_secs(30);
 /// awarded, if any.
 async fn grab_share(
     conn: &mut prizepool::redis_conn::RedisConn,
-    scripts: &prizepool::scripts::Scripts,
     keys: &prizepool::scripts::PoolKeys,
     packet: &str,
     request_id: &str,
@@ -32,7 +31,7 @@ async fn grab_share(
         token: &tokens.answer,
         result_ttl_s: 60,
     };
-    match red_packet::grab(conn, scripts, keys, &ask).await.unwrap() {
+    match red_packet::grab(conn, keys, &ask).await.unwrap() {
         prizepool::kinds::Step::Awarded(award) => award.result.reward,
         _ => None,
     }
@@ -54,9 +53,7 @@ fn create(packet: &str, sender: i64, total: i64, count: i64, min: i64, expires_i
 
 async fn packet(env: &TestEnv, id: &str) -> Option<red_packet::PacketStatus> {
     let mut redis = env.redis.clone();
-    red_packet::status(&mut redis, &env.scripts, &env.keys(id))
-        .await
-        .unwrap()
+    red_packet::status(&mut redis, &env.keys(id)).await.unwrap()
 }
 
 #[tokio::test]
@@ -301,18 +298,16 @@ fn worker(env: &TestEnv) -> prizepool::refill::RefillWorker {
     prizepool::refill::RefillWorker::new(env.config.clone(), env.redis.clone(), env.db.clone())
 }
 
-fn decode_create(body: &Value) -> prizepool::messages::RedPacketCreate {
-    match prizepool::messages::decode_typed(body).unwrap() {
-        prizepool::messages::RefillQueueMessage::RedPacketCreate(req) => req,
-        other => panic!("not a create: {other:?}"),
-    }
+/// A create as the refill worker reads it (its `type` checked).
+fn decode_create(body: &Value) -> Value {
+    assert_eq!(body["type"], "redpacket.create", "not a create: {body}");
+    body.clone()
 }
 
-fn decode_expire(body: &Value) -> prizepool::messages::RedPacketExpire {
-    match prizepool::messages::decode_typed(body).unwrap() {
-        prizepool::messages::RefillQueueMessage::RedPacketExpire(req) => req,
-        other => panic!("not an expire: {other:?}"),
-    }
+/// An expiry as the refill worker reads it (its `type` checked).
+fn decode_expire(body: &Value) -> Value {
+    assert_eq!(body["type"], "redpacket.expire", "not an expire: {body}");
+    body.clone()
 }
 
 fn reply_of(outcome: &prizepool::ledger::Unsealed) -> Value {
@@ -589,9 +584,7 @@ async fn escrow_holds_under_concurrent_grabs_forged_expiries_and_duplicate_creat
     let mut tasks = Vec::new();
     for _ in 0..20 {
         let (w, req) = (w.clone(), decode_create(&body));
-        tasks.push(tokio::spawn(async move {
-            w.create_red_packet(req).await.unwrap()
-        }));
+        tasks.push(tokio::spawn(async move { w.step(&req).await.unwrap() }));
     }
     let mut replies = Vec::new();
     for t in tasks {
@@ -604,22 +597,21 @@ async fn escrow_holds_under_concurrent_grabs_forged_expiries_and_duplicate_creat
 
     // Grabs by 60 users (each several times) and forged expiries, at once.
     let keys = env.keys("rp-race");
-    let scripts = Arc::new(prizepool::scripts::Scripts::new());
     let forged = decode_expire(&json!({"type": "redpacket.expire", "packet_id": "rp-race",
                                        "expires_at": "2000-01-01T00:00:00Z"}));
     let mut grabs = Vec::new();
     let mut expiries = Vec::new();
     for i in 0..180i64 {
-        let (mut conn, scripts, keys) = (env.redis.clone(), scripts.clone(), keys.clone());
+        let (mut conn, keys) = (env.redis.clone(), keys.clone());
         let user = (i * 7) % 60;
         grabs.push(tokio::spawn(async move {
             let id = format!("grab-{i}");
-            let g = grab_share(&mut conn, &scripts, &keys, "rp-race", &id, user).await;
+            let g = grab_share(&mut conn, &keys, "rp-race", &id, user).await;
             (user, g)
         }));
         if i % 10 == 0 {
             let (w, req) = (w.clone(), forged.clone());
-            expiries.push(tokio::spawn(async move { w.expire_red_packet(req).await }));
+            expiries.push(tokio::spawn(async move { w.step(&req).await }));
         }
     }
     let mut won = HashMap::new();
@@ -654,7 +646,7 @@ async fn a_create_sent_twice_at_once_with_different_contents_has_one_winner() {
         let id = format!("rp-twice-{round}");
         let a = decode_create(&create(&id, 1, 10_000, 10, 1, 3600));
         let b = decode_create(&create(&id, 1, 20_000, 5, 1, 3600));
-        let (ra, rb) = tokio::join!(w.create_red_packet(a), w.create_red_packet(b));
+        let (ra, rb) = tokio::join!(w.step(&a), w.step(&b));
         let winner = match (ra, rb) {
             (Ok(o), Err(amqp::HandleError::Invalid(_))) => (o, 10_000),
             (Err(amqp::HandleError::Invalid(_)), Ok(o)) => (o, 20_000),
@@ -676,19 +668,17 @@ async fn closing_refunds_once_and_lets_the_keys_expire() {
     let w = worker(&env);
     env.fund(4, 10_000).await;
     let created = w
-        .create_red_packet(decode_create(&create("rp-short", 4, 10_000, 5, 1, 1)))
+        .step(&decode_create(&create("rp-short", 4, 10_000, 5, 1, 1)))
         .await
         .unwrap();
     assert_eq!(reply_of(&created)["status"], "ok");
     let keys = env.keys("rp-short");
     let mut conn = env.redis.clone();
-    let amount = grab_share(&mut conn, &env.scripts, &keys, "rp-short", "g-1", 77)
+    let amount = grab_share(&mut conn, &keys, "rp-short", "g-1", 77)
         .await
         .expect("a share");
     // The close step itself checks the stored expiry, whoever calls it.
-    let early = red_packet::close(&mut conn, &env.scripts, &keys)
-        .await
-        .unwrap();
+    let early = red_packet::close(&mut conn, &keys).await.unwrap();
     let red_packet::Close::Early { expires_at } = early else {
         panic!("closed early: {early:?}")
     };
@@ -698,7 +688,7 @@ async fn closing_refunds_once_and_lets_the_keys_expire() {
     );
     let expire = decode_expire(&json!({"type": "redpacket.expire", "packet_id": "rp-short"}));
     // Due in about a second: an early call leaves it open.
-    let early = w.expire_red_packet(expire.clone()).await.unwrap();
+    let early = w.step(&expire).await.unwrap();
     assert_eq!(reply_of(&early)["closed"], false);
     assert!(!packet(&env, "rp-short").await.unwrap().closed);
     // Due at the whole second the create answered (at most two away).
@@ -711,9 +701,7 @@ async fn closing_refunds_once_and_lets_the_keys_expire() {
     tokio::time::sleep(Duration::from_millis(wait.unsigned_abs())).await;
     // A closer that dies after the Redis step: the next expiry records the
     // close, refunds and announces it, once.
-    let step = red_packet::close(&mut conn, &env.scripts, &keys)
-        .await
-        .unwrap();
+    let step = red_packet::close(&mut conn, &keys).await.unwrap();
     assert_eq!(
         step,
         red_packet::Close::Closed {
@@ -723,7 +711,7 @@ async fn closing_refunds_once_and_lets_the_keys_expire() {
     );
     let mut announced = 0;
     for _ in 0..3 {
-        let closed = w.expire_red_packet(expire.clone()).await.unwrap();
+        let closed = w.step(&expire).await.unwrap();
         announced += closed
             .effects
             .iter()
@@ -776,12 +764,12 @@ async fn closing_refunds_once_and_lets_the_keys_expire() {
             .unwrap();
     }
     let again = w
-        .create_red_packet(decode_create(&create("rp-short", 4, 10_000, 5, 1, 1)))
+        .step(&decode_create(&create("rp-short", 4, 10_000, 5, 1, 1)))
         .await
         .unwrap();
     assert_eq!(reply_of(&again), reply_of(&created));
     assert!(packet(&env, "rp-short").await.is_none());
-    let closed = w.expire_red_packet(expire).await.unwrap();
+    let closed = w.step(&expire).await.unwrap();
     assert_eq!(reply_of(&closed)["refunded"], 10_000 - amount);
 }
 
@@ -887,9 +875,7 @@ async fn a_packet_of_the_earlier_layout_gives_one_share_per_user() {
     let keys = env.keys("rp-old");
     let mut redis = env.redis.clone();
     let expires = prizepool::scripts::now_ms() + 3_600_000;
-    let (status, n): (String, i64) = env
-        .scripts
-        .stock_red_packet
+    let (status, n): (String, i64) = prizepool::kinds::red_packet::scripts::STOCK
         .key(keys.meta())
         .key(keys.shares())
         .arg(1)
@@ -910,17 +896,14 @@ async fn a_packet_of_the_earlier_layout_gives_one_share_per_user() {
         .query_async(&mut redis)
         .await
         .unwrap();
-    let (s, e) = (&env.scripts, &keys);
+    let e = &keys;
     assert_eq!(
-        grab_share(&mut redis, s, e, "rp-old", "rq-1", 7).await,
+        grab_share(&mut redis, e, "rp-old", "rq-1", 7).await,
         Some(100)
     );
+    assert_eq!(grab_share(&mut redis, e, "rp-old", "rq-2", 7).await, None);
     assert_eq!(
-        grab_share(&mut redis, s, e, "rp-old", "rq-2", 7).await,
-        None
-    );
-    assert_eq!(
-        grab_share(&mut redis, s, e, "rp-old", "rq-3", 8).await,
+        grab_share(&mut redis, e, "rp-old", "rq-3", 8).await,
         Some(100)
     );
     let grabbed: HashMap<String, String> = redis::cmd("HGETALL")

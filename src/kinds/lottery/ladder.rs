@@ -5,10 +5,8 @@
 //! get the first prizes.
 
 use super::{ActivityConfig, Strategy};
-use crate::{
-    kinds::Ask,
-    scripts::{PoolKeys, Scripts},
-};
+use crate::kinds::lottery::scripts as lua;
+use crate::{kinds::Ask, scripts::PoolKeys};
 
 /// The ladder strategy.
 #[derive(Debug)]
@@ -26,13 +24,12 @@ impl Strategy for Ladder {
         Ok(())
     }
 
-    fn invocation<'a>(
+    fn invocation(
         &self,
-        scripts: &'a Scripts,
         keys: &PoolKeys,
         ask: &Ask<'_>,
         random: &str,
-    ) -> crate::scripts::ScriptInvocation<'a> {
-        super::wheel::call(&scripts.draw_ladder, keys, ask, random)
+    ) -> crate::scripts::ScriptInvocation<'static> {
+        super::wheel::call(&lua::DRAW_LADDER, keys, ask, random)
     }
 }

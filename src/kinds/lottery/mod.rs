@@ -39,15 +39,19 @@
 
 pub mod config;
 mod counters;
+mod kind;
 mod ladder;
+pub mod scripts;
 mod wheel;
 
+use crate::kinds::lottery::scripts as lua;
 use rand::Rng;
 use redis::aio::ConnectionLike;
 use sqlx::PgPool;
 
 pub use config::{parse_file, ActivityConfig};
 pub use counters::{chances_left, stats, Stats};
+pub use kind::{Lottery, LOTTERY};
 
 use crate::{
     amqp::HandleError,
@@ -55,7 +59,7 @@ use crate::{
     messages::{
         DrawResult, EntryRef, Invalid, LotteryPick, Prize, PrizeWeight, SettleRequest, Status,
     },
-    scripts::{PoolKeys, Scripts},
+    scripts::PoolKeys,
 };
 
 /// Kind label stored in `meta.kind` and in the pool registry.
@@ -80,13 +84,12 @@ pub trait Strategy: Send + Sync + std::fmt::Debug {
     fn validate(&self, activity: &ActivityConfig) -> Result<(), String>;
     /// The script call of one draw: window, chance, pick and stock in one
     /// step. `random` is [`random_values`]'s output, for the pick.
-    fn invocation<'a>(
+    fn invocation(
         &self,
-        scripts: &'a Scripts,
         keys: &PoolKeys,
         ask: &Ask<'_>,
         random: &str,
-    ) -> crate::scripts::ScriptInvocation<'a>;
+    ) -> crate::scripts::ScriptInvocation<'static>;
 }
 
 /// Random values for a strategy's pick: four integers uniform in
@@ -113,7 +116,6 @@ const PICK_TRIES: usize = 3;
 /// another, is a new draw paid under a new one.
 pub(crate) async fn draw<C: ConnectionLike + Send>(
     conn: &mut C,
-    scripts: &Scripts,
     keys: &PoolKeys,
     strategy: &'static dyn Strategy,
     ask: &Ask<'_>,
@@ -127,7 +129,7 @@ pub(crate) async fn draw<C: ConnectionLike + Send>(
     }
     for _ in 0..PICK_TRIES {
         let (status, text, number): (String, String, u64) = strategy
-            .invocation(scripts, keys, ask, &random_values())
+            .invocation(keys, ask, &random_values())
             .invoke_async(conn)
             .await?;
         let (body, replayed) =
@@ -221,19 +223,26 @@ fn award(ask: &Ask<'_>, body: &str, replayed: bool) -> Result<Award, HandleError
     })
 }
 
-/// Every registered strategy. A new one is a module and a line here.
-fn registry() -> [&'static dyn Strategy; 2] {
-    [&wheel::Wheel, &ladder::Ladder]
-}
+/// Every registered strategy, each as the draw of the activities that name
+/// it. A new one is a module and a line here.
+static REGISTRY: &[kind::ByStrategy] = &[
+    kind::ByStrategy(&wheel::Wheel),
+    kind::ByStrategy(&ladder::Ladder),
+];
 
 /// The strategy registered under `label`.
 pub fn strategy(label: &str) -> Option<&'static dyn Strategy> {
-    registry().into_iter().find(|s| s.label() == label)
+    by_strategy(label).map(|s| s.0)
+}
+
+/// The draw of the activities of strategy `label`.
+fn by_strategy(label: &str) -> Option<&'static kind::ByStrategy> {
+    REGISTRY.iter().find(|s| s.0.label() == label)
 }
 
 /// The registered labels.
 pub fn labels() -> Vec<&'static str> {
-    registry().iter().map(|s| s.label()).collect()
+    REGISTRY.iter().map(|s| s.0.label()).collect()
 }
 
 /// The wheel's pick, as `draw_wheel.lua` makes it: the first of `random`
@@ -263,7 +272,6 @@ pub fn pick_weighted(weights: &[u64], random: &[u64]) -> Option<usize> {
 pub async fn load<C: ConnectionLike + Send>(
     db: &PgPool,
     redis: &mut C,
-    scripts: &Scripts,
     prefix: &str,
     activities: &[ActivityConfig],
 ) -> anyhow::Result<Vec<(String, i32)>> {
@@ -275,7 +283,7 @@ pub async fn load<C: ConnectionLike + Send>(
     }
     tx.commit().await?;
     for (a, (_, version)) in activities.iter().zip(&versions) {
-        configure(redis, scripts, prefix, a, *version).await?;
+        configure(redis, prefix, a, *version).await?;
     }
     Ok(versions)
 }
@@ -335,7 +343,6 @@ async fn store_version(
 /// prize it lists for the first time.
 async fn configure<C: ConnectionLike + Send>(
     redis: &mut C,
-    scripts: &Scripts,
     prefix: &str,
     a: &ActivityConfig,
     version: i32,
@@ -351,7 +358,7 @@ async fn configure<C: ConnectionLike + Send>(
         .as_ref()
         .map(|c| format!("{}:{}", c.id, c.weight))
         .unwrap_or_default();
-    let mut inv = scripts.configure_activity.key(keys.meta());
+    let mut inv = lua::CONFIGURE_ACTIVITY.key(keys.meta());
     inv.key(keys.stock())
         .key(keys.awarded())
         .arg(version)
@@ -388,7 +395,6 @@ pub enum Granted {
 /// bound to what it first granted.
 pub async fn grant<C: ConnectionLike + Send>(
     conn: &mut C,
-    scripts: &Scripts,
     keys: &PoolKeys,
     activity: &str,
     grant_id: &str,
@@ -396,8 +402,7 @@ pub async fn grant<C: ConnectionLike + Send>(
     chances: u32,
 ) -> Result<Granted, HandleError> {
     let fingerprint = crate::kinds::fingerprint("grant", &[&activity, &user, &chances]);
-    let (status, left): (String, i64) = scripts
-        .grant_chances
+    let (status, left): (String, i64) = lua::GRANT_CHANCES
         .key(keys.meta())
         .key(keys.chances())
         .key(keys.grant(grant_id))

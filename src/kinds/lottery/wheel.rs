@@ -4,10 +4,8 @@
 //! `sold_out` and spends no chance.
 
 use super::{ActivityConfig, Strategy};
-use crate::{
-    kinds::Ask,
-    scripts::{PoolKeys, Scripts},
-};
+use crate::kinds::lottery::scripts as lua;
+use crate::{kinds::Ask, scripts::PoolKeys};
 
 /// The wheel strategy.
 #[derive(Debug)]
@@ -25,14 +23,13 @@ impl Strategy for Wheel {
         Ok(())
     }
 
-    fn invocation<'a>(
+    fn invocation(
         &self,
-        scripts: &'a Scripts,
         keys: &PoolKeys,
         ask: &Ask<'_>,
         random: &str,
-    ) -> crate::scripts::ScriptInvocation<'a> {
-        call(&scripts.draw_wheel, keys, ask, random)
+    ) -> crate::scripts::ScriptInvocation<'static> {
+        call(&lua::DRAW_WHEEL, keys, ask, random)
     }
 }
 

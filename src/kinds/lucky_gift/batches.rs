@@ -43,6 +43,7 @@
 //!   prizes, so stocking millions never keeps Redis busy for more than
 //!   about a millisecond at a time; each renews the lease.
 
+use crate::kinds::lucky_gift::scripts as lua;
 use redis::aio::ConnectionLike;
 
 use super::{
@@ -53,7 +54,7 @@ use super::{
 };
 use crate::{
     fairness::{self, ComboStock, Seed},
-    scripts::{PoolKeys, Scripts},
+    scripts::PoolKeys,
 };
 
 /// What a batch commits to before it becomes visible: published in
@@ -102,13 +103,11 @@ pub fn composition(config: &PoolConfig) -> Vec<ComboStock> {
 /// fresh one. `None` when the lease is lost.
 async fn batch_seed<C: ConnectionLike + Send>(
     conn: &mut C,
-    scripts: &Scripts,
     keys: &PoolKeys,
     token: &str,
 ) -> Result<Option<Seed>, StockError> {
     let fresh = Seed::fresh().map_err(|e| StockError::Entropy(e.to_string()))?;
-    let (status, seed): (String, String) = scripts
-        .fair_seed
+    let (status, seed): (String, String) = lua::FAIR_SEED
         .key(keys.meta())
         .arg(token)
         .arg(fresh.to_hex())
@@ -157,7 +156,6 @@ pub const DEFAULT_LEASE_MS: i64 = 30_000;
 #[allow(clippy::too_many_arguments)]
 pub async fn stock_next<C: ConnectionLike + Send>(
     conn: &mut C,
-    scripts: &Scripts,
     keys: &PoolKeys,
     config: &PoolConfig,
     table: &CodeTable,
@@ -166,10 +164,7 @@ pub async fn stock_next<C: ConnectionLike + Send>(
     lease_ms: i64,
 ) -> Result<StockOutcome, StockError> {
     let token = ulid::Ulid::new().to_string();
-    stock_next_as(
-        conn, scripts, keys, config, table, trigger, chunk, lease_ms, &token,
-    )
-    .await
+    stock_next_as(conn, keys, config, table, trigger, chunk, lease_ms, &token).await
 }
 
 /// [`stock_next`] as the attempt named `token`. An attempt that failed
@@ -181,7 +176,6 @@ pub async fn stock_next<C: ConnectionLike + Send>(
 #[allow(clippy::too_many_arguments)]
 pub async fn stock_next_as<C: ConnectionLike + Send>(
     conn: &mut C,
-    scripts: &Scripts,
     keys: &PoolKeys,
     config: &PoolConfig,
     table: &CodeTable,
@@ -197,7 +191,6 @@ pub async fn stock_next_as<C: ConnectionLike + Send>(
         .await?;
     stock_committed(
         conn,
-        scripts,
         keys,
         config,
         version.unwrap_or(0),
@@ -217,7 +210,6 @@ pub async fn stock_next_as<C: ConnectionLike + Send>(
 #[allow(clippy::too_many_arguments)]
 pub async fn stock_committed<C: ConnectionLike + Send, R: Recorder>(
     conn: &mut C,
-    scripts: &Scripts,
     keys: &PoolKeys,
     config: &PoolConfig,
     version: i64,
@@ -231,7 +223,6 @@ pub async fn stock_committed<C: ConnectionLike + Send, R: Recorder>(
     let storage = config.storage.layout();
     let mut conn = Conn(conn);
     let at = Attempt {
-        scripts,
         keys,
         trigger,
         token,
@@ -243,7 +234,7 @@ pub async fn stock_committed<C: ConnectionLike + Send, R: Recorder>(
         Claimed::Not(outcome) => return Ok(outcome),
     };
     // Shuffling happens after the claim so duplicate requests cost nothing.
-    let Some(seed) = batch_seed(&mut conn, scripts, keys, token).await? else {
+    let Some(seed) = batch_seed(&mut conn, keys, token).await? else {
         return Err(StockError::LeaseLost);
     };
     let batch = committed_batch(config, table, version, trigger, &seed, recorder).await;

@@ -27,11 +27,7 @@ use super::{
     draw::{draw_many, Pending},
     DrawStep, Storage,
 };
-use crate::{
-    amqp::HandleError,
-    redis_conn::RedisConn,
-    scripts::{PoolKeys, Scripts},
-};
+use crate::{amqp::HandleError, redis_conn::RedisConn, scripts::PoolKeys};
 
 /// Most draws one call applies.
 pub const MAX_PER_CALL: usize = 64;
@@ -46,22 +42,12 @@ type Waiting = HashMap<String, Vec<(Pending, oneshot::Sender<Answer>)>>;
 type Queues = Arc<Mutex<Waiting>>;
 
 /// The per-pool queues of draws waiting for their call.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Coalescer {
     queues: Queues,
-    /// The scripts, each storage's draw script among them.
-    scripts: Arc<Scripts>,
 }
 
 impl Coalescer {
-    /// A coalescer calling the draw scripts of `scripts`.
-    pub fn new(scripts: &Scripts) -> Self {
-        Self {
-            queues: Arc::default(),
-            scripts: Arc::new(scripts.clone()),
-        }
-    }
-
     /// Applies `draws` to `pool` (behind `keys`), in order, as part of the
     /// pool's next call; their steps in the same order.
     pub async fn draw(
@@ -90,7 +76,6 @@ impl Coalescer {
                 pool: pool.to_owned(),
                 armed: true,
                 redis: redis.clone(),
-                scripts: self.scripts.clone(),
                 keys: keys.clone(),
                 storage,
             }));
@@ -116,7 +101,6 @@ struct Runner {
     /// queued are answered with an error and the next draw starts a runner.
     armed: bool,
     redis: RedisConn,
-    scripts: Arc<Scripts>,
     keys: PoolKeys,
     storage: Storage,
 }
@@ -158,7 +142,7 @@ async fn run(mut runner: Runner) {
         metrics::histogram!("prizepool_draws_per_call").record(draws.len() as f64);
         match draw_many(
             &mut runner.redis,
-            runner.storage.draw_script(&runner.scripts),
+            runner.storage.draw_script(),
             &runner.keys,
             runner.storage,
             &draws,

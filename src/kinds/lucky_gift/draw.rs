@@ -23,7 +23,7 @@ use crate::{
     amqp::HandleError,
     kinds::{Ask, Award, ScriptReply, Step},
     messages::{DrawResult, EntryRef, Prize, RefillRequest, SettleRequest, Status, PRIZE_LIST_MAX},
-    scripts::{PoolKeys, Scripts},
+    scripts::PoolKeys,
 };
 
 /// What one draw step answered.
@@ -42,8 +42,8 @@ pub enum DrawStep {
 }
 
 /// The draw script of `storage`.
-pub fn draw_script(scripts: &Scripts, storage: Storage) -> &crate::scripts::Script {
-    storage.draw_script(scripts)
+pub fn draw_script(storage: Storage) -> &'static crate::scripts::Script {
+    storage.draw_script()
 }
 
 /// A call of `script` with the draw step's keys and arguments for `storage`,
@@ -75,7 +75,6 @@ pub(crate) fn draw_call<'a>(
 #[allow(clippy::too_many_arguments)]
 pub async fn draw_once<C: ConnectionLike + Send>(
     conn: &mut C,
-    scripts: &Scripts,
     keys: &PoolKeys,
     storage: Storage,
     request_id: &str,
@@ -85,7 +84,7 @@ pub async fn draw_once<C: ConnectionLike + Send>(
 ) -> Result<DrawStep, HandleError> {
     let day = crate::scripts::utc_day();
     let (status, text, number): (String, String, u64) = draw_call(
-        draw_script(scripts, storage),
+        draw_script(storage),
         keys,
         storage,
         &day,

@@ -58,11 +58,14 @@ pub mod codes;
 pub mod config;
 mod draw;
 pub mod jackpot;
+mod kind;
 pub mod refill;
+pub mod scripts;
 mod stocking;
 mod storage;
 mod stored;
 
+use crate::kinds::lucky_gift::scripts as lua;
 use redis::aio::ConnectionLike;
 
 pub use batches::{
@@ -73,11 +76,12 @@ pub use codes::{Batch, CodeTable};
 pub use config::{parse_file, PoolConfig};
 pub(crate) use draw::draw_call;
 pub use draw::{draw, draw_many, draw_once, draw_script, Decoder, DrawStep, Pending};
+pub use kind::{LuckyGift, LUCKY_GIFT};
 pub use stocking::{StockError, StockOutcome};
 pub use storage::Storage;
 pub use stored::{stored_award, Drawn};
 
-use crate::scripts::{PoolKeys, Scripts};
+use crate::scripts::PoolKeys;
 
 /// Kind label stored in a pool's `meta.kind`.
 pub const KIND: &str = "lucky_gift";
@@ -130,13 +134,12 @@ pub const SPENT_TTL_S: u64 = 2 * 24 * 3600;
 /// Writes a pool's settings to Redis (creating its counters if new).
 pub async fn configure<C: ConnectionLike + Send>(
     conn: &mut C,
-    scripts: &Scripts,
     keys: &PoolKeys,
     config: &PoolConfig,
     version: i64,
     table: &CodeTable,
 ) -> anyhow::Result<()> {
-    let mut inv = scripts.configure_pool.key(keys.meta());
+    let mut inv = lua::CONFIGURE_POOL.key(keys.meta());
     inv.arg(KIND)
         .arg(version)
         .arg("unit_price")
@@ -161,8 +164,7 @@ pub async fn configure<C: ConnectionLike + Send>(
         Some("ok") => {
             // The new rule holds for the prizes parked under the old one too:
             // those that are no jackpot now go first (`lua/lib/jackpot.lua`).
-            let freed: i64 = scripts
-                .regate_held
+            let freed: i64 = lua::REGATE_HELD
                 .key(keys.meta())
                 .key(keys.held())
                 .invoke_async(conn)
@@ -203,7 +205,6 @@ pub struct PoolStatus {
 /// Reads a consistent snapshot of a pool's counters; `None` if it does not exist.
 pub async fn status<C: ConnectionLike + Send>(
     conn: &mut C,
-    scripts: &Scripts,
     keys: &PoolKeys,
     pool: &str,
 ) -> Result<Option<PoolStatus>, redis::RedisError> {
@@ -227,8 +228,7 @@ pub async fn status<C: ConnectionLike + Send>(
         i64,
         String,
         Vec<i64>,
-    ) = scripts
-        .pool_status
+    ) = lua::POOL_STATUS
         .key(keys.meta())
         .key(keys.held())
         .key(keys.spent(&crate::scripts::utc_day()))

@@ -49,11 +49,70 @@ use super::{
     StockError, StockOutcome, DEFAULT_LEASE_MS,
 };
 use crate::{
-    amqp::HandleError,
-    messages::{typed_json, Invalid, PoolRefilled, RefillRequest, RefillResult, Status},
+    amqp::{HandleError, Outgoing},
+    kinds::registry::{Life, LifeStep, Lifecycle},
+    ledger::Unsealed,
+    messages::{
+        decode_payload, typed_json, Invalid, PoolRefilled, RefillRequest, RefillResult, Status,
+    },
     redis_conn::RedisConn,
     scripts::{PoolKeys, Scripts},
 };
+
+/// The refill queue's lucky-gift message: `refill`. It needs no Postgres
+/// (a commitment it cannot record goes to the outbox).
+pub(super) const LIFECYCLE: &[Lifecycle] = &[Lifecycle {
+    message: "refill",
+    reply: "refill_result",
+    postgres: false,
+    handle: handle_refill,
+}];
+
+fn handle_refill<'a>(life: &'a Life<'a>, envelope: &'a serde_json::Value) -> LifeStep<'a> {
+    Box::pin(step(life, envelope))
+}
+
+/// Stocks the batch after the request's trigger, unless it exists
+/// ([`refill`]), its commitment recorded in Postgres (or the outbox in
+/// Redis) before the batch is visible; then its reply and the sealed
+/// `pool.refilled` events.
+async fn step(life: &Life<'_>, envelope: &serde_json::Value) -> Result<Unsealed, HandleError> {
+    let req: RefillRequest = decode_payload(envelope)?;
+    let Some(attempts) = life.state::<Attempts>() else {
+        return Err(HandleError::internal("a refill got another kind's state"));
+    };
+    let prefix = &life.config.redis_prefix;
+    let at = Refill {
+        db: life.db,
+        redis: life.redis,
+        scripts: life.scripts,
+        prefix,
+        chunk: life.config.refill_chunk,
+        attempts,
+    };
+    let recorder = crate::audit::PgRecorder::new(life.db).with_outbox(life.redis.clone(), prefix);
+    let refilled = refill(&at, &recorder, req).await?;
+    let mut effects = Vec::with_capacity(refilled.events.len());
+    for event in &refilled.events {
+        effects.push(refilled_event(life, event).await?);
+    }
+    Ok(Unsealed {
+        reply: Some(refilled.reply),
+        effects,
+        ..Unsealed::default()
+    })
+}
+
+/// The `pool.refilled` event of `event`, sealed with the fleet's key so
+/// the audit trail believes it whatever the pool's state is by the time
+/// it reads it.
+async fn refilled_event(life: &Life<'_>, event: &PoolRefilled) -> Result<Outgoing, HandleError> {
+    let mut conn = life.redis.clone();
+    let sealer = life.sealer.get(&mut conn, life.config).await?;
+    let body =
+        crate::audit::pool_refilled(&sealer, event).map_err(|e| HandleError::Internal(e.into()))?;
+    Ok(Outgoing::event_raw("pool.refilled", body))
+}
 
 /// Most pool-and-trigger attempts a worker remembers; past it the memory
 /// starts over (a forgotten attempt only waits for its own lease).
@@ -256,7 +315,6 @@ async fn stock<R: Recorder>(
     };
     let outcome = stock_committed(
         &mut conn,
-        at.scripts,
         keys,
         &stocked.pool,
         stocked.version,

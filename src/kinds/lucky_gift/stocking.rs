@@ -5,10 +5,7 @@
 use std::time::Duration;
 
 use super::codes::{Batch, CodeTable};
-use crate::{
-    fairness::Seed,
-    scripts::{PoolKeys, Scripts},
-};
+use crate::{fairness::Seed, scripts::PoolKeys};
 
 /// What a stocking request achieved.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,7 +61,6 @@ pub(super) fn unclaimed(status: &str, number: i64) -> Option<StockOutcome> {
 /// One stocking attempt, as the storage's steps see it.
 #[derive(Debug)]
 pub(super) struct Attempt<'a> {
-    pub(super) scripts: &'a Scripts,
     pub(super) keys: &'a PoolKeys,
     /// The batch whose successor is stocked (0: the first batch).
     pub(super) trigger: u64,

@@ -2,6 +2,7 @@
 //! close that ends grabs, the Postgres record of it, the refund and the
 //! `redpacket.closed` event.
 
+use crate::kinds::red_packet::scripts as lua;
 use chrono::{DateTime, Utc};
 use redis::aio::ConnectionLike;
 use sqlx::PgPool;
@@ -10,7 +11,7 @@ use super::{fair, names::CLOSED_RETENTION_S};
 use crate::messages::ClosedEvent;
 use crate::{
     messages::{EntryRef, SettleRequest},
-    scripts::{PoolKeys, Scripts},
+    scripts::PoolKeys,
 };
 
 /// The `ref` of a packet's ledger entries.
@@ -46,13 +47,11 @@ pub enum Expiry {
 
 async fn expiry_step<C: ConnectionLike + Send>(
     redis: &mut C,
-    scripts: &Scripts,
     keys: &PoolKeys,
     mode: &str,
     token: &str,
 ) -> Result<Expiry, redis::RedisError> {
-    let (status, token): (String, String) = scripts
-        .red_packet_expiry
+    let (status, token): (String, String) = lua::EXPIRY
         .key(keys.meta())
         .arg(mode)
         .arg(token)
@@ -72,11 +71,10 @@ async fn expiry_step<C: ConnectionLike + Send>(
 /// [`Expiry::Pending`] unless the packet is closed or missing in Redis.
 pub async fn arm_expiry<C: ConnectionLike + Send>(
     redis: &mut C,
-    scripts: &Scripts,
     keys: &PoolKeys,
     token: &str,
 ) -> Result<Expiry, redis::RedisError> {
-    expiry_step(redis, scripts, keys, "arm", token).await
+    expiry_step(redis, keys, "arm", token).await
 }
 
 /// Whether an expiry message that came early, carrying `token`, is the
@@ -84,11 +82,10 @@ pub async fn arm_expiry<C: ConnectionLike + Send>(
 /// pending takes it, under a fresh token if it carries none).
 pub async fn pending_expiry<C: ConnectionLike + Send>(
     redis: &mut C,
-    scripts: &Scripts,
     keys: &PoolKeys,
     token: Option<&str>,
 ) -> Result<Expiry, redis::RedisError> {
-    expiry_step(redis, scripts, keys, "check", token.unwrap_or("")).await
+    expiry_step(redis, keys, "check", token.unwrap_or("")).await
 }
 
 /// The `redpacket.closed` event of packet `packet_id`, which closed
@@ -125,11 +122,9 @@ pub enum Close {
 /// Postgres with [`record_closed`] afterwards.
 pub async fn close<C: ConnectionLike + Send>(
     redis: &mut C,
-    scripts: &Scripts,
     keys: &PoolKeys,
 ) -> Result<Close, redis::RedisError> {
-    let (status, figure, _removed): (String, i64, i64) = scripts
-        .close_red_packet
+    let (status, figure, _removed): (String, i64, i64) = lua::CLOSE
         .key(keys.meta())
         .key(keys.shares())
         .key(keys.grabbed())

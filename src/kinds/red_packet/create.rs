@@ -3,6 +3,7 @@
 //! sent again answers as first created; one refused for funds is refused
 //! again).
 
+use crate::kinds::red_packet::scripts as lua;
 use chrono::{DateTime, Utc};
 use redis::aio::ConnectionLike;
 use sqlx::PgPool;
@@ -17,7 +18,7 @@ use super::{
 use crate::messages::{wire_time, CreatedReply};
 use crate::{
     messages::{RedPacketCreate, SettleRequest, Status},
-    scripts::{PoolKeys, Scripts},
+    scripts::PoolKeys,
 };
 
 /// A packet as created.
@@ -86,7 +87,6 @@ pub fn validate(req: &RedPacketCreate) -> Result<(), CreateError> {
 pub async fn create<C: ConnectionLike + Send>(
     db: &PgPool,
     redis: &mut C,
-    scripts: &Scripts,
     prefix: &str,
     req: &RedPacketCreate,
 ) -> Result<Created, CreateError> {
@@ -105,7 +105,7 @@ pub async fn create<C: ConnectionLike + Send>(
     }
     if !inserted {
         tx.rollback().await?;
-        return existing(db, redis, scripts, prefix, req).await;
+        return existing(db, redis, prefix, req).await;
     }
     // Postgres is the namespace of ids, but Redis is where the packet will
     // live: refuse before escrowing if the keys hold something already.
@@ -141,7 +141,6 @@ pub async fn create<C: ConnectionLike + Send>(
     tx.commit().await?;
     stock(
         redis,
-        scripts,
         prefix,
         &req.packet_id,
         req.sender,
@@ -377,7 +376,6 @@ impl Refused {
 #[allow(clippy::too_many_arguments)]
 async fn stock<C: ConnectionLike + Send>(
     redis: &mut C,
-    scripts: &Scripts,
     prefix: &str,
     packet_id: &str,
     sender: i64,
@@ -392,8 +390,7 @@ async fn stock<C: ConnectionLike + Send>(
         .enumerate()
         .map(|(i, a)| format!("{}:{a}", i + 1))
         .collect();
-    let (status, _): (String, i64) = scripts
-        .stock_red_packet
+    let (status, _): (String, i64) = lua::STOCK
         .key(keys.meta())
         .key(keys.shares())
         .arg(sender)
@@ -419,7 +416,6 @@ async fn stock<C: ConnectionLike + Send>(
 async fn existing<C: ConnectionLike + Send>(
     db: &PgPool,
     redis: &mut C,
-    scripts: &Scripts,
     prefix: &str,
     req: &RedPacketCreate,
 ) -> Result<Created, CreateError> {
@@ -456,7 +452,6 @@ async fn existing<C: ConnectionLike + Send>(
         let shares: Vec<i64> = shares.into_iter().map(|(a,)| a).collect();
         stock(
             redis,
-            scripts,
             prefix,
             packet_id,
             packet.sender,

@@ -7,13 +7,14 @@
 //! bound to its user and packet (see [`crate::kinds::answer`]): replayed
 //! under another user it is refused, never paid to that user.
 
+use crate::kinds::red_packet::scripts as lua;
 use redis::aio::ConnectionLike;
 
 use crate::{
     amqp::HandleError,
     kinds::{Ask, Award, ScriptReply, Step},
     messages::{DrawResult, EntryRef, Invalid, Prize, SettleRequest, Status},
-    scripts::{PoolKeys, Scripts},
+    scripts::PoolKeys,
 };
 
 /// The grab script's call with its keys and arguments: what a grab makes,
@@ -41,7 +42,6 @@ pub(crate) fn grab_call<'a>(
 /// Grabs one share for the asking user, as the seam asks it.
 pub async fn grab<C: ConnectionLike + Send>(
     conn: &mut C,
-    scripts: &Scripts,
     keys: &PoolKeys,
     ask: &Ask<'_>,
 ) -> Result<Step, HandleError> {
@@ -52,15 +52,10 @@ pub async fn grab<C: ConnectionLike + Send>(
         ))
         .into());
     }
-    let (status, text, _): (String, String, u64) = grab_call(
-        &scripts.grab_red_packet,
-        keys,
-        ask.user,
-        ask.result_ttl_s,
-        ask.token,
-    )
-    .invoke_async(conn)
-    .await?;
+    let (status, text, _): (String, String, u64) =
+        grab_call(&lua::GRAB, keys, ask.user, ask.result_ttl_s, ask.token)
+            .invoke_async(conn)
+            .await?;
     let (body, replayed) = match ScriptReply::read(&status, text, 0, "request_id", ask.request_id)?
     {
         ScriptReply::Awarded(body) => (body, false),

@@ -4,10 +4,13 @@
 //! `redpacket.expire`) and hands them here; the races are explained in
 //! [`super`].
 
+use serde_json::Value;
+
 use crate::{
     amqp::{HandleError, Outgoing},
+    kinds::registry::{self, LifeStep, Lifecycle},
     ledger::Unsealed,
-    messages::{with_type, ErrorCode, Invalid, RedPacketCreate, RedPacketExpire},
+    messages::{decode_payload, with_type, ErrorCode, Invalid, RedPacketCreate, RedPacketExpire},
     redis_conn::RedisConn,
     scripts::{PoolKeys, Scripts},
 };
@@ -15,7 +18,7 @@ use crate::{
 use super::{
     arm_expiry, close, closed_event, create as create_packet, encode, fair, pending_expiry,
     record_closed, refund_entry, stored, Close, CreateError, ExpireReply, Expiry, RejectedReply,
-    Stored, CLOSED_EVENT, CREATED_EVENT, EXPIRE_TYPE,
+    Stored, CLOSED_EVENT, CREATED_EVENT, EXPIRE_TYPE, RESULT_TYPE,
 };
 
 /// What the lifecycle steps use of the worker that runs them.
@@ -26,6 +29,42 @@ pub struct Life<'a> {
     pub scripts: &'a Scripts,
     /// `REDIS_PREFIX`.
     pub prefix: &'a str,
+}
+
+/// The refill queue's red-packet messages. Both need Postgres.
+pub(super) const LIFECYCLE: &[Lifecycle] = &[
+    Lifecycle {
+        message: "redpacket.create",
+        reply: RESULT_TYPE,
+        postgres: true,
+        handle: handle_create,
+    },
+    Lifecycle {
+        message: EXPIRE_TYPE,
+        reply: RESULT_TYPE,
+        postgres: true,
+        handle: handle_expire,
+    },
+];
+
+fn handle_create<'a>(life: &'a registry::Life<'a>, envelope: &'a Value) -> LifeStep<'a> {
+    Box::pin(async move { create(&Life::of(life), decode_payload(envelope)?).await })
+}
+
+fn handle_expire<'a>(life: &'a registry::Life<'a>, envelope: &'a Value) -> LifeStep<'a> {
+    Box::pin(async move { expire(&Life::of(life), decode_payload(envelope)?).await })
+}
+
+impl<'a> Life<'a> {
+    /// What the steps use of the refill worker's `life`.
+    pub fn of(life: &'a registry::Life<'a>) -> Self {
+        Self {
+            db: life.db,
+            redis: life.redis,
+            scripts: life.scripts,
+            prefix: &life.config.redis_prefix,
+        }
+    }
 }
 
 /// A reply or event of the red-packet kind as bytes.
@@ -49,7 +88,7 @@ fn remaining_ms(at: chrono::DateTime<chrono::Utc>) -> u64 {
 /// expiry (a create sent again replaces the one before).
 pub async fn create(at: &Life<'_>, req: RedPacketCreate) -> Result<Unsealed, HandleError> {
     let mut conn = at.redis.clone();
-    let created = match create_packet(at.db, &mut conn, at.scripts, at.prefix, &req).await {
+    let created = match create_packet(at.db, &mut conn, at.prefix, &req).await {
         Ok(created) => created,
         Err(CreateError::Invalid(message)) => return Err(Invalid::new(message).into()),
         Err(e @ CreateError::InsufficientFunds { .. }) => {
@@ -71,7 +110,7 @@ pub async fn create(at: &Life<'_>, req: RedPacketCreate) -> Result<Unsealed, Han
         // when it comes.
         let keys = PoolKeys::new(at.prefix, &created.packet_id);
         let token = ulid::Ulid::new().to_string();
-        let token = match arm_expiry(&mut conn, at.scripts, &keys, &token).await? {
+        let token = match arm_expiry(&mut conn, &keys, &token).await? {
             Expiry::Pending(token) => Some(Some(token)),
             // Closed in Redis, not yet in Postgres: an expiry (due, so
             // no token needed) records the close and sends the refund.
@@ -144,7 +183,7 @@ pub async fn expire(at: &Life<'_>, req: RedPacketExpire) -> Result<Unsealed, Han
     };
     loop {
         if let Some(expires_at) = early {
-            match pending_expiry(&mut conn, at.scripts, &keys, req.token.as_deref()).await? {
+            match pending_expiry(&mut conn, &keys, req.token.as_deref()).await? {
                 Expiry::Pending(token) => return expire_later(id, expires_at, Some(token)),
                 Expiry::Stale => {
                     tracing::debug!(packet = %id, "an expiry that is not the pending one came early; dropped");
@@ -154,7 +193,7 @@ pub async fn expire(at: &Life<'_>, req: RedPacketExpire) -> Result<Unsealed, Han
                 Expiry::Unknown => return Err(missing()),
             }
         }
-        match close(&mut conn, at.scripts, &keys).await? {
+        match close(&mut conn, &keys).await? {
             Close::Closed { refunded, .. } => {
                 // Announced by whoever records the close, which the Redis
                 // step's closer may not have lived to do.

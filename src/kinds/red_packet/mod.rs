@@ -75,8 +75,10 @@ mod close;
 mod create;
 pub mod fair;
 mod grab;
+mod kind;
 pub mod lifecycle;
 mod names;
+pub mod scripts;
 pub mod split;
 mod stored;
 
@@ -87,8 +89,10 @@ pub use close::{
 pub use create::{create, validate, whole_second_from, CreateError, Created};
 pub use grab::grab;
 pub(crate) use grab::grab_call;
+pub use kind::{RedPacket, RED_PACKET};
 pub use stored::{stored, Stored};
 
+use crate::kinds::red_packet::scripts as lua;
 use close::parse_share;
 #[cfg(test)]
 use create::Refused;
@@ -96,7 +100,7 @@ use create::Refused;
 use redis::aio::ConnectionLike;
 use serde::Serialize;
 
-use crate::scripts::{PoolKeys, Scripts};
+use crate::scripts::PoolKeys;
 
 /// The red-packet replies and events, wire types of [`crate::messages`].
 pub use crate::messages::{wire_time, ClosedEvent, CreatedReply, ExpireReply, RejectedReply};
@@ -127,11 +131,9 @@ pub struct PacketStatus {
 /// Redis Cluster runs on the packet's node like any other).
 pub async fn status<C: ConnectionLike + Send>(
     conn: &mut C,
-    scripts: &Scripts,
     keys: &PoolKeys,
 ) -> Result<Option<PacketStatus>, redis::RedisError> {
-    let reply: Vec<redis::Value> = scripts
-        .red_packet_status
+    let reply: Vec<redis::Value> = lua::STATUS
         .key(keys.meta())
         .key(keys.shares())
         .invoke_async(conn)

@@ -20,6 +20,7 @@
 //! reads them and pushes them back if the draw ends short, all in the one
 //! step, so no other draw ever sees them out.
 
+use crate::kinds::lucky_gift::scripts as lua;
 use crate::scripts::{Script, ScriptInvocation};
 use futures_util::future::BoxFuture;
 
@@ -29,7 +30,7 @@ use crate::{
         stocking::{unclaimed, Attempt, Claimed, Filling, StockError, StockOutcome},
         SPENT_TTL_S,
     },
-    scripts::{now_ms, PoolKeys, Scripts},
+    scripts::{now_ms, PoolKeys},
 };
 
 /// List storage.
@@ -37,8 +38,8 @@ use crate::{
 pub(super) struct List;
 
 impl Layout for List {
-    fn draw_script<'s>(&self, scripts: &'s Scripts) -> &'s Script {
-        &scripts.draw_lucky_gift
+    fn draw_script(&self) -> &'static Script {
+        &lua::DRAW_LIST
     }
 
     fn draw_keys(&self, call: &mut ScriptInvocation<'_>, keys: &PoolKeys, day: &str) {
@@ -88,9 +89,8 @@ impl Layout for List {
         at: &'a Attempt<'a>,
     ) -> BoxFuture<'a, Result<Claimed, StockError>> {
         Box::pin(async move {
-            let (keys, scripts) = (at.keys, at.scripts);
-            let (status, number): (String, i64) = scripts
-                .stock_begin
+            let keys = at.keys;
+            let (status, number): (String, i64) = lua::STOCK_BEGIN
                 .key(keys.meta())
                 .key(keys.queue())
                 .arg(at.trigger)
@@ -106,8 +106,7 @@ impl Layout for List {
             // visible prizes: trimmed from the tail, a chunk per step.
             let mut stale = number;
             while stale > 0 {
-                stale = scripts
-                    .stock_trim
+                stale = lua::STOCK_TRIM
                     .key(keys.meta())
                     .key(keys.queue())
                     .arg(at.token)
@@ -130,12 +129,11 @@ impl Layout for List {
         batch: &'a Filling<'a>,
     ) -> BoxFuture<'a, Result<StockOutcome, StockError>> {
         Box::pin(async move {
-            let (keys, scripts) = (at.keys, at.scripts);
+            let keys = at.keys;
             let size = batch.batch.codes.len();
             let elements: Vec<String> = batch.batch.elements(at.trigger + 1).collect();
             for piece in elements.chunks(at.chunk) {
-                let pushed: i64 = scripts
-                    .stock_push
+                let pushed: i64 = lua::STOCK_PUSH
                     .key(keys.meta())
                     .key(keys.queue())
                     .arg(at.token)
@@ -148,8 +146,7 @@ impl Layout for List {
                     return Err(StockError::LeaseLost);
                 }
             }
-            let (status, number): (String, i64) = scripts
-                .stock_commit
+            let (status, number): (String, i64) = lua::STOCK_COMMIT
                 .key(keys.meta())
                 .key(keys.queue())
                 .arg(at.token)

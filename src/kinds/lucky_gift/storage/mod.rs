@@ -19,7 +19,7 @@
 //! Adding a storage: a file here implementing [`Layout`], a variant of
 //! [`Storage`] (`name.rs`) with its label and its place in [`Storage::ALL`],
 //! its arm in [`Storage::layout`], and its draw script in
-//! [`crate::scripts::Scripts`].
+//! `kinds/lucky_gift/scripts.rs`.
 
 mod list;
 pub(super) mod name;
@@ -31,7 +31,7 @@ use futures_util::future::BoxFuture;
 use redis::{aio::ConnectionLike, Cmd, Pipeline, RedisFuture, Value};
 
 use super::stocking::{Attempt, Claimed, Filling, StockError, StockOutcome};
-use crate::scripts::{PoolKeys, Script, ScriptInvocation, Scripts};
+use crate::scripts::{PoolKeys, Script, ScriptInvocation};
 
 impl Storage {
     /// The implementation of this storage: the one place storages are
@@ -44,8 +44,8 @@ impl Storage {
     }
 
     /// The draw script of this storage.
-    pub fn draw_script(self, scripts: &Scripts) -> &Script {
-        self.layout().draw_script(scripts)
+    pub fn draw_script(self) -> &'static Script {
+        self.layout().draw_script()
     }
 
     /// The keys that hold the prizes of the pool behind `keys`, the gated
@@ -68,7 +68,7 @@ impl Storage {
 /// structs; [`Storage::layout`] hands them out.
 pub(super) trait Layout: Send + Sync {
     /// The storage's draw script (`lua/draw_*.lua`, built by `coalesced!`).
-    fn draw_script<'s>(&self, scripts: &'s Scripts) -> &'s Script;
+    fn draw_script(&self) -> &'static Script;
 
     /// Appends every key of a draw call, in the order the script's header
     /// lists them (`day` names the consumption counter).

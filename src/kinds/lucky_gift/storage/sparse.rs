@@ -23,6 +23,7 @@
 //! scripts. A draw reads without writing until its plan is complete, so a
 //! short draw has nothing to undo.
 
+use crate::kinds::lucky_gift::scripts as lua;
 use std::collections::HashSet;
 
 use crate::scripts::{Script, ScriptInvocation};
@@ -34,7 +35,7 @@ use crate::{
         stocking::{unclaimed, Attempt, Claimed, Filling, StockError, StockOutcome},
         SPARSE_BUCKET, SPENT_TTL_S,
     },
-    scripts::{now_ms, PoolKeys, Scripts},
+    scripts::{now_ms, PoolKeys},
 };
 
 /// Sparse storage.
@@ -43,7 +44,7 @@ pub(super) struct Sparse;
 
 /// A call of one step of `lua/sparse_stock.lua`, its keys and step name set.
 fn step<'a>(at: &Attempt<'a>, name: &'static str) -> ScriptInvocation<'a> {
-    let mut inv = at.scripts.sparse_stock.prepare_invoke();
+    let mut inv = lua::SPARSE_STOCK.prepare_invoke();
     inv.key(at.keys.meta())
         .key(at.keys.sparse())
         .key(at.keys.segments())
@@ -71,8 +72,8 @@ async fn push(
 }
 
 impl Layout for Sparse {
-    fn draw_script<'s>(&self, scripts: &'s Scripts) -> &'s Script {
-        &scripts.draw_sparse
+    fn draw_script(&self) -> &'static Script {
+        &lua::DRAW_SPARSE
     }
 
     fn draw_keys(&self, call: &mut ScriptInvocation<'_>, keys: &PoolKeys, day: &str) {

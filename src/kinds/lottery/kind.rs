@@ -1,0 +1,82 @@
+//! Lottery as the registry knows it ([`crate::kinds::registry`]): its
+//! label, its ledger reason and a draw per strategy. Its grants are their
+//! own message on the draw queue ([`crate::kinds::Kinds::grant`]).
+
+use futures_util::future::BoxFuture;
+
+use super::{by_strategy, draw, random_values, Strategy, KIND};
+use crate::{
+    amqp::HandleError,
+    kinds::{
+        registry::{At, Draw, Meta, PrizeKind},
+        Ask, Step,
+    },
+    ledger::reasons::{Direction::Credit, Reason},
+    scripts::{PoolKeys, ScriptInvocation},
+};
+
+/// The lottery kind, registered in [`crate::kinds::KINDS`].
+pub static LOTTERY: Lottery = Lottery;
+
+/// See [`LOTTERY`].
+#[derive(Debug)]
+pub struct Lottery;
+
+/// A prize won (`lottery:<activity>:<request_id>:<serial>`).
+const REASONS: &[Reason] = &[Reason::of_kind(KIND, "lottery", Credit)];
+
+/// The draw of the activities of one strategy (`super::REGISTRY`).
+#[derive(Debug)]
+pub(super) struct ByStrategy(pub(super) &'static dyn Strategy);
+
+impl PrizeKind for Lottery {
+    fn label(&self) -> &'static str {
+        KIND
+    }
+
+    fn reasons(&self) -> &'static [Reason] {
+        REASONS
+    }
+
+    fn meta_fields(&self) -> &'static [&'static str] {
+        &["strategy"]
+    }
+
+    /// The activity's strategy, resolved once: `activity load` refuses to
+    /// change an activity's strategy, so it cannot go stale.
+    fn resolve(&self, id: &str, meta: &Meta<'_>) -> Result<&'static dyn Draw, HandleError> {
+        let strategy = meta.get("strategy");
+        match strategy.and_then(by_strategy) {
+            Some(s) => Ok(s),
+            None => Err(HandleError::internal(format!(
+                "activity {id} names no registered strategy ({strategy:?})"
+            ))),
+        }
+    }
+}
+
+impl Draw for ByStrategy {
+    fn label(&self) -> &'static str {
+        KIND
+    }
+
+    /// One draw call per ask, in order.
+    fn draw_pool<'a>(
+        &'a self,
+        at: At<'a>,
+        asks: &'a [Ask<'a>],
+    ) -> BoxFuture<'a, Vec<Result<Step, HandleError>>> {
+        Box::pin(async move {
+            let mut conn = at.redis.clone();
+            let mut steps = Vec::with_capacity(asks.len());
+            for ask in asks {
+                steps.push(draw(&mut conn, at.keys, self.0, ask).await);
+            }
+            steps
+        })
+    }
+
+    fn script_call(&self, keys: &PoolKeys, ask: &Ask<'_>) -> ScriptInvocation<'static> {
+        self.0.invocation(keys, ask, &random_values())
+    }
+}
