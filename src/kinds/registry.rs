@@ -116,6 +116,28 @@ impl std::fmt::Debug for At<'_> {
     }
 }
 
+impl<'a> At<'a> {
+    /// The steps of `asks` one call each, in order: the draw of a kind
+    /// whose Lua step applies one ask (a red-packet grab, a lottery draw).
+    pub fn one_by_one<F, Fut>(
+        self,
+        asks: &'a [Ask<'a>],
+        step: F,
+    ) -> BoxFuture<'a, Vec<Result<Step, HandleError>>>
+    where
+        F: Fn(RedisConn, &'a Ask<'a>) -> Fut + Send + 'a,
+        Fut: std::future::Future<Output = Result<Step, HandleError>> + Send + 'a,
+    {
+        Box::pin(async move {
+            let mut steps = Vec::with_capacity(asks.len());
+            for ask in asks {
+                steps.push(step(self.redis.clone(), ask).await);
+            }
+            steps
+        })
+    }
+}
+
 impl At<'_> {
     /// The kind's state, as the type [`PrizeKind::open`] made it; `None`
     /// if it is another type (see [`At::foreign`]).

@@ -66,13 +66,9 @@ impl Draw for ByStrategy {
         at: At<'a>,
         asks: &'a [Ask<'a>],
     ) -> BoxFuture<'a, Vec<Result<Step, HandleError>>> {
-        Box::pin(async move {
-            let mut conn = at.redis.clone();
-            let mut steps = Vec::with_capacity(asks.len());
-            for ask in asks {
-                steps.push(draw(&mut conn, at.keys, self.0, ask).await);
-            }
-            steps
+        let (keys, strategy) = (at.keys, self.0);
+        at.one_by_one(asks, move |mut conn, ask| async move {
+            draw(&mut conn, keys, strategy, ask).await
         })
     }
 

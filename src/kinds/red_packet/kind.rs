@@ -67,13 +67,9 @@ impl Draw for Grab {
         at: At<'a>,
         asks: &'a [Ask<'a>],
     ) -> BoxFuture<'a, Vec<Result<Step, HandleError>>> {
-        Box::pin(async move {
-            let mut conn = at.redis.clone();
-            let mut steps = Vec::with_capacity(asks.len());
-            for ask in asks {
-                steps.push(grab(&mut conn, at.keys, ask).await);
-            }
-            steps
+        let keys = at.keys;
+        at.one_by_one(asks, move |mut conn, ask| async move {
+            grab(&mut conn, keys, ask).await
         })
     }
 
