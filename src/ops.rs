@@ -122,7 +122,7 @@ pub const METRIC_HELP: &[(&str, &str)] = &[
     ("prizepool_draws_total", "Draws answered, by prize kind and outcome (ok or the refusal's error code)"),
     ("prizepool_group_bodies", "Bodies per grouped message (settle.batch, draw.completed.batch), by type"),
     ("prizepool_handed_back_total", "Deliveries handed back through their queue's retry queue while a server they need is away, by queue"),
-    ("prizepool_handle_seconds", "Seconds a worker spent on one delivery, up to its reply, by queue"),
+    ("prizepool_handle_seconds", "Seconds a worker spent on one delivery, up to its reply (a settle delivery: from its batch's arrival to its ack), by queue"),
     ("prizepool_handler_panics_total", "Handler panics caught (the delivery is dead-lettered with code internal)"),
     ("prizepool_ledger_entries_total", "Ledger entries written by the settle worker (duplicates not counted)"),
     ("prizepool_messages_total", "Deliveries handled, by queue and outcome (acked, dead_lettered, requeued, rejected)"),
@@ -140,7 +140,7 @@ pub const METRIC_HELP: &[(&str, &str)] = &[
     ("prizepool_settle_batch_entries", "Ledger entries per settle batch"),
     ("prizepool_settle_commit_seconds", "Seconds Postgres took to commit one settle batch"),
     ("prizepool_settle_entries_total", "Settle entries handled, by outcome and reason"),
-    ("prizepool_settle_lag_seconds", "Age in seconds of the oldest message of the last settle batch when it was committed"),
+    ("prizepool_settle_lag_seconds", "Age in seconds of the oldest message of the settle batch being booked, updated every second while it waits for the ledger"),
     ("prizepool_urgent_refills_total", "Urgent refills asked by draws that found their pool short"),
 ];
 

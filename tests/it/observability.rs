@@ -233,6 +233,32 @@ async fn every_series_the_dashboard_and_the_alerts_query_is_exported() {
     );
     let paid = value(r#"prizepool_pool_paid_total{worker="draw-worker",pool="obs",asset="coin"}"#);
     assert_eq!(env.wait_ledger("obs", paid as i64).await as f64, paid);
+    // The settle queue is counted like the others: its deliveries by
+    // outcome and their handling time, per queue (the top-up and the
+    // draws' settle.batch messages, all acked).
+    let settle_series = [
+        r#"prizepool_messages_total{worker="settle-worker",queue="prizepool.settle",outcome="acked"}"#,
+        r#"prizepool_handle_seconds_count{worker="settle-worker",queue="prizepool.settle"}"#,
+    ];
+    let deadline = tokio::time::Instant::now() + T;
+    loop {
+        let settle_metrics = scrape(ports[2]).await;
+        let counted = |series: &str| {
+            settle_metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(series))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        if settle_series.iter().all(|s| counted(s) >= 2.0) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the settle worker does not count its queue's deliveries: {settle_series:?} in\n{settle_metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     // Every prizepool_* family a worker exports has HELP text, and every
     // series names the worker kind.
     for (port, kind) in ports

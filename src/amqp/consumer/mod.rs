@@ -182,12 +182,31 @@ pub struct Batch {
     /// longer than since then (the settle worker's lag gauge).
     pub empty_since: u64,
     acks: Acks,
+    /// The queue consumed, for the per-queue metrics.
+    queue: &'static str,
+    /// When the batch's first delivery arrived.
+    began: Instant,
 }
 
 impl Batch {
     /// Settles `delivery` (of this batch): handed to the session's acker,
     /// which coalesces the batch's acks into one `multiple` ack.
+    ///
+    /// Counts it like a [`Handler`]'s deliveries:
+    /// `prizepool_messages_total{queue, outcome}` (`acked`, `requeued` or
+    /// `rejected`; a message the handler dead-lettered itself and then acked
+    /// counts as `acked`) and `prizepool_handle_seconds{queue}`, from the
+    /// arrival of the batch's first delivery to this settling.
     pub fn settle(&self, delivery: &Delivery, how: Settle) {
+        let outcome = match how {
+            Settle::Ack => "acked",
+            Settle::Requeue => "requeued",
+            Settle::Reject => "rejected",
+        };
+        metrics::counter!("prizepool_messages_total", "queue" => self.queue, "outcome" => outcome)
+            .increment(1);
+        metrics::histogram!("prizepool_handle_seconds", "queue" => self.queue)
+            .record(self.began.elapsed().as_secs_f64());
         self.acks.finish(delivery.delivery_tag, how);
     }
 }

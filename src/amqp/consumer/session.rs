@@ -364,7 +364,8 @@ pub(super) async fn batch_session<B: BatchHandler>(
             Next::Stop => break Ok(()),
             Next::Lost(error) => break Err(error),
         };
-        if started.elapsed() >= IDLE {
+        let began = Instant::now();
+        if began.duration_since(started) >= IDLE {
             empty_since.fetch_max(waiting_since, Ordering::Relaxed);
         }
         let mut deliveries = vec![first];
@@ -388,6 +389,8 @@ pub(super) async fn batch_session<B: BatchHandler>(
             shutdown: shutdown.clone(),
             empty_since: empty_since.load(Ordering::Relaxed),
             acks: link.acks.clone(),
+            queue: route.queue,
+            began,
         };
         let handler = handler.clone();
         let mut handling = tracker.spawn(async move { handler.handle_batch(batch).await });
