@@ -98,7 +98,7 @@ pub(super) async fn run(config: &Config, args: StatusArgs) -> anyhow::Result<()>
     loop {
         let mut now = FleetStatus {
             at: crate::messages::wire_time(chrono::Utc::now()),
-            queues: queues(&conn).await?,
+            queues: queues(&conn, config.draw_shards).await?,
             pools: pools(config, &db, &mut redis).await?,
             settle: SettleView {
                 queued: None,
@@ -121,17 +121,26 @@ pub(super) async fn run(config: &Config, args: StatusArgs) -> anyhow::Result<()>
     Ok(())
 }
 
-/// Depth and consumers of every queue that dead-letters, and of its DLQ.
-async fn queues(conn: &Connection) -> anyhow::Result<Vec<QueueView>> {
+/// Depth and consumers of every queue that dead-letters, and of its DLQ:
+/// the work queues, the audit queue and, with `DRAW_SHARDS` > 1, each
+/// further draw shard (`prizepool.draw.<k>`, whose dead letters go to
+/// `prizepool.draw.dlq`).
+async fn queues(conn: &Connection, draw_shards: u16) -> anyhow::Result<Vec<QueueView>> {
+    let shards = (1..draw_shards).map(|k| (amqp::draw_shard(k), amqp::DRAW.dlq));
+    let queues = amqp::ROUTES
+        .into_iter()
+        .chain([crate::audit::ROUTE])
+        .map(|route| (route.queue.to_owned(), route.dlq))
+        .chain(shards);
     let mut out = Vec::new();
-    for route in amqp::ROUTES.into_iter().chain([crate::audit::ROUTE]) {
-        let queue = declared(conn, route.queue).await?;
-        let dlq = declared(conn, route.dlq).await?;
+    for (name, dlq_name) in queues {
+        let queue = declared(conn, &name).await?;
+        let dlq = declared(conn, dlq_name).await?;
         out.push(QueueView {
-            queue: route.queue.into(),
+            queue: name,
             messages: queue.map(|q| q.0),
             consumers: queue.map(|q| q.1),
-            dlq: route.dlq.into(),
+            dlq: dlq_name.into(),
             dlq_messages: dlq.map(|q| q.0),
         });
     }
@@ -241,6 +250,8 @@ fn problems(now: &FleetStatus, before: Option<&FleetStatus>) -> Vec<Problem> {
             detail,
         })
     };
+    // Draw shards share `prizepool.draw.dlq`: each DLQ is judged once.
+    let mut dlqs_seen = std::collections::BTreeSet::new();
     for q in &now.queues {
         match q.consumers {
             None => add(
@@ -257,6 +268,9 @@ fn problems(now: &FleetStatus, before: Option<&FleetStatus>) -> Vec<Problem> {
                 ),
             ),
             Some(_) => {}
+        }
+        if !dlqs_seen.insert(q.dlq.as_str()) {
+            continue;
         }
         let dead = q.dlq_messages.unwrap_or(0);
         let was = before

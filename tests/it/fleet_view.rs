@@ -175,3 +175,52 @@ async fn status_shows_queues_pools_payouts_and_what_looks_wrong() {
     client.close().await;
     draws_only.stop_workers().await;
 }
+
+/// With `DRAW_SHARDS` > 1 every draw shard is a queue of its own: status
+/// lists each, flags one nobody consumes, and judges the dead-letter queue
+/// they share once.
+#[tokio::test]
+async fn status_sees_every_draw_shard() {
+    let mut env = TestEnv::new(&[("DRAW_SHARDS", "2")]).await;
+    let shards = |env: &TestEnv| {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_prizepool"));
+        cmd.args(["status", "--json"])
+            .envs(env.env())
+            .env("DRAW_SHARDS", "2")
+            .env("RUST_LOG", "warn");
+        cmd
+    };
+    let run = |mut cmd: tokio::process::Command| async move {
+        let out = cmd.output().await.unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v
+    };
+    env.start_draw_worker().await;
+    let client = env.client().await;
+    let bad = client.call_raw("draw", b"[]", T).await.unwrap();
+    assert_eq!(bad["error"]["code"], "invalid_request");
+    env.wait_depth(amqp::DRAW.dlq, 1).await;
+
+    let v = run(shards(&env)).await;
+    for shard in ["prizepool.draw", "prizepool.draw.1"] {
+        assert!(queue(&v, shard)["consumers"].as_u64().unwrap() >= 1, "{v}");
+        assert!(!has(&v, "no_consumers", shard), "{v}");
+    }
+    assert_eq!(queue(&v, "prizepool.draw.1")["dlq"], "prizepool.draw.dlq");
+    let dead = problems(&v)
+        .into_iter()
+        .filter(|p| p == &("dead_letters".to_owned(), "prizepool.draw.dlq".to_owned()))
+        .count();
+    assert_eq!(dead, 1, "{v}");
+
+    client.close().await;
+    env.stop_workers().await;
+    let v = run(shards(&env)).await;
+    assert!(has(&v, "no_consumers", "prizepool.draw.1"), "{v}");
+    assert!(has(&v, "no_consumers", "prizepool.draw"), "{v}");
+}
