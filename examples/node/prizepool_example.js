@@ -54,6 +54,10 @@ async function connect(url) {
         `no reply within ${TIMEOUT_MS} ms; the request stays queued, send it again with the same id`)), TIMEOUT_MS);
       pending.set(correlationId, { resolve, reject, timer });
     });
+    // The reply may be refused (a return) before the caller awaits it: mark
+    // it handled now, so Node does not end the process on an "unhandled"
+    // rejection; the caller still sees the error when it awaits.
+    reply.catch(() => {});
     await new Promise((resolve, reject) => {
       channel.publish(EXCHANGE, routingKey, Buffer.from(JSON.stringify(message), 'utf8'), {
         contentType: 'application/json',
@@ -61,7 +65,12 @@ async function connect(url) {
         replyTo: REPLY_TO,
         correlationId,
         mandatory: true,
-      }, (err) => (err ? reject(err) : resolve()));
+      }, (err) => {
+        if (!err) return resolve();
+        // Refused (a nack): nothing is queued, so no reply will come.
+        settle(correlationId, 'reject', err);
+        return reject(err);
+      });
     });
     return reply;
   }
