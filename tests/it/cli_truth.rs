@@ -230,6 +230,16 @@ async fn every_json_output_is_an_object_with_named_fields() {
     assert_eq!(stats["prizes"][0]["stock_left"], 5);
     json_object(&env, &["balance", "7", "--json"]).await;
     json_object(&env, &["audit", "verify", "named", "--json"]).await;
+    // A pool stocked as sub-pools prints its total and each sub-pool, named.
+    env.load(&pool_toml(
+        "named-sh",
+        "shards = 2",
+        &[("c1", &[(0, 9), (2, 1)])],
+    ))
+    .await;
+    let sharded = json_object(&env, &["pool", "status", "named-sh", "--json"]).await;
+    assert_eq!(sharded["shards"].as_array().unwrap().len(), 2, "{sharded}");
+    json_object(&env, &["audit", "verify", "named-sh", "--json"]).await;
     // The queues exist once a client declared them.
     let conn = amqp::connect(&env.config.amqp_url, "t").await.unwrap();
     amqp::declare_topology(
@@ -239,6 +249,9 @@ async fn every_json_output_is_an_object_with_named_fields() {
     .await
     .unwrap();
     json_object(&env, &["dlq", "list", "prizepool.draw", "--json"]).await;
+    let status = json_object(&env, &["status", "--json"]).await;
+    assert!(status["queues"][0]["queue"].is_string(), "{status}");
+    assert_eq!(status["pools"][0]["pool"], "named", "{status}");
     json_object(
         &env,
         &["dlq", "replay", "prizepool.draw", "--dry-run", "--json"],
