@@ -155,7 +155,11 @@ impl Command {
         if self.runs_workers() {
             "warn,prizepool::draw=error,lapin::channel=off"
         } else {
-            "warn"
+            // `status` and `dlq` probe queues with passive declarations, which
+            // the broker answers for a missing queue by closing the channel:
+            // the command reports that itself (`queue_missing`, an error), so
+            // lapin's own ERROR line would only clutter the report.
+            "warn,lapin::channel=off"
         }
     }
 }

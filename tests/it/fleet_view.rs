@@ -200,6 +200,15 @@ async fn status_sees_every_draw_shard() {
         let v: Value = serde_json::from_slice(&out.stdout).unwrap();
         v
     };
+    // Before any worker: every queue is missing, which the report says, and
+    // nothing else is printed (no log line per probe the broker refused).
+    let mut quiet = shards(&env);
+    quiet.env_remove("RUST_LOG");
+    let out = quiet.output().await.unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(has(&v, "queue_missing", "prizepool.draw.1"), "{v}");
     env.start_draw_worker().await;
     let client = env.client().await;
     let bad = client.call_raw("draw", b"[]", T).await.unwrap();
