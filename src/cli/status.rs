@@ -2,8 +2,8 @@
 //! and dead letters; each lucky-gift pool's stock, prizes drawn, payouts and
 //! batches; the settle lag; and what looks wrong (a work queue nobody
 //! consumes, dead letters waiting or growing, a pool short, the ledger
-//! lagging). `--json` prints one object; `--watch` prints again every few
-//! seconds.
+//! lagging, Postgres away). `--json` prints one object; `--watch` prints
+//! again every few seconds.
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -74,7 +74,7 @@ struct SettleView {
 #[derive(Clone, Debug, Serialize)]
 struct Problem {
     /// `no_consumers`, `queue_missing`, `dead_letters`, `dlq_growing`,
-    /// `pool_short`, `settle_lagging`.
+    /// `pool_short`, `settle_lagging`, `postgres_unreachable`.
     kind: &'static str,
     /// The queue or pool concerned.
     subject: String,
@@ -92,22 +92,49 @@ struct FleetStatus {
 
 pub(super) async fn run(config: &Config, args: StatusArgs) -> anyhow::Result<()> {
     let conn = amqp::connect(&config.amqp_url, "prizepool-status").await?;
-    let db = crate::db::connect(&config.database_url).await?;
+    // Lazy: a Postgres that is away (a ledger stall) is one of the things
+    // the status reports, not a reason to print none; and `--watch` sees
+    // it come back.
+    let db = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_lazy(&config.database_url)
+        .context("reading DATABASE_URL")?;
     let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
     let mut before: Option<FleetStatus> = None;
     loop {
+        let queues = queues(&conn, config.draw_shards).await?;
+        let postgres = sqlx::query("SELECT 1").execute(&db).await.with_context(|| {
+            format!(
+                "Postgres at {} is unreachable",
+                crate::db::redact(&config.database_url)
+            )
+        });
         let mut now = FleetStatus {
             at: crate::messages::wire_time(chrono::Utc::now()),
-            queues: queues(&conn, config.draw_shards).await?,
-            pools: pools(config, &db, &mut redis).await?,
+            pools: Vec::new(),
             settle: SettleView {
-                queued: None,
+                queued: settle_queued(&queues),
                 lag_seconds: None,
             },
+            queues,
             problems: Vec::new(),
         };
-        now.settle = settle(&now.queues, &db).await?;
+        if postgres.is_ok() {
+            now.pools = pools(config, &db, &mut redis).await?;
+            now.settle = settle(&now.queues, &db).await?;
+        }
         now.problems = problems(&now, before.as_ref());
+        if let Err(error) = postgres {
+            now.problems.push(Problem {
+                kind: "postgres_unreachable",
+                subject: "postgres".into(),
+                detail: format!(
+                    "{error:#}: pools, payouts and the settle lag cannot be read, and the ledger books nothing ({} settlements queued)",
+                    now.settle.queued.unwrap_or(0)
+                ),
+            });
+        }
         if args.json {
             println!("{}", serde_json::to_string(&now)?);
         } else {
@@ -217,13 +244,18 @@ async fn pools(
     Ok(out)
 }
 
+/// Settlements ready in the settle queue (`None` when it does not exist).
+fn settle_queued(queues: &[QueueView]) -> Option<u32> {
+    queues
+        .iter()
+        .find(|q| q.queue == amqp::SETTLE.queue)
+        .and_then(|q| q.messages)
+}
+
 /// The settle queue's depth and, while it holds messages, how long the
 /// ledger has taken no entry.
 async fn settle(queues: &[QueueView], db: &sqlx::PgPool) -> anyhow::Result<SettleView> {
-    let queued = queues
-        .iter()
-        .find(|q| q.queue == amqp::SETTLE.queue)
-        .and_then(|q| q.messages);
+    let queued = settle_queued(queues);
     let lag_seconds = if queued.unwrap_or(0) == 0 {
         Some(0)
     } else {

@@ -1,6 +1,7 @@
 //! `prizepool status`: one view of the fleet, as an operator reads it while
 //! things go wrong: a worker kind that is not running, dead letters that
-//! arrive, a pool that runs short, and a ledger that stalls.
+//! arrive, a pool that runs short, a ledger that stalls, a Postgres that is
+//! away, and draw shards.
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
@@ -232,4 +233,38 @@ async fn status_sees_every_draw_shard() {
     let v = run(shards(&env)).await;
     assert!(has(&v, "no_consumers", "prizepool.draw.1"), "{v}");
     assert!(has(&v, "no_consumers", "prizepool.draw"), "{v}");
+}
+
+/// A ledger stall because Postgres is away: the status still shows the
+/// queues, and says what is wrong instead of failing; once Postgres is
+/// back the status reads the pools again.
+#[tokio::test]
+async fn status_reports_a_postgres_that_is_away() {
+    let pg = common::PrivatePostgres::init();
+    pg.start();
+    let url = pg.url();
+    let mut env = TestEnv::new(&[("DATABASE_URL", &url)]).await;
+    env.load(&pool_toml("away", "max_count = 5", &[("c1", &[(3, 10)])]))
+        .await;
+    env.start_draw_worker().await;
+    pg.stop();
+    let v = status_json(&env).await;
+    assert!(has(&v, "postgres_unreachable", "postgres"), "{v}");
+    assert!(
+        queue(&v, "prizepool.draw")["consumers"].as_u64().unwrap() >= 1,
+        "{v}"
+    );
+    assert!(has(&v, "no_consumers", "prizepool.settle"), "{v}");
+    assert_eq!(v["settle"]["lag_seconds"], Value::Null, "{v}");
+    let (code, text, _) = status(&env, &[]).await;
+    assert_eq!(code, Some(0));
+    assert!(
+        text.contains("WRONG postgres_unreachable postgres"),
+        "{text}"
+    );
+    pg.start();
+    let v = status_json(&env).await;
+    assert!(!has(&v, "postgres_unreachable", "postgres"), "{v}");
+    assert_eq!(v["pools"][0]["pool"], "away", "{v}");
+    env.stop_workers().await;
 }
