@@ -7,8 +7,11 @@
 //! `redpacket.create` and `redpacket.expire` are a red packet's create and
 //! expiry (`kinds/red_packet/lifecycle.rs`).
 //!
-//! It also keeps the depth gauges of every queue and drains the outbox of
-//! commitments Postgres could not take.
+//! It also keeps the depth gauges of every queue and the stock gauges of
+//! every lucky-gift pool ([`stock`]), and drains the outbox of commitments
+//! Postgres could not take.
+
+mod stock;
 
 use std::{any::Any, sync::Arc};
 
@@ -134,6 +137,12 @@ pub async fn run(
     // Commitments Postgres could not take while it was away reach it from
     // the outbox in Redis once it is back.
     tokio::spawn(crate::audit::keep_draining(
+        db.clone(),
+        redis.clone(),
+        config.redis_prefix.clone(),
+        shutdown.clone(),
+    ));
+    tokio::spawn(stock::watch(
         db.clone(),
         redis.clone(),
         config.redis_prefix.clone(),

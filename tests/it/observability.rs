@@ -259,13 +259,59 @@ async fn every_series_the_dashboard_and_the_alerts_query_is_exported() {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    // Each pool's stock and batches, read by the refill worker, agree with
+    // the pool's own counters (read again each time: a refill may still run).
+    let mut redis = env.redis.clone();
+    let deadline = tokio::time::Instant::now() + T;
+    loop {
+        let pool = prizepool::pools::status(&mut redis, &env.config.redis_prefix, "obs")
+            .await
+            .unwrap()
+            .unwrap()
+            .total;
+        let want = [
+            (
+                r#"prizepool_pool_stock{worker="refill-worker",pool="obs"}"#,
+                pool.in_pool as f64,
+            ),
+            (
+                r#"prizepool_pool_batches{worker="refill-worker",pool="obs"}"#,
+                pool.generation as f64,
+            ),
+        ];
+        let refill_metrics = scrape(ports[1]).await;
+        let read = |series: &str| {
+            refill_metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(series))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        };
+        if pool.generation >= 1 && want.iter().all(|(s, v)| read(s) == Some(*v)) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no per-pool stock {want:?} in\n{refill_metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     // Every prizepool_* family a worker exports has HELP text, and every
     // series names the worker kind.
     for (port, kind) in ports
         .iter()
         .zip(["draw-worker", "refill-worker", "settle-worker"])
     {
-        assert_described(&scrape(*port).await, kind);
+        let text = scrape(*port).await;
+        assert_described(&text, kind);
+        // The process metrics the dashboard shows per worker kind name it too.
+        let label = format!("worker=\"{kind}\"");
+        for family in ["process_cpu_seconds_total", "process_resident_memory_bytes"] {
+            let line = text
+                .lines()
+                .find(|l| l.starts_with(family))
+                .unwrap_or_else(|| panic!("{kind}: no {family}"));
+            assert!(line.contains(&label), "{kind}: {line}");
+        }
     }
     for histogram in [
         "prizepool_handle_seconds",
