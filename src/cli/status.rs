@@ -58,6 +58,19 @@ struct PoolView {
     in_pool: u64,
     max_count: Option<i64>,
     payouts: Vec<Payout>,
+    /// A pool stocked as sub-pools (`shards = K`): each one's stock. A draw
+    /// takes its prizes from one sub-pool, so one can run short alone.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    sub_pools: Vec<SubPoolView>,
+}
+
+/// One sub-pool of a sharded pool.
+#[derive(Clone, Debug, Serialize)]
+struct SubPoolView {
+    /// `<pool>~<shard>`.
+    pool: String,
+    batches: u64,
+    in_pool: u64,
 }
 
 /// How far the ledger trails what was answered.
@@ -230,8 +243,18 @@ async fn pools(
         else {
             continue;
         };
+        let sub_pools = status
+            .shards
+            .iter()
+            .map(|s| SubPoolView {
+                pool: s.pool.clone(),
+                batches: s.generation,
+                in_pool: s.in_pool,
+            })
+            .collect();
         let s = status.total;
         out.push(PoolView {
+            sub_pools,
             batches: s.generation,
             stocked: s.stocked,
             prizes_drawn: s.drawn,
@@ -326,16 +349,21 @@ fn problems(now: &FleetStatus, before: Option<&FleetStatus>) -> Vec<Problem> {
         }
     }
     for p in &now.pools {
-        if p.max_count.is_some_and(|m| (p.in_pool as i64) < m) {
-            add(
-                "pool_short",
-                &p.pool,
-                format!(
-                    "{} prizes in pool, fewer than max_count {}; is the refill worker running?",
-                    p.in_pool,
-                    p.max_count.unwrap_or(0)
-                ),
-            );
+        let Some(max_count) = p.max_count else {
+            continue;
+        };
+        let short = |in_pool: u64| (in_pool as i64) < max_count;
+        let detail = |in_pool: u64| {
+            format!(
+                "{in_pool} prizes in pool, fewer than max_count {max_count}; is the refill worker running?"
+            )
+        };
+        if short(p.in_pool) {
+            add("pool_short", &p.pool, detail(p.in_pool));
+            continue;
+        }
+        for sub in p.sub_pools.iter().filter(|s| short(s.in_pool)) {
+            add("pool_short", &sub.pool, detail(sub.in_pool));
         }
     }
     if let Some(lag) = now.settle.lag_seconds.filter(|l| *l > LAG_LIMIT_S) {

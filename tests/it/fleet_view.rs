@@ -268,3 +268,40 @@ async fn status_reports_a_postgres_that_is_away() {
     assert_eq!(v["pools"][0]["pool"], "away", "{v}");
     env.stop_workers().await;
 }
+
+/// A pool stocked as sub-pools: a draw takes its prizes from one of them,
+/// so a sub-pool short alone is flagged even while the whole pool holds
+/// more than `max_count`.
+#[tokio::test]
+async fn status_flags_a_short_sub_pool() {
+    let mut env = TestEnv::new(&[]).await;
+    // Two sub-pools of 10 prizes each; max_count 5.
+    env.load(&pool_toml(
+        "split",
+        "shards = 2\nmax_count = 5",
+        &[("c1", &[(3, 10)])],
+    ))
+    .await;
+    env.start_draw_worker().await;
+    let client = env.client().await;
+    // User 0 draws from sub-pool 0 only (user_id mod 2), and no refill
+    // worker runs: 4 prizes left there, 10 in the other.
+    for _ in 0..2 {
+        let reply = client.call("draw", &draw("split", 0, 3), T).await.unwrap();
+        assert_eq!(reply["status"], "ok", "{reply}");
+    }
+    let v = status_json(&env).await;
+    let pool = &v["pools"][0];
+    assert_eq!(
+        (&pool["pool"], &pool["in_pool"]),
+        (&Value::from("split"), &Value::from(14)),
+        "{v}"
+    );
+    assert_eq!(pool["sub_pools"][0]["pool"], "split~0", "{v}");
+    assert_eq!(pool["sub_pools"][0]["in_pool"], 4, "{v}");
+    assert!(has(&v, "pool_short", "split~0"), "{v}");
+    assert!(!has(&v, "pool_short", "split~1"), "{v}");
+    assert!(!has(&v, "pool_short", "split"), "{v}");
+    client.close().await;
+    env.stop_workers().await;
+}
