@@ -1,8 +1,13 @@
 //! The settle lag gauge: how far behind the ledger is, kept up to date
 //! while a batch waits (a stalled ledger shows a growing lag, not a frozen
-//! one).
+//! one), and back at 0 once the ledger has caught up (a lag an outage left
+//! does not stay on the gauge, and its alert firing, after the backlog is
+//! booked).
 
-use std::time::Duration;
+use std::{
+    sync::atomic::{AtomicU64, Ordering},
+    time::Duration,
+};
 
 use lapin::message::Delivery;
 
@@ -16,8 +21,11 @@ use lapin::message::Delivery;
 /// the queue really has.
 ///
 /// The figure is set at once and again every second until the returned
-/// handle is dropped (when the batch is booked or given up).
-pub(super) fn keep_lag(batch: &[Delivery], floor: u64) -> tokio_util::task::AbortOnDropHandle<()> {
+/// guard is dropped (when the batch is booked or given up). A guard marked
+/// [`Lag::booked`] sets the gauge to 0 when no other batch began within
+/// [`CAUGHT_UP`] of it: the queue held nothing more, so nothing lags.
+pub(super) fn keep_lag(batch: &[Delivery], floor: u64) -> Lag {
+    let began = BATCHES.fetch_add(1, Ordering::Relaxed) + 1;
     let stamps: Vec<u64> = batch
         .iter()
         .filter_map(|d| *d.properties.timestamp())
@@ -31,7 +39,7 @@ pub(super) fn keep_lag(batch: &[Delivery], floor: u64) -> tokio_util::task::Abor
         }
     };
     record();
-    tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
+    let ticking = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
         let mut every = tokio::time::interval(Duration::from_secs(1));
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         every.tick().await;
@@ -39,7 +47,55 @@ pub(super) fn keep_lag(batch: &[Delivery], floor: u64) -> tokio_util::task::Abor
             every.tick().await;
             record();
         }
-    }))
+    }));
+    Lag {
+        _ticking: ticking,
+        began,
+        booked: false,
+    }
+}
+
+/// Batches begun by this worker, so a booked batch can tell whether
+/// another began after it.
+static BATCHES: AtomicU64 = AtomicU64::new(0);
+
+/// How long after a booked batch the gauge waits for the next one before
+/// it reads 0. Batches of a backlog follow each other within milliseconds,
+/// and each sets its own lag as it begins.
+const CAUGHT_UP: Duration = Duration::from_secs(2);
+
+/// The gauge kept for one batch: see [`keep_lag`].
+#[derive(Debug)]
+pub(super) struct Lag {
+    _ticking: tokio_util::task::AbortOnDropHandle<()>,
+    /// This batch's number in [`BATCHES`].
+    began: u64,
+    booked: bool,
+}
+
+impl Lag {
+    /// The batch is in the ledger: nothing of it lags any more.
+    pub(super) fn booked(mut self) {
+        self.booked = true;
+    }
+}
+
+impl Drop for Lag {
+    fn drop(&mut self) {
+        if !self.booked {
+            // Given up: the batch comes again and its lag goes on counting.
+            return;
+        }
+        let began = self.began;
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                tokio::time::sleep(CAUGHT_UP).await;
+                if BATCHES.load(Ordering::Relaxed) == began {
+                    metrics::gauge!("prizepool_settle_lag_seconds").set(0.0);
+                }
+            });
+        }
+    }
 }
 
 /// The lag, in seconds, of the oldest of `stamps` at `now`, counted from no

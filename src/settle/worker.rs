@@ -97,7 +97,7 @@ impl BatchHandler for SettleWorker {
         // While the batch waits for the ledger (Postgres away, a slow
         // commit), its lag keeps growing on the gauge, so a stalled ledger
         // shows instead of freezing the last figure.
-        let _lag = super::lag::keep_lag(&batch.deliveries, batch.empty_since);
+        let lag = super::lag::keep_lag(&batch.deliveries, batch.empty_since);
         // One span per batch, in the trace of its first entry (linked to the others').
         let span = tracing::info_span!("settle.batch", entries = batch.deliveries.len());
         crate::telemetry::follow_traces(
@@ -109,7 +109,9 @@ impl BatchHandler for SettleWorker {
         );
         settle_batch(&self.db, &sealer, &batch)
             .instrument(span)
-            .await
+            .await?;
+        lag.booked();
+        Ok(())
     }
 }
 
@@ -200,9 +202,11 @@ async fn settle_batch(db: &PgPool, sealer: &ledger::Sealer, whole: &Batch) -> an
     // Every delivery of the batch is settled now; the loop's acker sends
     // one `multiple` ack for the run (those acked on their own are no
     // longer outstanding and are skipped).
-    for (d, acked) in whole.deliveries.iter().zip(&read.acked) {
-        if !acked {
-            whole.settle(d, Settle::Ack);
+    for ((d, acked), dead) in whole.deliveries.iter().zip(&read.acked).zip(&read.dead) {
+        match (acked, dead) {
+            (true, _) => {}
+            (false, true) => whole.dead_lettered(d),
+            (false, false) => whole.settle(d, Settle::Ack),
         }
     }
     Ok(())
@@ -222,6 +226,9 @@ struct Read {
     bad_bodies: Vec<(usize, Value, Invalid)>,
     /// Deliveries acked on their own already.
     acked: Vec<bool>,
+    /// `settle` deliveries dead-lettered whole (an entry that can never be
+    /// booked): acked with the batch, counted as `dead_lettered`.
+    dead: Vec<bool>,
 }
 
 /// Decodes and checks every delivery of `whole`: a message that is bad as
@@ -235,6 +242,7 @@ async fn read_batch(sealer: &ledger::Sealer, whole: &Batch) -> anyhow::Result<Re
         refused_in: vec![Vec::new(); batch.len()],
         bad_bodies: Vec::new(),
         acked: vec![false; batch.len()],
+        dead: vec![false; batch.len()],
     };
     for (at, delivery) in batch.iter().enumerate() {
         match decode(sealer, &delivery.data) {
@@ -258,7 +266,7 @@ async fn read_batch(sealer: &ledger::Sealer, whole: &Batch) -> anyhow::Result<Re
                 publish_dead_letter(publisher, replier, delivery, amqp::SETTLE, &invalid).await?;
                 // Dead-lettered and answered, both confirmed: done with it,
                 // whatever becomes of the rest of the batch.
-                whole.settle(delivery, Settle::Ack);
+                whole.dead_lettered(delivery);
                 read.acked[at] = true;
             }
         }
@@ -361,6 +369,7 @@ fn refusals(
                 if dead {
                     let body = delivery.data.clone();
                     out.push(dead_letter_copy(delivery, body, code, &why, true));
+                    read.dead[o.at] = true;
                 }
                 if let Some(to) = delivery.properties.reply_to() {
                     let request = decode_envelope(&delivery.data).ok();

@@ -178,6 +178,11 @@ async fn every_series_the_dashboard_and_the_alerts_query_is_exported() {
         .await
         .unwrap();
     assert_eq!(bad["error"]["code"], "invalid_request");
+    let bad_settle = client
+        .call_raw("settle", b"{\"type\":\"settle\"}", T)
+        .await
+        .unwrap();
+    assert_eq!(bad_settle["error"]["code"], "invalid_request");
     // The refill worker reads queue depths every few seconds: scrape until
     // every queried series is there, or the deadline.
     let root = env!("CARGO_MANIFEST_DIR");
@@ -235,10 +240,20 @@ async fn every_series_the_dashboard_and_the_alerts_query_is_exported() {
     assert_eq!(env.wait_ledger("obs", paid as i64).await as f64, paid);
     // The settle queue is counted like the others: its deliveries by
     // outcome and their handling time, per queue (the top-up and the
-    // draws' settle.batch messages, all acked).
+    // draws' settle.batch messages acked; the bad settle dead-lettered).
     let settle_series = [
-        r#"prizepool_messages_total{worker="settle-worker",queue="prizepool.settle",outcome="acked"}"#,
-        r#"prizepool_handle_seconds_count{worker="settle-worker",queue="prizepool.settle"}"#,
+        (
+            r#"prizepool_messages_total{worker="settle-worker",queue="prizepool.settle",outcome="acked"}"#,
+            2.0,
+        ),
+        (
+            r#"prizepool_messages_total{worker="settle-worker",queue="prizepool.settle",outcome="dead_lettered"}"#,
+            1.0,
+        ),
+        (
+            r#"prizepool_handle_seconds_count{worker="settle-worker",queue="prizepool.settle"}"#,
+            3.0,
+        ),
     ];
     let deadline = tokio::time::Instant::now() + T;
     loop {
@@ -250,7 +265,10 @@ async fn every_series_the_dashboard_and_the_alerts_query_is_exported() {
                 .and_then(|v| v.trim().parse::<f64>().ok())
                 .unwrap_or(0.0)
         };
-        if settle_series.iter().all(|s| counted(s) >= 2.0) {
+        if settle_series
+            .iter()
+            .all(|(s, at_least)| counted(s) >= *at_least)
+        {
             break;
         }
         assert!(

@@ -294,6 +294,20 @@ async fn the_settle_lag_grows_while_the_ledger_is_away() {
     pg.start();
     let reply = raw.reply("stall").await;
     assert_eq!(reply["status"], "ok", "{reply}");
+    // Booked, and nothing else waits: the lag the outage left goes back to
+    // 0 instead of staying on the gauge (and its alert firing).
+    let deadline = tokio::time::Instant::now() + T;
+    loop {
+        let seen = lag().await.unwrap_or(-1.0);
+        if seen == 0.0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lag stayed at {seen} s after the ledger caught up"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// The worker's `/metrics` page (empty while the endpoint is not up).

@@ -194,15 +194,25 @@ impl Batch {
     ///
     /// Counts it like a [`Handler`]'s deliveries:
     /// `prizepool_messages_total{queue, outcome}` (`acked`, `requeued` or
-    /// `rejected`; a message the handler dead-lettered itself and then acked
-    /// counts as `acked`) and `prizepool_handle_seconds{queue}`, from the
-    /// arrival of the batch's first delivery to this settling.
+    /// `rejected`; see [`Batch::dead_lettered`]) and
+    /// `prizepool_handle_seconds{queue}`, from the arrival of the batch's
+    /// first delivery to this settling.
     pub fn settle(&self, delivery: &Delivery, how: Settle) {
         let outcome = match how {
             Settle::Ack => "acked",
             Settle::Requeue => "requeued",
             Settle::Reject => "rejected",
         };
+        self.settle_as(delivery, how, outcome);
+    }
+
+    /// Acks `delivery` once the handler's own dead letter of it is
+    /// confirmed, counted as `dead_lettered` like a [`Handler`]'s.
+    pub fn dead_lettered(&self, delivery: &Delivery) {
+        self.settle_as(delivery, Settle::Ack, "dead_lettered");
+    }
+
+    fn settle_as(&self, delivery: &Delivery, how: Settle, outcome: &'static str) {
         metrics::counter!("prizepool_messages_total", "queue" => self.queue, "outcome" => outcome)
             .increment(1);
         metrics::histogram!("prizepool_handle_seconds", "queue" => self.queue)
