@@ -51,7 +51,10 @@ impl Fleet {
             let mut command = Command::new(binary(&name)?);
             stop_with_parent(&mut command);
             let child = command
-                .env("RUST_LOG", "warn")
+                // Warnings and errors only, without lapin's report of each
+                // draw-shard queue a worker finds missing (as the workers'
+                // own default leaves it out).
+                .env("RUST_LOG", "warn,lapin::channel=off")
                 .env("METRICS_ADDR", "")
                 .env("AMQP_URL", &config.amqp_url)
                 .env("REDIS_URL", &config.redis_url)

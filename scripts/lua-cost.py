@@ -17,6 +17,14 @@ the cost of everything up to that line; `-` runs the whole step:
 With ANSWER_BUCKETS=hashes the draws' tokens ask for hash buckets in the
 answer store (lib/answer.lua), as a worker with that setting does.
 
+FILL=N first stores N refusals in the pool's answer store (as many
+requests answered before), so the buckets the draws read and write are as
+full as a busy store's. `claim` as the argument counts one claim of a new
+request id instead of a draw step (claim.lua, after FILL claims; with
+ANSWER_BUCKETS=hashes, in a hash-bucket epoch):
+
+    FILL=3000 python3 scripts/lua-cost.py claim
+
 An argument indented by two spaces cuts inside a function (the function
 returns nil, 0 there). Needs valgrind, redis-server, a release build of
 `prizepool` (PRIZEPOOL, default target/release/prizepool) and the redis
@@ -72,6 +80,20 @@ def library(name, cut=None):
             "KEYS, ARGV = keys, args\nOPEN = {}\nreturn body()\nend)\n")
 
 
+def answering(name, script):
+    """A script with lib/answer.lua as its prelude, laid out as
+    src/scripts/function.rs lays out an `answering!` script."""
+    return (f"#!lua name={name}\nlocal KEYS, ARGV\n{read('lib/answer.lua')}\n"
+            f"local function body()\n{read(script)}\nend\n"
+            f"redis.register_function('{name}', function(keys, args)\n"
+            "KEYS, ARGV = keys, args\nOPEN = {}\nreturn body()\nend)\n")
+
+
+def token():
+    """A new request's token, as src/kinds/answer.rs builds it."""
+    return b"90000%s:%d:" % (MARK, int(time.time())) + os.urandom(24)
+
+
 def measure(cut):
     out = os.path.join(ROOT, "target", "lua-cost")
     os.makedirs(out, exist_ok=True)
@@ -94,15 +116,25 @@ def measure(cut):
     env = dict(os.environ, REDIS_URL=f"redis://127.0.0.1:{PORT}")
     subprocess.run([PRIZEPOOL, "pool", "load", os.path.join(out, "pool.toml")],
                    check=True, capture_output=True, env=env)
-    r.function_load(library("cost", cut), replace=True)
     day = time.strftime("%Y%m%d", time.gmtime())
     keys = [f"pp:{{cost}}:{k}" for k in ("meta", "q", "held", f"spent:{day}", "rs")]
+    fill = int(os.environ.get("FILL", "0"))
+    if cut == "claim":
+        r.function_load(answering("claim", "claim.lua"), replace=True)
 
-    def draw():
-        token = b"90000%s:%d:" % (MARK, int(time.time())) + os.urandom(24)
-        return r.fcall("cost", 5, *keys, 4, 10, 90000, 0, token)
+        def draw():
+            return r.fcall("claim", 1, "pp:rq:{7}", token(), "claim")
+    else:
+        r.function_load(library("cost", cut), replace=True)
+        r.function_load(answering("fill", "remember_refusal.lua"), replace=True)
+        for _ in range(fill):
+            r.fcall("fill", 1, keys[4], token(), "sold_out")
+        fill = 20
 
-    for _ in range(20):
+        def draw():
+            return r.fcall("cost", 5, *keys, 4, 10, 90000, 0, token())
+
+    for _ in range(max(fill, 20)):
         draw()
     subprocess.run(["callgrind_control", "-z", str(server.pid)], capture_output=True)
     for _ in range(CALLS):
@@ -113,11 +145,13 @@ def measure(cut):
     for path in glob.glob(os.path.join(out, "cg.*.1")):
         m = re.search(r"^(?:summary|totals):\s*(\d+)", open(path).read(), re.M)
         if m:
-            return int(m.group(1)) // CALLS, reply[0].decode()
+            first = reply[0]
+            return int(m.group(1)) // CALLS, str(first) if isinstance(first, int) else first.decode()
     sys.exit("callgrind wrote no dump")
 
 
 if __name__ == "__main__":
     for arg in sys.argv[1:] or ["-"]:
         per_call, status = measure(None if arg == "-" else arg)
+        status = {"1": "claimed"}.get(status, status)
         print(f"{per_call:>9,} instructions a call ({status})  {arg[:60]}")

@@ -55,13 +55,14 @@ impl Worker {
     /// environment (`--help` lists every setting), then consumes its queue
     /// until SIGTERM or SIGINT.
     pub(crate) fn main(self) -> ExitCode {
-        // The draw worker runs on one thread: a draw is short and I/O bound,
-        // and waking other runtime threads cost more CPU than it saved
-        // (docs/performance.md); it scales with replicas. The refill and
-        // settle workers take a thread per core.
+        // The draw and settle workers run on one thread: their work is short
+        // and I/O bound, and waking other runtime threads cost more CPU than
+        // it saved (docs/performance.md); they scale with replicas. The
+        // refill worker, whose stocking shuffles whole batches, takes a
+        // thread per core.
         let runtime = match self {
-            Self::Draw => tokio::runtime::Builder::new_current_thread(),
-            Self::Refill | Self::Settle => tokio::runtime::Builder::new_multi_thread(),
+            Self::Draw | Self::Settle => tokio::runtime::Builder::new_current_thread(),
+            Self::Refill => tokio::runtime::Builder::new_multi_thread(),
         }
         .enable_all()
         .build();
