@@ -243,6 +243,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_ledger_reads_the_reasons_of_every_registered_kind_and_no_other() {
+        // The ledger's list (`KIND_REASONS`, which it reads without the
+        // registry) against the registry's, kind by kind.
+        let registered: Vec<&Reason> = KINDS.iter().flat_map(|k| k.reasons()).collect();
+        let ledger: Vec<&Reason> = crate::ledger::reasons::reasons()
+            .filter(|r| r.sealed())
+            .collect();
+        assert_eq!(ledger, registered);
+        for kind in KINDS {
+            assert!(
+                kind.reasons()
+                    .iter()
+                    .all(|r| r.owner == crate::ledger::reasons::Owner::Kind(kind.label())),
+                "{} declares a reason of another kind",
+                kind.label()
+            );
+        }
+    }
+
+    #[test]
     fn every_kind_resolves_its_pools_to_a_draw_of_its_own() {
         let names = ["kind", "storage", "strategy"];
         let values = [None, Some("sparse".to_owned()), Some("ladder".to_owned())];

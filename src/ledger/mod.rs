@@ -30,6 +30,7 @@
 mod entries;
 mod fleet_key;
 mod read;
+pub mod reason;
 pub mod reasons;
 mod refused;
 mod seal;

@@ -6,8 +6,8 @@
 //! services publish (top-ups, withdrawals, purchases) need no seal.
 //!
 //! Each reason is declared once: the upstream ones here ([`UPSTREAM`]),
-//! each kind's in its own folder ([`PrizeKind::reasons`], with
-//! [`Reason::of_kind`]). [`reasons`] is every one of them, and the only
+//! each kind's in its own folder (`kinds/<kind>/reasons.rs`, with
+//! [`Reason::of_kind`], listed in [`KIND_REASONS`]). [`reasons`] is every one of them, and the only
 //! list: the settle worker's checks, the seal's rule and the error texts
 //! all read it, so a reason cannot be a credit in one place and forgotten
 //! by the seal in another, and a new kind's reasons are sealed by being
@@ -15,62 +15,7 @@
 //!
 //! [`PrizeKind::reasons`]: crate::kinds::registry::PrizeKind::reasons
 
-use crate::kinds::registry::KINDS;
-
-/// Whether an entry adds to a balance or takes from it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Direction {
-    /// `amount > 0`.
-    Credit,
-    /// `amount < 0`.
-    Debit,
-}
-
-/// Who books a reason.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Owner {
-    /// An upstream service, unsealed.
-    Upstream,
-    /// A prize kind of the fleet (named as its pools' `kind`), sealed.
-    Kind(&'static str),
-}
-
-/// One reason of the ledger.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Reason {
-    pub name: &'static str,
-    pub direction: Direction,
-    pub owner: Owner,
-}
-
-impl Reason {
-    /// Whether entries with this reason must carry the fleet's seal: every
-    /// reason a kind books, and no other.
-    pub fn sealed(&self) -> bool {
-        matches!(self.owner, Owner::Kind(_))
-    }
-}
-
-impl Reason {
-    /// A reason upstream services publish, unsealed.
-    const fn upstream(name: &'static str, direction: Direction) -> Reason {
-        Reason {
-            name,
-            direction,
-            owner: Owner::Upstream,
-        }
-    }
-
-    /// A reason the prize kind labelled `kind` books, sealed: how a kind
-    /// declares its reasons, in its folder.
-    pub const fn of_kind(kind: &'static str, name: &'static str, direction: Direction) -> Reason {
-        Reason {
-            name,
-            direction,
-            owner: Owner::Kind(kind),
-        }
-    }
-}
+pub use super::reason::{Direction, Owner, Reason};
 
 use Direction::{Credit, Debit};
 
@@ -82,11 +27,22 @@ pub const UPSTREAM: &[Reason] = &[
     Reason::upstream("purchase", Debit),
 ];
 
+/// Each registered kind's reasons, declared in the kind's folder
+/// (`kinds/<kind>/reasons.rs`, which [`PrizeKind::reasons`] returns too),
+/// in the order of the registry; a test checks that this list and the
+/// registry name the same reasons. The ledger reads them from here, not
+/// through the registry, which builds on the ledger.
+const KIND_REASONS: &[&[Reason]] = &[
+    crate::kinds::lucky_gift::reasons::REASONS,
+    crate::kinds::red_packet::reasons::REASONS,
+    crate::kinds::lottery::reasons::REASONS,
+];
+
 /// Every reason: the upstream ones, then each registered kind's.
 pub fn reasons() -> impl Iterator<Item = &'static Reason> {
     UPSTREAM
         .iter()
-        .chain(KINDS.iter().flat_map(|kind| kind.reasons()))
+        .chain(KIND_REASONS.iter().flat_map(|reasons| reasons.iter()))
 }
 
 /// The reason called `name`, if the ledger knows it.

@@ -1,6 +1,6 @@
 //! Delivery: one message from its arrival to how it is settled.
 //!
-//! A delivery is decoded, takes a slot of its lane (see [`Lanes`]), and is
+//! A delivery is decoded, takes a slot of its lane (see [`super::lanes::Lanes`]), and is
 //! handed to the worker's [`Handler`]; what the handler produced is
 //! published and answered by [`super::finish`].
 //!
@@ -26,45 +26,27 @@
 //! delivery is handed back only while the session still answers (see
 //! `Groupers::closed`), and requeued otherwise.
 
-use std::{
-    collections::HashMap,
-    panic::AssertUnwindSafe,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
-    time::Instant,
-};
+use std::{panic::AssertUnwindSafe, time::Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures_util::FutureExt;
-use lapin::{
-    message::Delivery,
-    types::{AMQPValue, FieldTable},
-};
+use lapin::message::Delivery;
 use serde_json::Value;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::{info_span, Instrument};
 
 use super::{
-    finish,
-    session::{Replied, Shared},
-    HandleError, Handler, Outcome, Outgoing, Publisher, Route, Settle,
+    finish::{self, hand_back},
+    lanes::Entered,
+    shared::{Ended, Replied, Shared},
+    HandleError, Handler, Outcome, Publisher, Settle,
 };
-use crate::{
-    amqp::{FAILING_SINCE_HEADER, RETRIES_HEADER},
-    messages::{self, Invalid},
-};
+use crate::messages::{self, Invalid};
 
 /// How long a transient failure is retried before the delivery
 /// is handed back.
 pub(crate) const RETRY_BEFORE_HAND_BACK: std::time::Duration =
     std::time::Duration::from_millis(500);
-
-/// What a delivery ended as: the label of its outcome metric, how it is
-/// settled, and the guard held from its reply until its ack is handed on.
-pub(super) type Ended = (&'static str, Settle, Replied);
 
 /// [`process`], with a panic of its own (a bug: a handler's panic is caught
 /// inside) turned into a rejection, so the broker dead-letters the delivery
@@ -204,183 +186,6 @@ async fn handled<H: Handler>(
     }
 }
 
-/// Hands `delivery` back to the broker: a copy goes to its queue's retry
-/// queue, and the original is acked once the copy is confirmed. Requeued
-/// instead when the session no longer answers (the ack might be lost in
-/// the close, and the copy would be a second request) or the copy could
-/// not be published.
-pub(super) async fn hand_back<H: Handler>(
-    shared: &Shared<H>,
-    delivery: &Delivery,
-    why: &str,
-) -> Ended {
-    let route = shared.handler.route();
-    let (retries, since) = handed_back(delivery);
-    let failing = std::time::Duration::from_millis(unix_ms().saturating_sub(since));
-    if failing < shared.config.transient_retry {
-        tracing::warn!(
-            error = why,
-            retries,
-            "a dependency is failing; handing the delivery back"
-        );
-    } else {
-        tracing::error!(
-            error = why,
-            retries,
-            ?failing,
-            "a dependency is still failing; handing the delivery back"
-        );
-    }
-    let gate = shared.groupers.closed.clone().read_owned().await;
-    if *gate {
-        return ("requeued", Settle::Requeue, None);
-    }
-    let copy = retry_message(delivery, route, retries + 1, since);
-    match shared.publisher.publish(copy).await {
-        Ok(()) => {
-            metrics::counter!("prizepool_handed_back_total", "queue" => route.queue).increment(1);
-            ("handed_back", Settle::Ack, Some(gate))
-        }
-        Err(error) => {
-            tracing::error!(%error, "could not hand the delivery back; requeueing");
-            ("requeued", Settle::Requeue, None)
-        }
-    }
-}
-
-/// How many times `delivery` was handed back before, and since when (unix
-/// milliseconds) it has been failing: now for a first failure.
-fn handed_back(delivery: &Delivery) -> (i64, u64) {
-    let headers = delivery.properties.headers().as_ref();
-    let number = |name: &str| match headers?.inner().get(name)? {
-        AMQPValue::LongLongInt(n) => Some(*n),
-        AMQPValue::LongInt(n) => Some(i64::from(*n)),
-        AMQPValue::LongUInt(n) => Some(i64::from(*n)),
-        _ => None,
-    };
-    let retries = number(RETRIES_HEADER).unwrap_or(0).max(0);
-    let since = number(FAILING_SINCE_HEADER)
-        .and_then(|ms| u64::try_from(ms).ok())
-        .unwrap_or_else(unix_ms);
-    (retries, since)
-}
-
-/// The copy of `delivery` handed back through `route`'s retry queue: the
-/// same body and properties, with the retry headers, and without an
-/// `expiration` (an expired request would be dead-lettered; its answer is
-/// stored for its requester whenever it comes).
-fn retry_message(delivery: &Delivery, route: Route, retries: i64, since: u64) -> Outgoing {
-    let properties = crate::amqp::publish::without_expiration(&delivery.properties);
-    let mut headers: FieldTable = properties.headers().clone().unwrap_or_default();
-    headers.insert(RETRIES_HEADER.into(), AMQPValue::LongLongInt(retries));
-    headers.insert(
-        FAILING_SINCE_HEADER.into(),
-        AMQPValue::LongLongInt(i64::try_from(since).unwrap_or(i64::MAX)),
-    );
-    Outgoing {
-        exchange: String::new(),
-        routing_key: crate::amqp::retry_queue(route),
-        body: delivery.data.clone(),
-        properties: properties.with_headers(headers),
-        mandatory: true,
-    }
-}
-
-/// Now, in unix milliseconds.
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-/// How often a delivery waiting for a slot of its lane checks whether the
-/// lane is failing.
-const LANE_CHECK: std::time::Duration = std::time::Duration::from_millis(250);
-
-/// The slots of each lane ([`Handler::lane`]): a lane holds at most half of
-/// the worker's `CONCURRENCY` slots. While every slot of a lane is taken
-/// and its last attempt failed transiently, a delivery of that lane is
-/// handed back at once instead of waiting for one.
-#[derive(Debug)]
-pub(super) struct Lanes {
-    share: usize,
-    lanes: std::sync::Mutex<HashMap<&'static str, Arc<Lane>>>,
-}
-
-#[derive(Debug)]
-struct Lane {
-    slots: Arc<Semaphore>,
-    /// Whether the lane's last attempt ended in a transient failure.
-    failing: AtomicBool,
-}
-
-/// A delivery's way into its lane.
-pub(super) enum Entered {
-    /// In: a slot of the lane held (none for a delivery of no lane).
-    In(InLane),
-    /// The lane is full and failing: hand the delivery back.
-    Failing(&'static str),
-}
-
-/// A slot of a lane, held while the handler runs.
-pub(super) struct InLane(Option<(Arc<Lane>, OwnedSemaphorePermit)>);
-
-impl InLane {
-    /// Records how the lane's latest attempt ended.
-    fn record(&self, result: &Result<Outcome, HandleError>) {
-        if let Some((lane, _)) = &self.0 {
-            let failing = matches!(result, Err(HandleError::Transient(_)));
-            lane.failing.store(failing, Ordering::Relaxed);
-        }
-    }
-}
-
-impl Lanes {
-    /// Lanes sharing a worker's `concurrency` slots.
-    pub(super) fn new(concurrency: usize) -> Self {
-        Self {
-            share: (concurrency / 2).max(1),
-            lanes: std::sync::Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// Takes a slot of lane `name`: at once when one is free, after a wait
-    /// while the lane works, never while it is full and failing.
-    async fn enter(&self, name: Option<&'static str>) -> Entered {
-        let Some(name) = name else {
-            return Entered::In(InLane(None));
-        };
-        let lane = self
-            .lanes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(name)
-            .or_insert_with(|| {
-                Arc::new(Lane {
-                    slots: Arc::new(Semaphore::new(self.share)),
-                    failing: AtomicBool::new(false),
-                })
-            })
-            .clone();
-        // A lane that turns failing while a delivery waits for it hands
-        // that delivery back too: checked every LANE_CHECK.
-        let permit = loop {
-            match lane.slots.clone().try_acquire_owned() {
-                Ok(permit) => break permit,
-                Err(_) if lane.failing.load(Ordering::Relaxed) => return Entered::Failing(name),
-                Err(_) => {}
-            }
-            match tokio::time::timeout(LANE_CHECK, lane.slots.clone().acquire_owned()).await {
-                Ok(Ok(permit)) => break permit,
-                // The semaphore is never closed.
-                Ok(Err(_)) => return Entered::In(InLane(None)),
-                Err(_) => continue,
-            }
-        };
-        Entered::In(InLane(Some((lane, permit))))
-    }
-}
-
 /// The first of `names` the envelope has, as text (ids and numbers alike),
 /// for the delivery's log lines.
 fn envelope_field(value: &Value, names: &[&str]) -> String {
@@ -460,34 +265,5 @@ mod tests {
         assert_eq!(panic_message(&*caught), "boom 7");
         let caught = std::panic::catch_unwind(|| panic!("static")).unwrap_err();
         assert_eq!(panic_message(&*caught), "static");
-    }
-
-    #[tokio::test]
-    async fn a_full_lane_hands_back_only_while_it_fails() {
-        let lanes = Lanes::new(2);
-        let Entered::In(held) = lanes.enter(Some("postgres")).await else {
-            panic!("a free lane is entered");
-        };
-        // No lane: never limited.
-        assert!(matches!(lanes.enter(None).await, Entered::In(_)));
-        held.record(&Err(HandleError::Transient(anyhow::anyhow!("away"))));
-        assert!(matches!(
-            lanes.enter(Some("postgres")).await,
-            Entered::Failing("postgres")
-        ));
-        // Another lane has slots of its own.
-        assert!(matches!(lanes.enter(Some("other")).await, Entered::In(_)));
-        held.record(&Ok(Outcome::default()));
-        let waiting = tokio::spawn(async move {
-            let lanes = lanes;
-            matches!(lanes.enter(Some("postgres")).await, Entered::In(_))
-        });
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        assert!(
-            !waiting.is_finished(),
-            "a working lane that is full is waited for"
-        );
-        drop(held);
-        assert!(waiting.await.unwrap());
     }
 }

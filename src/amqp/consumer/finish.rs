@@ -3,18 +3,21 @@
 //! and permanent failures are dead-lettered with their reason and answered
 //! `rejected`. Each says how the delivery is settled.
 
-use lapin::{message::Delivery, BasicProperties};
+use lapin::{
+    message::Delivery,
+    types::{AMQPValue, FieldTable},
+    BasicProperties,
+};
 
 use super::{
-    delivery::{hand_back, Ended},
-    session::{Groupers, Shared},
+    shared::{Ended, Groupers, Shared},
     HandleError, Handler, Outcome, Outgoing, Publisher, Route, Settle,
 };
 use crate::{
     amqp::{
         publish::{with_header, without_expiration},
         reply::{Replier, Sent},
-        DLX, ERROR_CODE_HEADER, ERROR_HEADER,
+        DLX, ERROR_CODE_HEADER, ERROR_HEADER, FAILING_SINCE_HEADER, RETRIES_HEADER,
     },
     messages::{self, ErrorCode, Invalid},
 };
@@ -277,4 +280,93 @@ pub async fn publish_dead_letter_part(
         .with_reply_to("".into())
         .with_correlation_id("".into());
     publisher.publish(message).await
+}
+
+/// Hands `delivery` back to the broker: a copy goes to its queue's retry
+/// queue, and the original is acked once the copy is confirmed. Requeued
+/// instead when the session no longer answers (the ack might be lost in
+/// the close, and the copy would be a second request) or the copy could
+/// not be published.
+pub(super) async fn hand_back<H: Handler>(
+    shared: &Shared<H>,
+    delivery: &Delivery,
+    why: &str,
+) -> Ended {
+    let route = shared.handler.route();
+    let (retries, since) = handed_back(delivery);
+    let failing = std::time::Duration::from_millis(unix_ms().saturating_sub(since));
+    if failing < shared.config.transient_retry {
+        tracing::warn!(
+            error = why,
+            retries,
+            "a dependency is failing; handing the delivery back"
+        );
+    } else {
+        tracing::error!(
+            error = why,
+            retries,
+            ?failing,
+            "a dependency is still failing; handing the delivery back"
+        );
+    }
+    let gate = shared.groupers.closed.clone().read_owned().await;
+    if *gate {
+        return ("requeued", Settle::Requeue, None);
+    }
+    let copy = retry_message(delivery, route, retries + 1, since);
+    match shared.publisher.publish(copy).await {
+        Ok(()) => {
+            metrics::counter!("prizepool_handed_back_total", "queue" => route.queue).increment(1);
+            ("handed_back", Settle::Ack, Some(gate))
+        }
+        Err(error) => {
+            tracing::error!(%error, "could not hand the delivery back; requeueing");
+            ("requeued", Settle::Requeue, None)
+        }
+    }
+}
+
+/// How many times `delivery` was handed back before, and since when (unix
+/// milliseconds) it has been failing: now for a first failure.
+fn handed_back(delivery: &Delivery) -> (i64, u64) {
+    let headers = delivery.properties.headers().as_ref();
+    let number = |name: &str| match headers?.inner().get(name)? {
+        AMQPValue::LongLongInt(n) => Some(*n),
+        AMQPValue::LongInt(n) => Some(i64::from(*n)),
+        AMQPValue::LongUInt(n) => Some(i64::from(*n)),
+        _ => None,
+    };
+    let retries = number(RETRIES_HEADER).unwrap_or(0).max(0);
+    let since = number(FAILING_SINCE_HEADER)
+        .and_then(|ms| u64::try_from(ms).ok())
+        .unwrap_or_else(unix_ms);
+    (retries, since)
+}
+
+/// The copy of `delivery` handed back through `route`'s retry queue: the
+/// same body and properties, with the retry headers, and without an
+/// `expiration` (an expired request would be dead-lettered; its answer is
+/// stored for its requester whenever it comes).
+fn retry_message(delivery: &Delivery, route: Route, retries: i64, since: u64) -> Outgoing {
+    let properties = crate::amqp::publish::without_expiration(&delivery.properties);
+    let mut headers: FieldTable = properties.headers().clone().unwrap_or_default();
+    headers.insert(RETRIES_HEADER.into(), AMQPValue::LongLongInt(retries));
+    headers.insert(
+        FAILING_SINCE_HEADER.into(),
+        AMQPValue::LongLongInt(i64::try_from(since).unwrap_or(i64::MAX)),
+    );
+    Outgoing {
+        exchange: String::new(),
+        routing_key: crate::amqp::retry_queue(route),
+        body: delivery.data.clone(),
+        properties: properties.with_headers(headers),
+        mandatory: true,
+    }
+}
+
+/// Now, in unix milliseconds.
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

@@ -26,7 +26,9 @@ use tokio_util::sync::CancellationToken;
 
 mod delivery;
 mod finish;
+mod lanes;
 mod session;
+mod shared;
 
 pub use finish::{publish_dead_letter, publish_dead_letter_as, publish_dead_letter_part};
 

@@ -4,14 +4,14 @@
 
 use futures_util::future::BoxFuture;
 
-use super::{by_strategy, draw, random_values, Strategy, KIND};
+use super::{draw, random_values, Strategy, KIND};
 use crate::{
     amqp::HandleError,
     kinds::{
         registry::{At, Draw, Meta, PrizeKind},
         Ask, Step,
     },
-    ledger::reasons::{Direction::Credit, Reason},
+    ledger::reasons::Reason,
     scripts::{PoolKeys, ScriptInvocation},
 };
 
@@ -22,10 +22,7 @@ pub static LOTTERY: Lottery = Lottery;
 #[derive(Debug)]
 pub struct Lottery;
 
-/// A prize won (`lottery:<activity>:<request_id>:<serial>`).
-const REASONS: &[Reason] = &[Reason::of_kind(KIND, "lottery", Credit)];
-
-/// The draw of the activities of one strategy (`super::REGISTRY`).
+/// The draw of the activities of one strategy ([`REGISTRY`]).
 #[derive(Debug)]
 pub(super) struct ByStrategy(pub(super) &'static dyn Strategy);
 
@@ -35,7 +32,7 @@ impl PrizeKind for Lottery {
     }
 
     fn reasons(&self) -> &'static [Reason] {
-        REASONS
+        super::reasons::REASONS
     }
 
     fn meta_fields(&self) -> &'static [&'static str] {
@@ -75,4 +72,26 @@ impl Draw for ByStrategy {
     fn script_call(&self, keys: &PoolKeys, ask: &Ask<'_>) -> ScriptInvocation<'static> {
         self.0.invocation(keys, ask, &random_values())
     }
+}
+
+/// Every registered strategy, each as the draw of the activities that name
+/// it. A new one is a module and a line here.
+static REGISTRY: &[ByStrategy] = &[
+    ByStrategy(&super::wheel::Wheel),
+    ByStrategy(&super::ladder::Ladder),
+];
+
+/// The strategy registered under `label`.
+pub fn strategy(label: &str) -> Option<&'static dyn Strategy> {
+    by_strategy(label).map(|s| s.0)
+}
+
+/// The draw of the activities of strategy `label`.
+fn by_strategy(label: &str) -> Option<&'static ByStrategy> {
+    REGISTRY.iter().find(|s| s.0.label() == label)
+}
+
+/// The registered labels.
+pub fn labels() -> Vec<&'static str> {
+    REGISTRY.iter().map(|s| s.0.label()).collect()
 }

@@ -41,6 +41,7 @@ pub mod config;
 mod counters;
 mod kind;
 mod ladder;
+pub mod reasons;
 pub mod scripts;
 mod wheel;
 
@@ -51,7 +52,7 @@ use sqlx::PgPool;
 
 pub use config::{parse_file, ActivityConfig};
 pub use counters::{chances_left, stats, Stats};
-pub use kind::{Lottery, LOTTERY};
+pub use kind::{labels, strategy, Lottery, LOTTERY};
 
 use crate::{
     amqp::HandleError,
@@ -63,7 +64,7 @@ use crate::{
 };
 
 /// Kind label stored in `meta.kind` and in the pool registry.
-pub const KIND: &str = "lottery";
+pub use reasons::KIND;
 /// PV and UV counters live eight days.
 pub const STATS_TTL_S: u64 = 8 * 24 * 3600;
 /// Grant ids are remembered this long.
@@ -221,28 +222,6 @@ fn award(ask: &Ask<'_>, body: &str, replayed: bool) -> Result<Award, HandleError
         replayed,
         prizes_drawn: u64::from(!replayed),
     })
-}
-
-/// Every registered strategy, each as the draw of the activities that name
-/// it. A new one is a module and a line here.
-static REGISTRY: &[kind::ByStrategy] = &[
-    kind::ByStrategy(&wheel::Wheel),
-    kind::ByStrategy(&ladder::Ladder),
-];
-
-/// The strategy registered under `label`.
-pub fn strategy(label: &str) -> Option<&'static dyn Strategy> {
-    by_strategy(label).map(|s| s.0)
-}
-
-/// The draw of the activities of strategy `label`.
-fn by_strategy(label: &str) -> Option<&'static kind::ByStrategy> {
-    REGISTRY.iter().find(|s| s.0.label() == label)
-}
-
-/// The registered labels.
-pub fn labels() -> Vec<&'static str> {
-    REGISTRY.iter().map(|s| s.0.label()).collect()
 }
 
 /// The wheel's pick, as `draw_wheel.lua` makes it: the first of `random`

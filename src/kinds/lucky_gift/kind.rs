@@ -13,7 +13,7 @@ use crate::{
         registry::{At, Draw, Lifecycle, Meta, PrizeKind},
         Ask, Step,
     },
-    ledger::reasons::{Direction::Credit, Reason},
+    ledger::reasons::Reason,
     scripts::{PoolKeys, ScriptInvocation},
 };
 
@@ -23,9 +23,6 @@ pub static LUCKY_GIFT: LuckyGift = LuckyGift;
 /// See [`LUCKY_GIFT`].
 #[derive(Debug)]
 pub struct LuckyGift;
-
-/// A draw's reward (`lucky_gift:<pool>:<serial>`).
-const REASONS: &[Reason] = &[Reason::of_kind(KIND, "lucky_gift", Credit)];
 
 /// The draw of each storage, by [`Storage::ALL`]'s order.
 static DRAWS: [Storage; Storage::ALL.len()] = Storage::ALL;
@@ -45,7 +42,7 @@ impl PrizeKind for LuckyGift {
     }
 
     fn reasons(&self) -> &'static [Reason] {
-        REASONS
+        super::reasons::REASONS
     }
 
     fn meta_fields(&self) -> &'static [&'static str] {

@@ -59,6 +59,7 @@ pub mod config;
 mod draw;
 pub mod jackpot;
 mod kind;
+pub mod reasons;
 pub mod refill;
 pub mod scripts;
 mod stocking;
@@ -84,7 +85,7 @@ pub use stored::{stored_award, Drawn};
 use crate::scripts::PoolKeys;
 
 /// Kind label stored in a pool's `meta.kind`.
-pub const KIND: &str = "lucky_gift";
+pub use reasons::KIND;
 
 /// Indices per bucket of a sparse pool's `sp` hash.
 pub const SPARSE_BUCKET: u64 = 64;

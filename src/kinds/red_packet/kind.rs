@@ -12,10 +12,7 @@ use crate::{
         registry::{At, Draw, Lifecycle, Meta, PrizeKind},
         Ask, Step,
     },
-    ledger::reasons::{
-        Direction::{Credit, Debit},
-        Reason,
-    },
+    ledger::reasons::Reason,
     scripts::{PoolKeys, ScriptInvocation},
 };
 
@@ -25,14 +22,6 @@ pub static RED_PACKET: RedPacket = RedPacket;
 /// See [`RED_PACKET`].
 #[derive(Debug)]
 pub struct RedPacket;
-
-/// The escrow a create takes from the sender, a grabbed share, and the
-/// refund of what is left at expiry.
-const REASONS: &[Reason] = &[
-    Reason::of_kind(KIND, "red_packet_escrow", Debit),
-    Reason::of_kind(KIND, "red_packet", Credit),
-    Reason::of_kind(KIND, "red_packet_refund", Credit),
-];
 
 /// A red packet's draw: a grab.
 #[derive(Debug)]
@@ -44,7 +33,7 @@ impl PrizeKind for RedPacket {
     }
 
     fn reasons(&self) -> &'static [Reason] {
-        REASONS
+        super::reasons::REASONS
     }
 
     fn resolve(&self, _id: &str, _meta: &Meta<'_>) -> Result<&'static dyn Draw, HandleError> {

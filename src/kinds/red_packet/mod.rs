@@ -78,6 +78,7 @@ mod grab;
 mod kind;
 pub mod lifecycle;
 mod names;
+pub mod reasons;
 pub mod scripts;
 pub mod split;
 mod stored;

@@ -1,0 +1,11 @@
+//! The kind's label and the ledger reasons it books, sealed: the ledger's
+//! list of reasons (`ledger/reasons.rs`) and the registry both read them
+//! here.
+
+use crate::ledger::reason::{Direction::Credit, Reason};
+
+/// The kind's label: its pools' `kind` and its metrics' `kind`.
+pub const KIND: &str = "lottery";
+
+/// A prize won (`lottery:<activity>:<request_id>:<serial>`).
+pub const REASONS: &[Reason] = &[Reason::of_kind(KIND, "lottery", Credit)];
