@@ -33,6 +33,7 @@ Python package, which the script installs into target/lua-cost-venv.
 
 import glob
 import os
+import random
 import re
 import subprocess
 import sys
@@ -89,9 +90,14 @@ def answering(name, script):
             "KEYS, ARGV = keys, args\nOPEN = {}\nreturn body()\nend)\n")
 
 
+# Request digests from a fixed seed: two runs (a build before and after a
+# change) store and look up the same records in the same buckets.
+DIGESTS = random.Random(7)
+
+
 def token():
     """A new request's token, as src/kinds/answer.rs builds it."""
-    return b"90000%s:%d:" % (MARK, int(time.time())) + os.urandom(24)
+    return b"90000%s:%d:" % (MARK, int(time.time())) + DIGESTS.randbytes(24)
 
 
 def measure(cut):
@@ -118,6 +124,7 @@ def measure(cut):
                    check=True, capture_output=True, env=env)
     day = time.strftime("%Y%m%d", time.gmtime())
     keys = [f"pp:{{cost}}:{k}" for k in ("meta", "q", "held", f"spent:{day}", "rs")]
+    DIGESTS.seed(7)
     fill = int(os.environ.get("FILL", "0"))
     if cut == "claim":
         r.function_load(answering("claim", "claim.lua"), replace=True)
