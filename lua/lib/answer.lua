@@ -45,10 +45,11 @@
 -- Growth. An epoch starts with one bucket and grows by linear hashing, so a
 -- lookup reads exactly one bucket per epoch: with n buckets (2^L <= n <
 -- 2^(L+1)) a record whose hash is h lives in bucket h mod 2^(L+1), or
--- h mod 2^L when that is n or more. One new record in PER_BUCKET (PER_HASH
--- in a hash epoch; chosen by
--- other bits of its digest, so without a counter) splits bucket n - 2^L into
--- itself and a new bucket n, which keeps about PER_BUCKET records a bucket.
+-- h mod 2^L when that is n or more. One new record in PER_BUCKET
+-- (PER_CLAIM_BUCKET in a claim store, PER_HASH in a hash epoch; chosen by
+-- other bits of its digest, so without a counter) splits bucket n - 2^L
+-- into itself and a new bucket n, which keeps about that many records a
+-- bucket.
 --
 -- Keys (`<store>` is KEYS[n] of the script). A pool's answer store
 -- (`<pool keys>rs`) keeps its epochs in the pool's meta hash
@@ -68,12 +69,20 @@
 -- `now` is the Redis time the request's claim read (so the pool step needs
 -- no TIME of its own); empty, the script reads TIME.
 
--- Records a bucket holds on average: a string bucket PER_BUCKET, a hash
--- bucket PER_HASH. A hash bucket stays a listpack up to
--- hash-max-listpack-entries (128 by default) fields; with linear hashing a
--- bucket not yet split holds up to twice the average, so 40 on average
--- keeps every bucket below 128 but at five standard deviations.
+-- Records a bucket holds on average: a string bucket of answers
+-- PER_BUCKET, of claims PER_CLAIM_BUCKET, a hash bucket PER_HASH. A string
+-- bucket enters Lua whole on every lookup and is rebuilt on every write
+-- (Redis's Lua hashes each byte of a string it takes in), so it costs its
+-- size twice a request; a bucket's key costs about 130 bytes however full
+-- it is. Claims (24-byte records) take the smaller buckets, which cut a
+-- claim's instructions by a seventh to a third (docs/performance.md) for
+-- under 2 bytes a result; answers keep 128. A hash bucket stays a
+-- listpack up to hash-max-listpack-entries (128 by default) fields; with
+-- linear hashing a bucket not yet split holds up to twice the average, so
+-- 40 on average keeps every bucket below 128 but at five standard
+-- deviations.
 local PER_BUCKET = 128
+local PER_CLAIM_BUCKET = 64
 local PER_HASH = 40
 -- A record's hash has 24 bits: an epoch has at most this many buckets.
 local MAX_BUCKETS = 16777216
@@ -384,7 +393,9 @@ local function store_put(s, value)
   -- a remembered result costs.
   redis.call('SET', bucket_of(s, e[1], index_of(s.h, e[3])), s.cur .. rec, 'EXAT', exp)
   s.cur = nil
-  if s.split_at % PER_BUCKET == 0 and e[3] < MAX_BUCKETS then split(s) end
+  local per = PER_BUCKET
+  if s.fixed then per = PER_CLAIM_BUCKET end
+  if s.split_at % per == 0 and e[3] < MAX_BUCKETS then split(s) end
 end
 
 -- Removes the store's record, wherever it is; says whether there was one.

@@ -199,6 +199,38 @@ async fn found_again_however_the_buckets_grow(strings: bool) {
     );
 }
 
+/// A claim store's string buckets hold about 64 records (its records are
+/// read into Lua whole on every claim, so they are kept smaller than an
+/// answer store's 128): every claim is found again, and the buckets number
+/// about one per 64 claims.
+#[tokio::test]
+async fn a_claim_store_keeps_buckets_of_about_64_claims() {
+    let env = TestEnv::new(&[]).await;
+    let claims = format!("{}:rq:{{11}}", env.config.redis_prefix);
+    let n = 4_000usize;
+    let all: Vec<_> = (0..n)
+        .map(|i| tokens(&env, &format!("small-{i}"), 1, 90_000))
+        .collect();
+    for t in &all {
+        assert_eq!(claim_raw(&env, &claims, &t.claim).await, 1);
+    }
+    for (i, t) in all.iter().enumerate().step_by(13) {
+        assert_eq!(claim_raw(&env, &claims, &t.claim).await, 1, "claim {i}");
+        let other = tokens(&env, &format!("small-{i}"), 2, 90_000);
+        assert_eq!(claim_raw(&env, &claims, &other.claim).await, 0, "claim {i}");
+    }
+    let buckets = encodings(&env, &format!("{claims}:*")).await;
+    assert!(
+        buckets.iter().all(|e| e == "raw" || e == "embstr"),
+        "{buckets:?}"
+    );
+    assert!(
+        (n / 96..=n / 48).contains(&buckets.len()),
+        "{} buckets for {n} claims",
+        buckets.len()
+    );
+}
+
 #[tokio::test]
 async fn digests_that_differ_in_any_one_byte_are_two_requests() {
     let env = TestEnv::new(&[]).await;
