@@ -43,12 +43,13 @@
 //! how a pool's meta hash resolves into its [`Draw`], its lifecycle
 //! messages on the refill queue). This module resolves a pool once into a
 //! [`Kind`] (a `&'static dyn Draw`, cached with the pool) and each draw
-//! step is one virtual call into it; the ledger and the refill worker read
-//! the same list. Adding a kind is a folder here (its `KIND`, its
-//! `kind.rs`, its draw and lifecycle steps, its `scripts.rs`), its `pub
-//! mod` line below and its line in [`registry::KINDS`]: `docs/design.md`,
-//! "Adding a prize kind", lists each line, and a test checks that list
-//! against the code.
+//! step is one virtual call into it; the refill worker reads the same
+//! list. Adding a kind is a folder here (its `reasons.rs` with its `KIND`
+//! and ledger reasons, its `kind.rs`, its draw and lifecycle steps, its
+//! `scripts.rs`), its `pub mod` line below, its line in
+//! [`registry::KINDS`] and its line in the ledger's `KIND_REASONS`:
+//! `docs/design.md`, "Adding a prize kind", lists each line, and a test
+//! checks that list against the code.
 
 pub mod answer;
 pub mod lottery;

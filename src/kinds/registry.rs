@@ -3,11 +3,13 @@
 //!
 //! A kind is a value implementing [`PrizeKind`] (`lucky_gift::LUCKY_GIFT`,
 //! …): its label, its ledger reasons, how a pool's meta hash resolves into
-//! its [`Draw`], and its lifecycle messages on the refill queue. Everything
-//! that lists kinds reads this list: the seam's dispatch ([`super::Kinds`]),
-//! the ledger's reasons and its seal (`ledger/reasons.rs`), the refill
-//! worker. So a new kind is its folder, its module line in `kinds/mod.rs`
-//! and its line in [`KINDS`].
+//! its [`Draw`], and its lifecycle messages on the refill queue. The seam's
+//! dispatch ([`super::Kinds`]) and the refill worker read this list. The
+//! ledger, which this module builds on, reads the kinds' reasons from its
+//! own list (`KIND_REASONS` in `ledger/reasons.rs`, each kind's
+//! `reasons.rs`), and a test checks the two lists agree. So a new kind is
+//! its folder, its module line in `kinds/mod.rs`, its line in [`KINDS`] and
+//! its line in `KIND_REASONS`.
 //!
 //! The draw is a `&'static dyn Draw` chosen once per pool and cached with
 //! it: lucky gift has one per storage, the lottery one per strategy, so a
@@ -25,8 +27,9 @@ use crate::{
     scripts::{PoolKeys, ScriptInvocation, Scripts},
 };
 
-/// Every prize kind, one line each: the seam, the ledger and the refill
-/// worker know the kinds from this list alone.
+/// Every prize kind, one line each: the seam and the refill worker know the
+/// kinds from this list alone (the ledger from `KIND_REASONS`, checked
+/// against it).
 pub static KINDS: &[&dyn PrizeKind] = &[
     &lucky_gift::LUCKY_GIFT,
     &red_packet::RED_PACKET,
@@ -39,7 +42,7 @@ pub trait PrizeKind: std::fmt::Debug + Send + Sync {
     /// Postgres): the `KIND` of its folder.
     fn label(&self) -> &'static str;
 
-    /// The ledger reasons it books, each declared here and nowhere else
+    /// The ledger reasons it books, declared in its folder's `reasons.rs`
     /// ([`Reason::of_kind`]); every one is sealed.
     fn reasons(&self) -> &'static [Reason];
 

@@ -7,13 +7,12 @@
 //!
 //! Each reason is declared once: the upstream ones here ([`UPSTREAM`]),
 //! each kind's in its own folder (`kinds/<kind>/reasons.rs`, with
-//! [`Reason::of_kind`], listed in [`KIND_REASONS`]). [`reasons`] is every one of them, and the only
+//! [`Reason::of_kind`], listed in `KIND_REASONS`). [`reasons`] is every one of them, and the only
 //! list: the settle worker's checks, the seal's rule and the error texts
 //! all read it, so a reason cannot be a credit in one place and forgotten
 //! by the seal in another, and a new kind's reasons are sealed by being
-//! registered.
-//!
-//! [`PrizeKind::reasons`]: crate::kinds::registry::PrizeKind::reasons
+//! listed in `KIND_REASONS` (a test in `kinds/registry.rs` fails while that
+//! list and the registry disagree).
 
 pub use super::reason::{Direction, Owner, Reason};
 
@@ -28,7 +27,8 @@ pub const UPSTREAM: &[Reason] = &[
 ];
 
 /// Each registered kind's reasons, declared in the kind's folder
-/// (`kinds/<kind>/reasons.rs`, which [`PrizeKind::reasons`] returns too),
+/// (`kinds/<kind>/reasons.rs`, which the kind's `PrizeKind::reasons`
+/// returns too),
 /// in the order of the registry; a test checks that this list and the
 /// registry name the same reasons. The ledger reads them from here, not
 /// through the registry, which builds on the ledger.

@@ -22,8 +22,9 @@ use lapin::message::Delivery;
 ///
 /// The figure is set at once and again every second until the returned
 /// guard is dropped (when the batch is booked or given up). A guard marked
-/// [`Lag::booked`] sets the gauge to 0 when no other batch began within
-/// [`CAUGHT_UP`] of it: the queue held nothing more, so nothing lags.
+/// [`Lag::booked`] (a batch booked that its wait closed before it was full:
+/// the queue held nothing more behind it) sets the gauge to 0 when no other
+/// batch began within [`CAUGHT_UP`] of it: nothing lags.
 pub(super) fn keep_lag(batch: &[Delivery], floor: u64) -> Lag {
     let began = BATCHES.fetch_add(1, Ordering::Relaxed) + 1;
     let stamps: Vec<u64> = batch

@@ -25,7 +25,9 @@
 //! `conflict`, `invalid`, `insufficient_funds`, `overflow` or `internal`),
 //! `prizepool_ledger_entries_total` (entries written) and
 //! `prizepool_settle_lag_seconds` (gauge: how long the oldest message of the
-//! last batch waited, when its publisher set the AMQP `timestamp`; a stamp
+//! batch being booked has waited, counted every second while it waits for
+//! the ledger, and 0 once the ledger has caught up (see `lag.rs`), when its
+//! publisher set the AMQP `timestamp`; a stamp
 //! in the future is ignored and none counts from before the worker's start
 //! or the last time it found its queue empty, so a forged stamp cannot fake
 //! a lag).

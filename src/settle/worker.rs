@@ -93,11 +93,12 @@ impl BatchHandler for SettleWorker {
     }
 
     async fn handle_batch(&self, batch: Batch) -> anyhow::Result<()> {
-        let sealer = self.sealer().await?;
         // While the batch waits for the ledger (Postgres away, a slow
-        // commit), its lag keeps growing on the gauge, so a stalled ledger
-        // shows instead of freezing the last figure.
+        // commit, the seal key unreadable), its lag keeps growing on the
+        // gauge, so a stalled ledger shows instead of freezing the last
+        // figure.
         let lag = super::lag::keep_lag(&batch.deliveries, batch.empty_since);
+        let sealer = self.sealer().await?;
         // One span per batch, in the trace of its first entry (linked to the others').
         let span = tracing::info_span!("settle.batch", entries = batch.deliveries.len());
         crate::telemetry::follow_traces(
@@ -110,7 +111,12 @@ impl BatchHandler for SettleWorker {
         settle_batch(&self.db, &sealer, &batch)
             .instrument(span)
             .await?;
-        lag.booked();
+        // A batch its wait closed before it was full found the queue empty
+        // behind it: the ledger has caught up. A full one leaves more
+        // waiting, and the next batch sets its lag as it begins.
+        if batch.deliveries.len() < self.config.settle_batch_size {
+            lag.booked();
+        }
         Ok(())
     }
 }
@@ -245,6 +251,12 @@ async fn read_batch(sealer: &ledger::Sealer, whole: &Batch) -> anyhow::Result<Re
         dead: vec![false; batch.len()],
     };
     for (at, delivery) in batch.iter().enumerate() {
+        // The worker runs on one thread: a batch of large messages lets its
+        // other tasks (the audit consumer, the health endpoint) in now and
+        // then.
+        if at % 64 == 63 {
+            tokio::task::yield_now().await;
+        }
         match decode(sealer, &delivery.data) {
             Ok(SettleMessage::One(entry)) => {
                 read.kinds.push(Kind::One);
@@ -389,13 +401,16 @@ fn refusals(
 
 /// The `ok` replies: one per delivery that asked and was not answered.
 fn ok_replies(batch: &[Delivery], read: &mut Read, fates: &[Fate]) -> Vec<Outgoing> {
-    let landed = |at: usize| {
-        read.owned
-            .iter()
-            .zip(fates)
-            .filter(move |(o, f)| o.at == at && f.landed())
-            .map(|(o, _)| o)
-    };
+    // Per delivery: how many of its entries landed, and the first of them
+    // (one pass over the entries, however many deliveries ask).
+    let mut landed = vec![0usize; batch.len()];
+    let mut first: Vec<Option<usize>> = vec![None; batch.len()];
+    for (i, (o, f)) in read.owned.iter().zip(fates).enumerate() {
+        if f.landed() {
+            landed[o.at] += 1;
+            first[o.at].get_or_insert(i);
+        }
+    }
     let mut replies = Vec::new();
     for (at, d) in batch.iter().enumerate() {
         let Some(to) = d.properties.reply_to().as_ref() else {
@@ -404,7 +419,7 @@ fn ok_replies(batch: &[Delivery], read: &mut Read, fates: &[Fate]) -> Vec<Outgoi
         let body = match read.kinds[at] {
             Kind::Answered => continue,
             Kind::One => {
-                let Some(o) = landed(at).next() else {
+                let Some(o) = first[at].map(|i| &read.owned[i]) else {
                     continue;
                 };
                 SettleResult {
@@ -414,7 +429,7 @@ fn ok_replies(batch: &[Delivery], read: &mut Read, fates: &[Fate]) -> Vec<Outgoi
             }
             Kind::Batch => {
                 let mut body = SettleResult {
-                    entries: Some(landed(at).count()),
+                    entries: Some(landed[at]),
                     refused: std::mem::take(&mut read.refused_in[at]),
                     ..SettleResult::default()
                 };

@@ -1,7 +1,9 @@
 //! Finishing: what a handled delivery leaves behind. Its effects and
 //! grouped bodies are published and confirmed, then its reply; bad input
 //! and permanent failures are dead-lettered with their reason and answered
-//! `rejected`. Each says how the delivery is settled.
+//! `rejected`; a delivery whose dependency stays away is handed back
+//! through its queue's retry queue ([`hand_back`]). Each says how the
+//! delivery is settled.
 
 use lapin::{
     message::Delivery,

@@ -18,7 +18,7 @@ use super::{HandleError, Outcome};
 /// lane is failing.
 const LANE_CHECK: std::time::Duration = std::time::Duration::from_millis(250);
 
-/// The slots of each lane ([`Handler::lane`]): a lane holds at most half of
+/// The slots of each lane ([`super::Handler::lane`]): a lane holds at most half of
 /// the worker's `CONCURRENCY` slots. While every slot of a lane is taken
 /// and its last attempt failed transiently, a delivery of that lane is
 /// handed back at once instead of waiting for one.

@@ -5,14 +5,18 @@
 //!   failure; on shutdown stop consuming, let in-flight deliveries finish
 //!   within the grace period, make sure the broker has processed their acks,
 //!   and close channels before the connection;
-//! - **delivery** ([`delivery`]): decode the envelope, take a slot, call the
-//!   worker's [`Handler`], retry a transient failure briefly, and hand a
-//!   delivery whose dependency stays away back to the broker with a delay;
+//! - **delivery** ([`delivery`]): decode the envelope, take a slot of its
+//!   lane ([`lanes`]), call the worker's [`Handler`], and retry a transient
+//!   failure briefly;
 //! - **finishing** ([`finish`]): publish what the handler produced (effects,
 //!   grouped bodies, then the reply) with confirms, dead-letter bad input
-//!   and permanent failures with their reason and a `rejected` reply, and
-//!   say how the delivery is settled (acks are coalesced, see
-//!   [`super::acks`]).
+//!   and permanent failures with their reason and a `rejected` reply, hand
+//!   a delivery whose dependency stays away back to the broker with a delay
+//!   (`finish::hand_back`), and say how the delivery is settled (acks are
+//!   coalesced, see [`super::acks`]).
+//!
+//! What a session's deliveries share (the grouping publishers, the reply
+//! connection, the slots) is in [`shared`].
 //!
 //! The reply is published last, after everything it implies is confirmed, so
 //! a request that fails half-way and comes back is still answered once.
