@@ -142,7 +142,7 @@ pub const METRIC_HELP: &[(&str, &str)] = &[
     ("prizepool_settle_batch_entries", "Ledger entries per settle batch"),
     ("prizepool_settle_commit_seconds", "Seconds Postgres took to commit one settle batch"),
     ("prizepool_settle_entries_total", "Settle entries handled, by outcome and reason"),
-    ("prizepool_settle_lag_seconds", "Age in seconds of the oldest message of the settle batch being booked, updated every second while it waits for the ledger; 0 once the ledger has caught up (2 s after a batch booked that found the queue empty behind it, with no batch since)"),
+    ("prizepool_settle_lag_seconds", "Age in seconds of the oldest message of the settle batch being booked, updated every second while it waits for the ledger; 0 once the queue is drained (nothing to take for 250 ms, no batch in hand)"),
     ("prizepool_urgent_refills_total", "Urgent refills asked by draws that found their pool short"),
 ];
 

@@ -1,13 +1,10 @@
 //! The settle lag gauge: how far behind the ledger is, kept up to date
 //! while a batch waits (a stalled ledger shows a growing lag, not a frozen
-//! one), and back at 0 once the ledger has caught up (a lag an outage left
-//! does not stay on the gauge, and its alert firing, after the backlog is
-//! booked).
+//! one), and back at 0 once the queue is drained ([`caught_up`]: a lag an
+//! outage left does not stay on the gauge, and its alert firing, after the
+//! backlog is booked).
 
-use std::{
-    sync::atomic::{AtomicU64, Ordering},
-    time::Duration,
-};
+use std::time::Duration;
 
 use lapin::message::Delivery;
 
@@ -21,12 +18,8 @@ use lapin::message::Delivery;
 /// the queue really has.
 ///
 /// The figure is set at once and again every second until the returned
-/// guard is dropped (when the batch is booked or given up). A guard marked
-/// [`Lag::booked`] (a batch booked that its wait closed before it was full:
-/// the queue held nothing more behind it) sets the gauge to 0 when no other
-/// batch began within [`CAUGHT_UP`] of it: nothing lags.
-pub(super) fn keep_lag(batch: &[Delivery], floor: u64) -> Lag {
-    let began = BATCHES.fetch_add(1, Ordering::Relaxed) + 1;
+/// handle is dropped (when the batch is booked or given up).
+pub(super) fn keep_lag(batch: &[Delivery], floor: u64) -> tokio_util::task::AbortOnDropHandle<()> {
     let stamps: Vec<u64> = batch
         .iter()
         .filter_map(|d| *d.properties.timestamp())
@@ -40,7 +33,7 @@ pub(super) fn keep_lag(batch: &[Delivery], floor: u64) -> Lag {
         }
     };
     record();
-    let ticking = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
+    tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
         let mut every = tokio::time::interval(Duration::from_secs(1));
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         every.tick().await;
@@ -48,55 +41,13 @@ pub(super) fn keep_lag(batch: &[Delivery], floor: u64) -> Lag {
             every.tick().await;
             record();
         }
-    }));
-    Lag {
-        _ticking: ticking,
-        began,
-        booked: false,
-    }
+    }))
 }
 
-/// Batches begun by this worker, so a booked batch can tell whether
-/// another began after it.
-static BATCHES: AtomicU64 = AtomicU64::new(0);
-
-/// How long after a booked batch the gauge waits for the next one before
-/// it reads 0. Batches of a backlog follow each other within milliseconds,
-/// and each sets its own lag as it begins.
-const CAUGHT_UP: Duration = Duration::from_secs(2);
-
-/// The gauge kept for one batch: see [`keep_lag`].
-#[derive(Debug)]
-pub(super) struct Lag {
-    _ticking: tokio_util::task::AbortOnDropHandle<()>,
-    /// This batch's number in [`BATCHES`].
-    began: u64,
-    booked: bool,
-}
-
-impl Lag {
-    /// The batch is in the ledger: nothing of it lags any more.
-    pub(super) fn booked(mut self) {
-        self.booked = true;
-    }
-}
-
-impl Drop for Lag {
-    fn drop(&mut self) {
-        if !self.booked {
-            // Given up: the batch comes again and its lag goes on counting.
-            return;
-        }
-        let began = self.began;
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                tokio::time::sleep(CAUGHT_UP).await;
-                if BATCHES.load(Ordering::Relaxed) == began {
-                    metrics::gauge!("prizepool_settle_lag_seconds").set(0.0);
-                }
-            });
-        }
-    }
+/// The queue is drained (the batch loop found nothing to take for a
+/// while, with no batch in hand): nothing lags.
+pub(super) fn caught_up() {
+    metrics::gauge!("prizepool_settle_lag_seconds").set(0.0);
 }
 
 /// The lag, in seconds, of the oldest of `stamps` at `now`, counted from no

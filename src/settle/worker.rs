@@ -97,7 +97,7 @@ impl BatchHandler for SettleWorker {
         // commit, the seal key unreadable), its lag keeps growing on the
         // gauge, so a stalled ledger shows instead of freezing the last
         // figure.
-        let lag = super::lag::keep_lag(&batch.deliveries, batch.empty_since);
+        let _lag = super::lag::keep_lag(&batch.deliveries, batch.empty_since);
         let sealer = self.sealer().await?;
         // One span per batch, in the trace of its first entry (linked to the others').
         let span = tracing::info_span!("settle.batch", entries = batch.deliveries.len());
@@ -110,14 +110,11 @@ impl BatchHandler for SettleWorker {
         );
         settle_batch(&self.db, &sealer, &batch)
             .instrument(span)
-            .await?;
-        // A batch its wait closed before it was full found the queue empty
-        // behind it: the ledger has caught up. A full one leaves more
-        // waiting, and the next batch sets its lag as it begins.
-        if batch.deliveries.len() < self.config.settle_batch_size {
-            lag.booked();
-        }
-        Ok(())
+            .await
+    }
+
+    fn idle(&self) {
+        super::lag::caught_up();
     }
 }
 

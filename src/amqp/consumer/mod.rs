@@ -159,6 +159,10 @@ pub trait BatchHandler: Send + Sync + 'static {
     /// error ends the session, and the broker redelivers every delivery not
     /// settled by then.
     fn handle_batch(&self, batch: Batch) -> impl Future<Output = anyhow::Result<()>> + Send;
+
+    /// Called when the queue has had nothing for the session for a while
+    /// (no batch in hand, none arriving): the queue is drained.
+    fn idle(&self) {}
 }
 
 /// How a [`BatchHandler`]'s deliveries are gathered.

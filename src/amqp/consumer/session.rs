@@ -361,7 +361,19 @@ pub(super) async fn batch_session<B: BatchHandler>(
         // was empty when it began.
         let waiting_since = unix_now();
         let started = Instant::now();
-        let first = match link.next(shutdown).await {
+        let next = {
+            let next = link.next(shutdown);
+            tokio::pin!(next);
+            // The same wait goes on after the handler heard the queue is idle.
+            tokio::select! {
+                next = &mut next => next,
+                () = tokio::time::sleep(IDLE) => {
+                    handler.idle();
+                    next.await
+                }
+            }
+        };
+        let first = match next {
             Next::Delivery(delivery) => delivery,
             Next::Stop => break Ok(()),
             Next::Lost(error) => break Err(error),
