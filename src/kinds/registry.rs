@@ -2,7 +2,7 @@
 //! the kinds ([`KINDS`]).
 //!
 //! A kind is a value implementing [`PrizeKind`] (`lucky_gift::LUCKY_GIFT`,
-//! …): its label, its ledger reasons, how a pool's meta hash resolves into
+//! …): its label, how a pool's meta hash resolves into
 //! its [`Draw`], and its lifecycle messages on the refill queue. The seam's
 //! dispatch ([`super::Kinds`]) and the refill worker read this list. The
 //! ledger, which this module builds on, reads the kinds' reasons from its
@@ -22,7 +22,7 @@ use futures_util::future::BoxFuture;
 use super::{lottery, lucky_gift, red_packet, Ask, Step};
 use crate::{
     amqp::HandleError,
-    ledger::{reasons::Reason, Unsealed},
+    ledger::Unsealed,
     redis_conn::RedisConn,
     scripts::{PoolKeys, ScriptInvocation, Scripts},
 };
@@ -41,10 +41,6 @@ pub trait PrizeKind: std::fmt::Debug + Send + Sync {
     /// The label its pools carry (`meta.kind` in Redis, `pools.kind` in
     /// Postgres): the `KIND` of its folder.
     fn label(&self) -> &'static str;
-
-    /// The ledger reasons it books, declared in its folder's `reasons.rs`
-    /// ([`Reason::of_kind`]); every one is sealed.
-    fn reasons(&self) -> &'static [Reason];
 
     /// The fields of a pool's meta hash [`PrizeKind::resolve`] reads, past
     /// `kind`, `shards` and `r.e`: they are fetched in the seam's one
@@ -244,26 +240,6 @@ pub fn lifecycle(message: &str) -> Option<(usize, &'static Lifecycle)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_ledger_reads_the_reasons_of_every_registered_kind_and_no_other() {
-        // The ledger's list (`KIND_REASONS`, which it reads without the
-        // registry) against the registry's, kind by kind.
-        let registered: Vec<&Reason> = KINDS.iter().flat_map(|k| k.reasons()).collect();
-        let ledger: Vec<&Reason> = crate::ledger::reasons::reasons()
-            .filter(|r| r.sealed())
-            .collect();
-        assert_eq!(ledger, registered);
-        for kind in KINDS {
-            assert!(
-                kind.reasons()
-                    .iter()
-                    .all(|r| r.owner == crate::ledger::reasons::Owner::Kind(kind.label())),
-                "{} declares a reason of another kind",
-                kind.label()
-            );
-        }
-    }
 
     #[test]
     fn every_kind_resolves_its_pools_to_a_draw_of_its_own() {

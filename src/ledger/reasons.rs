@@ -27,10 +27,9 @@ pub const UPSTREAM: &[Reason] = &[
 ];
 
 /// Each registered kind's reasons, declared in the kind's folder
-/// (`kinds/<kind>/reasons.rs`, which the kind's `PrizeKind::reasons`
-/// returns too),
-/// in the order of the registry; a test checks that this list and the
-/// registry name the same reasons. The ledger reads them from here, not
+/// (`kinds/<kind>/reasons.rs`; [`of_kind`] gives one kind's),
+/// in the order of the registry; a test checks that every registered kind
+/// has its reasons here and that every reason here is a registered kind's. The ledger reads them from here, not
 /// through the registry, which builds on the ledger.
 const KIND_REASONS: &[&[Reason]] = &[
     crate::kinds::lucky_gift::reasons::REASONS,
@@ -43,6 +42,12 @@ pub fn reasons() -> impl Iterator<Item = &'static Reason> {
     UPSTREAM
         .iter()
         .chain(KIND_REASONS.iter().flat_map(|reasons| reasons.iter()))
+}
+
+/// The reasons the prize kind labelled `kind` books (declared in its
+/// folder, listed in `KIND_REASONS`).
+pub fn of_kind(kind: &str) -> impl Iterator<Item = &'static Reason> + '_ {
+    reasons().filter(move |r| matches!(r.owner, Owner::Kind(k) if k == kind))
 }
 
 /// The reason called `name`, if the ledger knows it.

@@ -11,7 +11,6 @@ use crate::{
         registry::{At, Draw, Meta, PrizeKind},
         Ask, Step,
     },
-    ledger::reasons::Reason,
     scripts::{PoolKeys, ScriptInvocation},
 };
 
@@ -29,10 +28,6 @@ pub(super) struct ByStrategy(pub(super) &'static dyn Strategy);
 impl PrizeKind for Lottery {
     fn label(&self) -> &'static str {
         KIND
-    }
-
-    fn reasons(&self) -> &'static [Reason] {
-        super::reasons::REASONS
     }
 
     fn meta_fields(&self) -> &'static [&'static str] {

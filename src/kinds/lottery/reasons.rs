@@ -1,6 +1,5 @@
 //! The kind's label and the ledger reasons it books, sealed: the ledger's
-//! list of reasons (`ledger/reasons.rs`) and the registry both read them
-//! here.
+//! list of reasons (`ledger/reasons.rs`) reads them here.
 
 use crate::ledger::reason::{Direction::Credit, Reason};
 

@@ -13,7 +13,6 @@ use crate::{
         registry::{At, Draw, Lifecycle, Meta, PrizeKind},
         Ask, Step,
     },
-    ledger::reasons::Reason,
     scripts::{PoolKeys, ScriptInvocation},
 };
 
@@ -39,10 +38,6 @@ struct Dispatch {
 impl PrizeKind for LuckyGift {
     fn label(&self) -> &'static str {
         KIND
-    }
-
-    fn reasons(&self) -> &'static [Reason] {
-        super::reasons::REASONS
     }
 
     fn meta_fields(&self) -> &'static [&'static str] {

@@ -12,7 +12,6 @@ use crate::{
         registry::{At, Draw, Lifecycle, Meta, PrizeKind},
         Ask, Step,
     },
-    ledger::reasons::Reason,
     scripts::{PoolKeys, ScriptInvocation},
 };
 
@@ -30,10 +29,6 @@ struct Grab;
 impl PrizeKind for RedPacket {
     fn label(&self) -> &'static str {
         KIND
-    }
-
-    fn reasons(&self) -> &'static [Reason] {
-        super::reasons::REASONS
     }
 
     fn resolve(&self, _id: &str, _meta: &Meta<'_>) -> Result<&'static dyn Draw, HandleError> {

@@ -1,5 +1,5 @@
 //! The ledger reasons the red-packet kind books, sealed: the ledger's list
-//! of reasons (`ledger/reasons.rs`) and the registry both read them here.
+//! of reasons (`ledger/reasons.rs`) reads them here.
 
 use super::names::KIND;
 use crate::ledger::reason::{
