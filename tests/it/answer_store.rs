@@ -649,6 +649,12 @@ async fn answers_and_claims_survive_a_change_of_bucket_layout() {
         // epoch opens, in layout `then`, and every answer is found in the
         // old one; new requests go to the new one.
         let later = now + 90_000 / 4 + 1;
+        // A new request at `later`, by a worker of layout `hashes`.
+        let fresh = |i: u32, hashes: bool| {
+            let mut t = tokens(&env, &format!("new-{}", id(i)), 1, 90_000);
+            t.at(later);
+            t.with_hash_buckets(hashes)
+        };
         for i in 0..n {
             let mut t = tokens(&env, &id(i), 1, 90_000);
             let mut other = tokens(&env, &id(i), 2, 90_000);
@@ -666,20 +672,20 @@ async fn answers_and_claims_survive_a_change_of_bucket_layout() {
                 "{}",
                 id(i)
             );
-            let mut fresh = tokens(&env, &format!("new-{}", id(i)), 1, 90_000);
-            fresh.at(later);
-            let fresh = fresh.with_hash_buckets(!then);
             assert_eq!(
-                remember(&env, &store, &fresh.answer, ErrorCode::SoldOut).await,
+                remember(&env, &store, &fresh(i, !then).answer, ErrorCode::SoldOut).await,
                 None
             );
         }
         for i in 0..n {
-            let mut fresh = tokens(&env, &format!("new-{}", id(i)), 1, 90_000);
-            fresh.at(later);
-            let fresh = fresh.with_hash_buckets(!first);
             assert_eq!(
-                remember(&env, &store, &fresh.answer, ErrorCode::PoolExhausted).await,
+                remember(
+                    &env,
+                    &store,
+                    &fresh(i, !first).answer,
+                    ErrorCode::PoolExhausted
+                )
+                .await,
                 Some(ScriptReply::Refused(Refusal::new(ErrorCode::SoldOut))),
                 "new-{}",
                 id(i)

@@ -230,6 +230,24 @@ async fn the_wheel_script_picks_exactly_as_the_reference_model() {
     for top in limit - 4..span.min(limit + 4) {
         cases.push(vec![top, 7]);
     }
+    // One wheel draw of the activity, with the random values `list`.
+    let wheel = |list: String, token: Vec<u8>| {
+        let mut call = prizepool::kinds::lottery::scripts::DRAW_WHEEL.prepare_invoke();
+        call.key(keys.meta())
+            .key(keys.chances())
+            .key(keys.stock())
+            .key(keys.awarded())
+            .key(keys.results())
+            .key(keys.pv("d"))
+            .key(keys.uv("d"))
+            .arg(1)
+            .arg(prizepool::scripts::now_ms())
+            .arg(list)
+            .arg(60)
+            .arg(60)
+            .arg(token);
+        call
+    };
     for (n, random) in cases.iter().enumerate() {
         let list = random
             .iter()
@@ -237,20 +255,7 @@ async fn the_wheel_script_picks_exactly_as_the_reference_model() {
             .collect::<Vec<_>>()
             .join(",");
         let (status, text, _): (String, String, u64) =
-            prizepool::kinds::lottery::scripts::DRAW_WHEEL
-                .key(keys.meta())
-                .key(keys.chances())
-                .key(keys.stock())
-                .key(keys.awarded())
-                .key(keys.results())
-                .key(keys.pv("d"))
-                .key(keys.uv("d"))
-                .arg(1)
-                .arg(prizepool::scripts::now_ms())
-                .arg(&list)
-                .arg(60)
-                .arg(60)
-                .arg(env.tokens("rq", &format!("r{n}")).answer)
+            wheel(list.clone(), env.tokens("rq", &format!("r{n}")).answer)
                 .invoke_async(&mut redis)
                 .await
                 .unwrap();
@@ -259,23 +264,13 @@ async fn the_wheel_script_picks_exactly_as_the_reference_model() {
         assert_eq!(text.split('|').nth(1), Some(expected), "random = {list}");
     }
     // Every value rejected: nothing changes, the caller is asked to retry.
-    let (status, _, _): (String, String, u64) = prizepool::kinds::lottery::scripts::DRAW_WHEEL
-        .key(keys.meta())
-        .key(keys.chances())
-        .key(keys.stock())
-        .key(keys.awarded())
-        .key(keys.results())
-        .key(keys.pv("d"))
-        .key(keys.uv("d"))
-        .arg(1)
-        .arg(prizepool::scripts::now_ms())
-        .arg(format!("{},{}", span - 1, span - 2))
-        .arg(60)
-        .arg(60)
-        .arg(env.tokens("rq", "rejected").answer)
-        .invoke_async(&mut redis)
-        .await
-        .unwrap();
+    let (status, _, _): (String, String, u64) = wheel(
+        format!("{},{}", span - 1, span - 2),
+        env.tokens("rq", "rejected").answer,
+    )
+    .invoke_async(&mut redis)
+    .await
+    .unwrap();
     assert_eq!(status, "retry");
     let (_, stored) = env.stored_answer("model", "rejected").await;
     assert_eq!(stored, None);
