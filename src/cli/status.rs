@@ -215,14 +215,20 @@ async fn pools(
     let registered: Vec<(String, Option<i64>)> = sqlx::query_as(
         "SELECT p.id, (SELECT (v.config->>'max_count')::bigint FROM pool_versions v
                         WHERE v.pool_id = p.id ORDER BY v.version DESC LIMIT 1)
-         FROM pools p WHERE p.kind = 'lucky_gift' ORDER BY p.id",
+         FROM pools p WHERE p.kind = $1 ORDER BY p.id",
     )
+    .bind(crate::kinds::lucky_gift::KIND)
     .fetch_all(db)
     .await
     .context("listing the pools")?;
     let paid: Vec<(String, String, i64, i64)> = sqlx::query_as(
         "SELECT ref->>'pool', asset, coalesce(sum(amount), 0)::bigint, count(*)
-         FROM ledger_entries WHERE reason = 'lucky_gift' GROUP BY 1, 2 ORDER BY 1, 2",
+         FROM ledger_entries WHERE reason = ANY($1) GROUP BY 1, 2 ORDER BY 1, 2",
+    )
+    .bind(
+        crate::ledger::reasons::of_kind(crate::kinds::lucky_gift::KIND)
+            .map(|r| r.name)
+            .collect::<Vec<_>>(),
     )
     .fetch_all(db)
     .await

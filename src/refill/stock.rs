@@ -38,11 +38,11 @@ pub(super) async fn watch(
 }
 
 async fn read(db: &PgPool, redis: &mut RedisConn, prefix: &str) -> anyhow::Result<()> {
-    let pools: Vec<String> =
-        sqlx::query_scalar("SELECT id FROM pools WHERE kind = 'lucky_gift' ORDER BY id")
-            .fetch_all(db)
-            .await
-            .context("listing the pools")?;
+    let pools: Vec<String> = sqlx::query_scalar("SELECT id FROM pools WHERE kind = $1 ORDER BY id")
+        .bind(crate::kinds::lucky_gift::KIND)
+        .fetch_all(db)
+        .await
+        .context("listing the pools")?;
     for pool in pools {
         let Some(status) = crate::pools::status(redis, prefix, &pool)
             .await
