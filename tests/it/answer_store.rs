@@ -612,6 +612,51 @@ async fn ids_aimed_at_one_string_bucket_cannot_make_it_grow_without_bound() {
     }
 }
 
+/// Ids aimed at one bucket of a claim store (its buckets are the smaller
+/// ones): the bucket stops growing at its cap, the records past it get keys
+/// of their own, every id stays bound to its content, and a reused id with
+/// other content is refused.
+#[tokio::test]
+async fn ids_aimed_at_one_claim_bucket_stay_bound_to_their_content() {
+    let env = TestEnv::new(&[]).await;
+    let claims = format!("{}:rq:{{5}}", env.config.redis_prefix);
+    let mut redis = env.redis.clone();
+    let n = 2_000;
+    for i in 0..n {
+        assert_eq!(
+            claim_raw(&env, &claims, &aimed_token(i, "")).await,
+            1,
+            "{i}"
+        );
+    }
+    let buckets: Vec<String> = keys(&env, &format!("{claims}:*:*"))
+        .await
+        .into_iter()
+        .filter(|k| !k.contains(":o:"))
+        .collect();
+    for b in &buckets {
+        let len: usize = redis::cmd("STRLEN")
+            .arg(b)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        assert!(len <= 32_768 + 24, "{b}: {len} bytes");
+    }
+    assert!(
+        !keys(&env, &format!("{claims}:*:o:*")).await.is_empty(),
+        "claims past the full bucket have keys of their own"
+    );
+    for i in (0..n).step_by(37) {
+        let same = aimed_token(i, "");
+        assert_eq!(claim_raw(&env, &claims, &same).await, 1, "{i}");
+        // The same id (digest) with another content fingerprint.
+        let mut other = same.clone();
+        let last = other.len() - 1;
+        other[last] ^= 0xff;
+        assert_eq!(claim_raw(&env, &claims, &other).await, 0, "{i}");
+    }
+}
+
 /// A fleet whose workers disagree on `ANSWER_BUCKETS` (a rolling upgrade)
 /// or that changes it loses nothing: an epoch keeps the layout it was
 /// opened with, and every answer and claim is found whichever layout the
