@@ -20,6 +20,7 @@
 //! pool's state ([`commitments`]).
 
 mod commitments;
+mod incoming;
 mod recorder;
 mod records;
 mod verify;
@@ -33,7 +34,6 @@ use lapin::{
     options::{QueueBindOptions, QueueDeclareOptions},
     types::{AMQPValue, FieldTable, LongString},
 };
-use serde::Deserialize;
 use serde_json::Value;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -42,6 +42,8 @@ pub use commitments::{pool_refilled, CATCH_UP};
 pub use recorder::{drain_outbox, keep_draining, PgRecorder, OUTBOX, RECORD_WAIT};
 pub use records::{prizes_sha256, record_batch, record_draw, record_draws, record_reveal};
 pub use verify::{merged, verify, verify_pool, BatchVerdict, Mismatch, Verdict};
+
+use incoming::Record;
 
 use crate::{
     amqp::{self, Group, HandleError, Handler, Outcome, Publisher, Route},
@@ -168,34 +170,36 @@ impl AuditWorker {
             .await?)
     }
 
-    /// Reads one `draw.completed` record and refuses it unless it carries
-    /// the fleet's seal over its canonical bytes: the `DrawResult` it
-    /// deserialises to, serialised again, which are the bytes the draw
-    /// worker sealed (the record's `type` and `seal` are not part of them,
-    /// and a field the result does not know cannot reach the trail). Pure
-    /// CPU: no Redis, however many records a group holds.
-    fn check_draw(sealer: &Sealer, event: &Value) -> Result<DrawResult, HandleError> {
-        let result = DrawResult::deserialize(event)
-            .map_err(|e| Invalid::new(format!("a draw.completed that does not read: {e}")))?;
+    /// Refuses a `draw.completed` record unless it carries the fleet's seal
+    /// over its canonical bytes: the `DrawResult` it deserialises to,
+    /// serialised again, which are the bytes the draw worker sealed (the
+    /// record's `type` and `seal` are not part of them, and a field the
+    /// result does not know cannot reach the trail). Pure CPU: no Redis,
+    /// however many records a group holds.
+    fn check_draw(
+        sealer: &Sealer,
+        result: &DrawResult,
+        seal: Option<&str>,
+    ) -> Result<(), HandleError> {
         // Only what the trail records needs a seal; other results are skipped.
         let (Status::Ok, Some(pool), Some(_)) =
             (result.status, result.pool.as_deref(), result.serial)
         else {
-            return Ok(result);
+            return Ok(());
         };
         crate::messages::check_id("pool", pool)?;
         crate::messages::check_id("request_id", &result.request_id)?;
         if result.user_id.is_none() {
             return Err(Invalid::new("a draw record without its user").into());
         }
-        let Some(seal) = event.get("seal").and_then(Value::as_str) else {
+        let Some(seal) = seal else {
             return Err(Invalid::new(format!(
                 "draw {} of pool {pool} carries no seal: only the draw workers write the trail",
                 result.request_id
             ))
             .into());
         };
-        let canonical = serde_json::to_vec(&result)
+        let canonical = serde_json::to_vec(result)
             .map_err(|e| HandleError::internal(format!("serialising a draw record: {e}")))?;
         if !sealer.check_record(&canonical, seal) {
             return Err(Invalid::new(format!(
@@ -204,33 +208,38 @@ impl AuditWorker {
             ))
             .into());
         }
-        Ok(result)
+        Ok(())
     }
 
-    /// The draw records of `events` that carry the fleet's seal, checked
-    /// with the key held and, for any that fails, once more with the key
-    /// read again (the fleet's key may have just changed). A lone record
-    /// that fails is refused (dead-lettered); one bad record of a group is
-    /// logged and counted and the others are recorded.
-    async fn checked_draws(&self, events: &[Value]) -> Result<Vec<DrawResult>, HandleError> {
+    /// The draw records of `records` that read and carry the fleet's seal,
+    /// checked with the key held and, for any whose seal fails, once more
+    /// with the key read again (the fleet's key may have just changed). A
+    /// lone record that fails is refused (dead-lettered); one bad record of
+    /// a group is logged and counted and the others are recorded.
+    async fn checked_draws(&self, records: Vec<Record>) -> Result<Vec<DrawResult>, HandleError> {
         let sealer = self.sealer(false).await?;
-        let mut checked = Vec::with_capacity(events.len());
+        let lone = records.len() == 1;
+        let mut checked = Vec::with_capacity(records.len());
         let mut fresh = None;
-        for e in events {
-            let result = match Self::check_draw(&sealer, e) {
-                Err(HandleError::Invalid(_)) => {
-                    if fresh.is_none() {
-                        fresh = Some(self.sealer(true).await?);
+        for record in records {
+            let seal = record.seal.as_deref();
+            let verdict = match &record.result {
+                Err(invalid) => Err(HandleError::Invalid(invalid.clone())),
+                Ok(result) => match Self::check_draw(&sealer, result, seal) {
+                    Err(HandleError::Invalid(_)) => {
+                        if fresh.is_none() {
+                            fresh = Some(self.sealer(true).await?);
+                        }
+                        Self::check_draw(fresh.as_deref().unwrap_or(&sealer), result, seal)
                     }
-                    Self::check_draw(fresh.as_deref().unwrap_or(&sealer), e)
-                }
-                other => other,
+                    other => other,
+                },
             };
-            match result {
-                Ok(result) => checked.push(result),
-                Err(HandleError::Invalid(invalid)) if events.len() > 1 => {
+            match verdict {
+                Ok(()) => checked.extend(record.result.ok()),
+                Err(HandleError::Invalid(invalid)) if !lone => {
                     metrics::counter!("prizepool_audit_refused_total").increment(1);
-                    let request_id = e.get("request_id").and_then(Value::as_str);
+                    let request_id = record.request_id.as_deref();
                     tracing::error!(request.id = request_id.unwrap_or_default(), reason = %invalid, "draw record refused by the audit");
                 }
                 Err(e) => return Err(e),
@@ -247,15 +256,16 @@ impl AuditWorker {
             .unwrap_or_default();
         match kind {
             "draw.completed" => {
-                let result = self.checked_draws(std::slice::from_ref(event)).await?;
+                let result = self.checked_draws(vec![Record::of_value(event)]).await?;
                 self.writer.record(&self.db, result).await?;
             }
-            "draw.completed.batch" => {
+            incoming::GROUP_TYPE => {
                 let events = event
                     .get("events")
                     .and_then(Value::as_array)
                     .ok_or_else(|| Invalid::new("draw.completed.batch without events"))?;
-                let checked = self.checked_draws(events).await?;
+                let records = events.iter().map(Record::of_value).collect();
+                let checked = self.checked_draws(records).await?;
                 self.writer.record(&self.db, checked).await?;
             }
             "pool.refilled" => {
@@ -314,6 +324,41 @@ impl Handler for AuditWorker {
     ) -> Result<Outcome, HandleError> {
         self.record(envelope).await?;
         Ok(Outcome::default())
+    }
+
+    /// A `draw.completed.batch` gets a shallow envelope (its `type` alone):
+    /// its records are read from its bytes by [`Handler::handle_body`].
+    fn envelope(&self, body: &[u8]) -> Result<Value, Invalid> {
+        if incoming::is_group(body) {
+            return Ok(serde_json::json!({ "type": incoming::GROUP_TYPE }));
+        }
+        crate::messages::decode_envelope(body)
+    }
+
+    /// Records a group read straight from `body` when all of it reads that
+    /// way; anything else through its JSON value ([`AuditWorker::record`]).
+    async fn handle_body(
+        &self,
+        body: &[u8],
+        envelope: &Value,
+        publisher: &Publisher,
+    ) -> Result<Outcome, HandleError> {
+        let shallow = envelope.get("events").is_none()
+            && envelope.get("type").and_then(Value::as_str) == Some(incoming::GROUP_TYPE);
+        if !shallow {
+            return self.handle(envelope, publisher).await;
+        }
+        match incoming::group_records(body) {
+            Some(records) => {
+                let checked = self.checked_draws(records).await?;
+                self.writer.record(&self.db, checked).await?;
+                Ok(Outcome::default())
+            }
+            None => {
+                let envelope = crate::messages::decode_envelope(body)?;
+                self.handle(&envelope, publisher).await
+            }
+        }
     }
 }
 

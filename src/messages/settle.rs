@@ -4,7 +4,10 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{check_account, check_entry_id, check_id, decode_typed, ErrorCode, Invalid, Status};
+use super::{
+    check_account, check_entry_id, check_id, decode_envelope, decode_typed, ErrorCode, Invalid,
+    Status, MAX_MESSAGE_BYTES,
+};
 
 /// `{"type":"settle_result", ...}`: the reply to a `settle` (with its
 /// `entry_id`) or to a `settle.batch` (with the number of `entries` that are
@@ -153,7 +156,56 @@ pub struct BadEntry {
     pub invalid: Invalid,
 }
 
+/// A `settle.batch` read straight into its entries, without a JSON value
+/// in between ([`SettleMessage::from_body`]).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TypedBatch {
+    #[serde(rename = "type")]
+    _kind: BatchType,
+    entries: Vec<SettleRequest>,
+}
+
+/// The `type` of a [`TypedBatch`].
+#[derive(Deserialize)]
+enum BatchType {
+    #[serde(rename = "settle.batch")]
+    Batch,
+}
+
 impl SettleMessage {
+    /// Decodes and validates a settle-queue message from its body.
+    ///
+    /// The fleet's own messages (a `settle.batch` of valid entries, or a
+    /// valid `settle`) are read straight into their entries. Anything else
+    /// (a bad entry, a duplicate key, an unknown type, a body over the
+    /// limit) is read again through its JSON value by [`Self::decode`], so a
+    /// message's fate, its refusals and its dead letters are the same as if
+    /// it had been read that way only.
+    pub fn from_body(body: &[u8]) -> Result<Self, Invalid> {
+        match Self::typed(body) {
+            Some(message) => Ok(message),
+            None => decode_envelope(body).and_then(|value| Self::decode(&value)),
+        }
+    }
+
+    /// A message whose every part holds, read without a JSON value.
+    fn typed(body: &[u8]) -> Option<Self> {
+        if body.len() > MAX_MESSAGE_BYTES {
+            return None;
+        }
+        if let Ok(batch) = serde_json::from_slice::<TypedBatch>(body) {
+            let fits = (1..=MAX_SETTLE_BATCH).contains(&batch.entries.len());
+            if !fits || batch.entries.iter().any(|e| e.validate().is_err()) {
+                return None;
+            }
+            return Some(Self::Batch(batch.entries.into_iter().map(Ok).collect()));
+        }
+        let entry = serde_json::from_slice::<SettleRequest>(body).ok()?;
+        entry.validate().ok()?;
+        Some(Self::One(entry))
+    }
+
     /// Decodes and validates a settle-queue message.
     pub fn decode(envelope: &Value) -> Result<Self, Invalid> {
         if envelope.get("type").and_then(Value::as_str) != Some("settle.batch") {
@@ -210,6 +262,77 @@ impl SettleRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every body reads the same whichever way it is read: straight into
+    /// its entries when all of it holds, through its JSON value otherwise;
+    /// and the straight read is taken exactly for the bodies that hold.
+    #[test]
+    fn a_settle_body_reads_the_same_straight_or_through_its_value() {
+        let entry = |id: &str, amount: i64| {
+            let e = SettleRequest::new(
+                id,
+                7,
+                "coin",
+                amount,
+                "topup",
+                serde_json::json!({"pool": "p"}),
+            );
+            serde_json::to_string(&e).unwrap()
+        };
+        let batch = |entries: &[String]| {
+            format!(
+                r#"{{"type":"settle.batch","entries":[{}]}}"#,
+                entries.join(",")
+            )
+        };
+        let many: Vec<String> = (0..=MAX_SETTLE_BATCH)
+            .map(|i| entry(&format!("e{i}"), 5))
+            .collect();
+        let straight = [
+            entry("a", 5),
+            batch(&[entry("a", 5), entry("b", 6)]),
+            // As many entries as fit the wire limit (it holds fewer than MAX_SETTLE_BATCH).
+            batch(&many[..500]),
+            // Keys in another order, and `ref` with a key twice (the last wins either way).
+            r#"{"amount":5,"asset":"coin","reason":"topup","account":7,"entry_id":"x","type":"settle","ref":{"a":1,"a":2}}"#.into(),
+        ];
+        let through_value = [
+            batch(&[entry("a", 5), entry("b", -6)]),
+            batch(&[entry("a", 5), r#"{"type":"settle","entry_id":"b"}"#.into()]),
+            batch(&[entry("a", 5), entry("{bad:id}", 5)]),
+            batch(&[]),
+            // Over the wire limit and over MAX_SETTLE_BATCH.
+            batch(&many),
+            r#"{"type":"settle.batch","entries":[],"extra":1}"#.into(),
+            r#"{"type":"settle.batch","type":"settle.batch","entries":[]}"#.into(),
+            r#"{"type":"settle","entry_id":"a","entry_id":"b","account":7,"asset":"coin","amount":5,"reason":"topup"}"#.into(),
+            r#"{"type":"settle","entry_id":"a","account":7,"asset":"coin","amount":5.0,"reason":"topup"}"#.into(),
+            r#"{"type":"settle.batches","entries":[]}"#.into(),
+            r#"[1,2]"#.into(),
+            "not json".into(),
+            format!(r#"{{"type":"settle","entry_id":"{}"}}"#, "x".repeat(MAX_MESSAGE_BYTES)),
+        ];
+        for (body, fast) in straight
+            .iter()
+            .map(|b| (b, true))
+            .chain(through_value.iter().map(|b| (b, false)))
+        {
+            let body = body.as_bytes();
+            assert_eq!(
+                SettleMessage::typed(body).is_some(),
+                fast,
+                "{}",
+                String::from_utf8_lossy(&body[..body.len().min(200)])
+            );
+            let slow = decode_envelope(body).and_then(|v| SettleMessage::decode(&v));
+            assert_eq!(
+                format!("{:?}", SettleMessage::from_body(body)),
+                format!("{slow:?}"),
+                "{}",
+                String::from_utf8_lossy(&body[..body.len().min(200)])
+            );
+        }
+    }
 
     #[test]
     fn entry_refs_are_written_as_the_ledger_reads_them() {

@@ -309,7 +309,7 @@ impl Read {
 /// message as a whole is an error; a `settle.batch` keeps its bad entries
 /// in place, each as its [`BadEntry`].
 fn decode(sealer: &ledger::Sealer, data: &[u8]) -> Result<SettleMessage, Invalid> {
-    let message = decode_envelope(data).and_then(|v| SettleMessage::decode(&v))?;
+    let message = SettleMessage::from_body(data)?;
     match message {
         SettleMessage::One(entry) => sealer.check(&entry).map(|()| SettleMessage::One(entry)),
         SettleMessage::Batch(entries) => Ok(SettleMessage::Batch(

@@ -77,7 +77,7 @@ async fn process<H: Handler>(
 ) -> Option<(Settle, Replied)> {
     let started = Instant::now();
     let route = shared.handler.route();
-    let envelope = messages::decode_envelope(&delivery.data);
+    let envelope = shared.handler.envelope(&delivery.data);
     let span = delivery_span(&*shared.handler, &delivery, &envelope);
     async move {
         let (label, how, replied) = match envelope {
@@ -162,7 +162,8 @@ async fn handled<H: Handler>(
             slot = shared.slots.clone().acquire_owned() => slot.ok()?,
         };
         first = false;
-        let result = handle_caught(&*shared.handler, &value, &shared.publisher).await;
+        let result =
+            handle_caught(&*shared.handler, &delivery.data, &value, &shared.publisher).await;
         lane.record(&result);
         drop((lane, slot));
         let error = match result {
@@ -206,13 +207,14 @@ fn envelope_field(value: &Value, names: &[&str]) -> String {
 /// connection closes, and then redeliver the poison to the next worker).
 async fn handle_caught<H: Handler>(
     handler: &H,
+    body: &[u8],
     value: &Value,
     publisher: &Publisher,
 ) -> Result<Outcome, HandleError> {
     // Unwind safety: the handler shares nothing with this task that a
     // half-finished call could leave inconsistent for the next delivery
     // other than through Redis and Postgres, whose steps are atomic.
-    match AssertUnwindSafe(handler.handle(value, publisher))
+    match AssertUnwindSafe(handler.handle_body(body, value, publisher))
         .catch_unwind()
         .await
     {

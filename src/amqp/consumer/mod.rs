@@ -44,7 +44,7 @@ use super::{
     transient::HandleError,
     Route,
 };
-use crate::{config::Config, ops::Health};
+use crate::{config::Config, messages, ops::Health};
 
 /// What a handled request produced: a reply for the requester (sent only when
 /// it asked, via `reply_to`) and messages to publish before the ack.
@@ -121,6 +121,29 @@ pub trait Handler: Send + Sync + 'static {
         envelope: &Value,
         publisher: &Publisher,
     ) -> impl Future<Output = Result<Outcome, HandleError>> + Send;
+
+    /// The envelope of a delivery's body, which its span, its lane and
+    /// [`Handler::handle_body`] read; an error dead-letters the delivery.
+    /// By default the whole body as a JSON value
+    /// ([`messages::decode_envelope`]). A handler that reads some bodies
+    /// straight from their bytes in [`Handler::handle_body`] may return a
+    /// shallow envelope for those (their `type` and the fields its span
+    /// names), and must refuse exactly the bodies the default refuses.
+    fn envelope(&self, body: &[u8]) -> Result<Value, messages::Invalid> {
+        messages::decode_envelope(body)
+    }
+
+    /// Handles one delivery, its `body` as it came and its [`Handler::envelope`]:
+    /// by default [`Handler::handle`] on the envelope.
+    fn handle_body(
+        &self,
+        body: &[u8],
+        envelope: &Value,
+        publisher: &Publisher,
+    ) -> impl Future<Output = Result<Outcome, HandleError>> + Send {
+        let _ = body;
+        self.handle(envelope, publisher)
+    }
 }
 
 /// Consumes `handler`'s queue until `shutdown` is cancelled, reconnecting
