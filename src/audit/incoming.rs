@@ -14,7 +14,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::{value::RawValue, Value};
 
-use crate::messages::{DrawResult, Invalid, MAX_MESSAGE_BYTES};
+use crate::messages::{shallow_envelope, DrawResult, Invalid};
 
 /// The `type` of the grouped draw events this module reads straight.
 pub(super) const GROUP_TYPE: &str = "draw.completed.batch";
@@ -76,19 +76,26 @@ pub(super) fn group_records(body: &[u8]) -> Option<Vec<Record>> {
     group.events.into_iter().map(Record::of_raw).collect()
 }
 
-/// Whether `body` is a `draw.completed.batch` that the default envelope
-/// ([`crate::messages::decode_envelope`]) would take: within the wire
-/// limit, UTF-8, a JSON object whose `type` is a string (given once).
-pub(super) fn is_group(body: &[u8]) -> bool {
-    /// The `type` of a message, the rest skipped.
-    #[derive(Deserialize)]
-    struct Head<'a> {
-        #[serde(rename = "type", borrow)]
-        kind: Cow<'a, str>,
+/// The audit's envelope of `body`: for a `draw.completed.batch`, its
+/// fields less `events` (checked, not built: [`shallow_envelope`]); for
+/// anything else, its whole envelope. Refuses what
+/// [`crate::messages::decode_envelope`] refuses, for the same reasons.
+pub(super) fn envelope(body: &[u8]) -> Result<Value, Invalid> {
+    match shallow_envelope(body, "events") {
+        Some((shallow, skipped))
+            if !skipped || shallow.get("type").and_then(Value::as_str) == Some(GROUP_TYPE) =>
+        {
+            Ok(shallow)
+        }
+        _ => crate::messages::decode_envelope(body),
     }
-    body.len() <= MAX_MESSAGE_BYTES
-        && std::str::from_utf8(body).is_ok()
-        && serde_json::from_slice::<Head<'_>>(body).is_ok_and(|h| h.kind == GROUP_TYPE)
+}
+
+/// Whether `envelope` is a group's shallow envelope, whose records are read
+/// from the body.
+pub(super) fn is_shallow_group(envelope: &Value) -> bool {
+    envelope.get("events").is_none()
+        && envelope.get("type").and_then(Value::as_str) == Some(GROUP_TYPE)
 }
 
 #[cfg(test)]
@@ -127,8 +134,7 @@ mod tests {
     }
 
     /// A group reads straight exactly when all of it reads, and then gives
-    /// the records its value gives; a body the default envelope refuses, or
-    /// that is not a group given once, is never taken for one.
+    /// the records its value gives; otherwise it is read through its value.
     #[test]
     fn a_group_reads_the_same_straight_or_through_its_value() {
         let straight = [
@@ -137,7 +143,7 @@ mod tests {
             br#"{"events":[{"request_id":"x","status":"ok","seal":"00","extra":[1,{"y":2}]}],"type":"draw.completed.batch"}"#.to_vec(),
         ];
         for body in &straight {
-            assert!(is_group(body));
+            assert!(is_shallow_group(&envelope(body).unwrap()));
             let records = group_records(body).expect("a group of records that read");
             let value = decode_envelope(body).unwrap();
             let through: Vec<Record> = value["events"]
@@ -156,28 +162,37 @@ mod tests {
             br#"{"type":"draw.completed.batch","events":{"a":1}}"#.to_vec(),
             br#"{"type":"draw.completed.batch","events":[],"events":[]}"#.to_vec(),
             br#"{"type":"draw.completed.batch"}"#.to_vec(),
+            // An array is no record, though serde reads a struct from one.
+            br#"{"type":"draw.completed.batch","events":[["a","ok"]]}"#.to_vec(),
         ];
         for body in &through_value {
-            assert!(
-                group_records(body).is_none(),
-                "{}",
-                String::from_utf8_lossy(body)
-            );
+            assert!(is_shallow_group(&envelope(body).unwrap()));
+            let shown = String::from_utf8_lossy(body);
+            assert!(group_records(body).is_none(), "{shown}");
         }
-        let not_straight = [
-            br#"{"type":"draw.completed.batch","type":"draw.completed.batch","events":[]}"#
-                .to_vec(),
-            b"{\"type\":\"draw.completed.batch\",\"events\":[\"\xff\"]}".to_vec(),
-            br#"{"type":"draw.completed.batch","events":[]"#.to_vec(),
-            br#"{"type":"draw.completed","events":[]}"#.to_vec(),
-            [&group(&[])[..], &vec![b' '; MAX_MESSAGE_BYTES][..]].concat(),
-        ];
-        for body in &not_straight {
-            assert!(
-                !is_group(body),
-                "{}",
-                String::from_utf8_lossy(&body[..body.len().min(100)])
-            );
+    }
+
+    /// The audit's envelope refuses exactly what every consumer's refuses,
+    /// and differs from it only by the `events` of a group, which it leaves
+    /// out; so a delivery's span names the same request, pool and user.
+    #[test]
+    fn the_audit_envelope_takes_what_every_envelope_takes() {
+        let mut bodies = crate::messages::envelope_probes(GROUP_TYPE, "events");
+        bodies.extend(crate::messages::envelope_probes("draw.completed", "events"));
+        bodies.extend(crate::messages::envelope_probes("pool.refilled", "x"));
+        bodies.push(br#"{"type":"draw.completed.batch","request_id":"r-1","pool":"p","user_id":7,"events":[]}"#.to_vec());
+        for body in &bodies {
+            let shown = String::from_utf8_lossy(&body[..body.len().min(120)]).into_owned();
+            match (envelope(body), decode_envelope(body)) {
+                (Err(ours), Err(theirs)) => assert_eq!(ours, theirs, "{shown}"),
+                (Ok(ours), Ok(mut theirs)) => {
+                    if is_shallow_group(&ours) {
+                        theirs.as_object_mut().unwrap().shift_remove("events");
+                    }
+                    assert_eq!(ours, theirs, "{shown}");
+                }
+                (ours, theirs) => panic!("{shown}: audit {ours:?}, every consumer {theirs:?}"),
+            }
         }
     }
 }

@@ -224,7 +224,14 @@ impl AuditWorker {
         for record in records {
             let seal = record.seal.as_deref();
             let verdict = match &record.result {
-                Err(invalid) => Err(HandleError::Invalid(invalid.clone())),
+                Err(invalid) => {
+                    // As for a record whose seal fails: the key is read again
+                    // first, so Redis being away makes it transient.
+                    if fresh.is_none() {
+                        fresh = Some(self.sealer(true).await?);
+                    }
+                    Err(HandleError::Invalid(invalid.clone()))
+                }
                 Ok(result) => match Self::check_draw(&sealer, result, seal) {
                     Err(HandleError::Invalid(_)) => {
                         if fresh.is_none() {
@@ -326,13 +333,11 @@ impl Handler for AuditWorker {
         Ok(Outcome::default())
     }
 
-    /// A `draw.completed.batch` gets a shallow envelope (its `type` alone):
-    /// its records are read from its bytes by [`Handler::handle_body`].
+    /// A `draw.completed.batch` gets a shallow envelope (its fields but
+    /// `events`): its records are read from its bytes by
+    /// [`Handler::handle_body`].
     fn envelope(&self, body: &[u8]) -> Result<Value, Invalid> {
-        if incoming::is_group(body) {
-            return Ok(serde_json::json!({ "type": incoming::GROUP_TYPE }));
-        }
-        crate::messages::decode_envelope(body)
+        incoming::envelope(body)
     }
 
     /// Records a group read straight from `body` when all of it reads that
@@ -343,9 +348,7 @@ impl Handler for AuditWorker {
         envelope: &Value,
         publisher: &Publisher,
     ) -> Result<Outcome, HandleError> {
-        let shallow = envelope.get("events").is_none()
-            && envelope.get("type").and_then(Value::as_str) == Some(incoming::GROUP_TYPE);
-        if !shallow {
+        if !incoming::is_shallow_group(envelope) {
             return self.handle(envelope, publisher).await;
         }
         match incoming::group_records(body) {

@@ -33,6 +33,7 @@ mod red_packet;
 mod refill;
 pub mod schema;
 mod settle;
+mod shallow;
 
 pub use batch::*;
 pub use draw::*;
@@ -43,6 +44,9 @@ pub use prize_codes::{PrizeCodes, PRIZE_LIST_MAX};
 pub use red_packet::*;
 pub use refill::*;
 pub use settle::*;
+#[cfg(test)]
+pub(crate) use shallow::probes as envelope_probes;
+pub use shallow::shallow_envelope;
 
 /// Largest message body accepted, in bytes.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;

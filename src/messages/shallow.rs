@@ -1,0 +1,204 @@
+//! The envelope of a message without its largest field, for consumers that
+//! read that field straight from the message's bytes into typed values
+//! (the settle worker's `settle.batch`, the audit's `draw.completed.batch`).
+//!
+//! [`shallow_envelope`] takes exactly the bodies [`decode_envelope`] takes:
+//! the skipped field is read in full and checked as building its JSON value
+//! would check it (string escapes, numbers within range, nesting depth), and
+//! only not built. So a consumer that reads the field itself refuses what
+//! every other consumer refuses, for the same reasons, and its log lines
+//! name the same request.
+//!
+//! [`decode_envelope`]: super::decode_envelope
+
+use std::fmt;
+
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value};
+
+use super::MAX_MESSAGE_BYTES;
+
+/// The envelope [`super::decode_envelope`] gives for `body`, less its field
+/// `skip`, and whether `body` has that field; `None` exactly when
+/// [`super::decode_envelope`] refuses `body`.
+pub fn shallow_envelope(body: &[u8], skip: &str) -> Option<(Value, bool)> {
+    if body.len() > MAX_MESSAGE_BYTES || std::str::from_utf8(body).is_err() {
+        return None;
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let (fields, skipped) = de.deserialize_map(Shallow { skip }).ok()?;
+    de.end().ok()?;
+    matches!(fields.get("type"), Some(Value::String(_))).then_some((Value::Object(fields), skipped))
+}
+
+/// Reads a JSON object into its fields, all but `skip`, which is checked.
+struct Shallow<'s> {
+    skip: &'s str,
+}
+
+impl<'de> Visitor<'de> for Shallow<'_> {
+    type Value = (Map<String, Value>, bool);
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut fields = Map::new();
+        let mut skipped = false;
+        while let Some(key) = map.next_key::<String>()? {
+            if key == self.skip {
+                map.next_value_seed(Checked)?;
+                skipped = true;
+            } else {
+                // A key given twice keeps its last value, as in a `Value`.
+                fields.insert(key, map.next_value()?);
+            }
+        }
+        Ok((fields, skipped))
+    }
+}
+
+/// Any JSON value, read in full through `deserialize_any` (as building a
+/// `Value` reads it) and dropped.
+#[derive(Clone, Copy)]
+struct Checked;
+
+impl<'de> DeserializeSeed<'de> for Checked {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Checked {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(self)?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while map.next_key_seed(self)?.is_some() {
+            map.next_value_seed(self)?;
+        }
+        Ok(())
+    }
+}
+
+/// Bodies meant to probe every difference between reading a value and
+/// skipping it: escapes, numbers, depth, duplicates, shapes, bytes.
+#[cfg(test)]
+pub(crate) fn probes(kind: &str, skip: &str) -> Vec<Vec<u8>> {
+    let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+    let mut bodies: Vec<Vec<u8>> = [
+        format!(r#"{{"type":"{kind}","{skip}":[1,2]}}"#),
+        format!(r#"{{"{skip}":[],"type":"{kind}"}}"#),
+        format!(r#"{{"type":"{kind}","{skip}":[],"x":"\ud800"}}"#),
+        format!(r#"{{"type":"{kind}","{skip}":["\udc00"]}}"#),
+        format!(r#"{{"type":"{kind}","{skip}":["\ud83d\ude00"]}}"#),
+        format!(r#"{{"type":"{kind}","{skip}":[1e400]}}"#),
+        format!(r#"{{"type":"{kind}","{skip}":[1{}]}}"#, "0".repeat(400)),
+        format!(
+            r#"{{"type":"{kind}","{skip}":[18446744073709551616, -9223372036854775809, -0, 5.0]}}"#
+        ),
+        format!(r#"{{"type":"{kind}","{skip}":{}}}"#, deep(126)),
+        format!(r#"{{"type":"{kind}","{skip}":{}}}"#, deep(127)),
+        format!(r#"{{"type":"{kind}","{skip}":{}}}"#, deep(200)),
+        format!(r#"{{"type":"{kind}","x":{}}}"#, deep(127)),
+        format!(r#"{{"type":"{kind}","{skip}":[],"{skip}":{{}}}}"#),
+        format!(r#"{{"type":"{kind}","type":5,"{skip}":[]}}"#),
+        format!(r#"{{"type":5,"type":"{kind}","{skip}":[]}}"#),
+        format!(r#"{{"type":{{"{kind}":null}},"{skip}":[]}}"#),
+        format!(r#"{{"\u0074ype":"{kind}","{skip}":[]}}"#),
+        format!(r#"["{kind}",[]]"#),
+        format!(r#"{{"type":"{kind}","{skip}":[]}} x"#),
+        format!(r#"{{"type":"{kind}","{skip}":[]}}  "#),
+        format!(r#"{{"type":"{kind}","{skip}":[]"#),
+        format!(r#"{{"type":"{kind}","{skip}":[{{"a":1,"a":[true,false,null]}}]}}"#),
+        format!(r#"{{"{skip}":[]}}"#),
+        "{}".into(),
+        "null".into(),
+        String::new(),
+    ]
+    .into_iter()
+    .map(String::into_bytes)
+    .collect();
+    bodies.push(
+        format!(r#"{{"type":"{kind}","{skip}":["#)
+            .into_bytes()
+            .into_iter()
+            .chain(*b"\"\xff\"]}")
+            .collect(),
+    );
+    bodies.push(
+        format!(
+            r#"{{"type":"{kind}","{skip}":"{}"}}"#,
+            "x".repeat(MAX_MESSAGE_BYTES)
+        )
+        .into_bytes(),
+    );
+    let at_limit = format!(r#"{{"type":"{kind}","{skip}":""}}"#);
+    let fill = "x".repeat(MAX_MESSAGE_BYTES - at_limit.len());
+    bodies.push(format!(r#"{{"type":"{kind}","{skip}":"{fill}"}}"#).into_bytes());
+    bodies
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::messages::decode_envelope;
+
+    /// The shallow envelope is taken exactly when the envelope is, and is
+    /// the envelope less the skipped field.
+    #[test]
+    fn a_shallow_envelope_takes_what_the_envelope_takes() {
+        for body in probes("t", "events") {
+            let shown = String::from_utf8_lossy(&body[..body.len().min(120)]).into_owned();
+            let full = decode_envelope(&body);
+            match (shallow_envelope(&body, "events"), full) {
+                (None, Err(_)) => {}
+                (Some((shallow, skipped)), Ok(mut full)) => {
+                    let had = full
+                        .as_object_mut()
+                        .unwrap()
+                        .shift_remove("events")
+                        .is_some();
+                    assert_eq!(shallow, full, "{shown}");
+                    assert_eq!(skipped, had, "{shown}");
+                }
+                (shallow, full) => panic!("{shown}: shallow {shallow:?}, envelope {full:?}"),
+            }
+        }
+    }
+}
