@@ -17,20 +17,21 @@ use serde_json::{value::RawValue, Value};
 use crate::messages::{shallow_envelope, DrawResult, Invalid};
 
 /// The `type` of the grouped draw events this module reads straight.
-pub(super) const GROUP_TYPE: &str = "draw.completed.batch";
+pub const GROUP_TYPE: &str = "draw.completed.batch";
 
 /// One draw record to check: its result (or why it does not read), its
 /// seal, and its request id as it came (named in the log of a record
 /// refused in a group).
-pub(super) struct Record {
-    pub(super) result: Result<DrawResult, Invalid>,
-    pub(super) seal: Option<String>,
-    pub(super) request_id: Option<String>,
+#[derive(Debug)]
+pub struct Record {
+    pub result: Result<DrawResult, Invalid>,
+    pub seal: Option<String>,
+    pub request_id: Option<String>,
 }
 
 impl Record {
     /// The record of a `draw.completed` event's JSON value.
-    pub(super) fn of_value(event: &Value) -> Self {
+    pub fn of_value(event: &Value) -> Self {
         let text = |field: &str| event.get(field).and_then(Value::as_str).map(str::to_owned);
         Self {
             result: DrawResult::deserialize(event).map_err(unreadable),
@@ -65,7 +66,7 @@ fn unreadable(e: serde_json::Error) -> Invalid {
 
 /// The records of a `draw.completed.batch` read straight from its bytes;
 /// `None` when the body or any of its records does not read that way.
-pub(super) fn group_records(body: &[u8]) -> Option<Vec<Record>> {
+pub fn group_records(body: &[u8]) -> Option<Vec<Record>> {
     /// A group as its records' bytes.
     #[derive(Deserialize)]
     struct Group<'a> {
@@ -80,7 +81,7 @@ pub(super) fn group_records(body: &[u8]) -> Option<Vec<Record>> {
 /// fields less `events` (checked, not built: [`shallow_envelope`]); for
 /// anything else, its whole envelope. Refuses what
 /// [`crate::messages::decode_envelope`] refuses, for the same reasons.
-pub(super) fn envelope(body: &[u8]) -> Result<Value, Invalid> {
+pub fn envelope(body: &[u8]) -> Result<Value, Invalid> {
     match shallow_envelope(body, "events") {
         Some((shallow, skipped))
             if !skipped || shallow.get("type").and_then(Value::as_str) == Some(GROUP_TYPE) =>
@@ -93,7 +94,7 @@ pub(super) fn envelope(body: &[u8]) -> Result<Value, Invalid> {
 
 /// Whether `envelope` is a group's shallow envelope, whose records are read
 /// from the body.
-pub(super) fn is_shallow_group(envelope: &Value) -> bool {
+pub fn is_shallow_group(envelope: &Value) -> bool {
     envelope.get("events").is_none()
         && envelope.get("type").and_then(Value::as_str) == Some(GROUP_TYPE)
 }

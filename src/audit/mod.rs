@@ -20,7 +20,7 @@
 //! pool's state ([`commitments`]).
 
 mod commitments;
-mod incoming;
+pub mod incoming;
 mod recorder;
 mod records;
 mod verify;
