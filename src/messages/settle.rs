@@ -297,6 +297,10 @@ mod tests {
             batch(&many[..500]),
             // Keys in another order, and `ref` with a key twice (the last wins either way).
             r#"{"amount":5,"asset":"coin","reason":"topup","account":7,"entry_id":"x","type":"settle","ref":{"a":1,"a":2}}"#.into(),
+            // Inside `entries` both reads take an entry as an array and a
+            // `type` as a map, as they always did.
+            r#"{"type":"settle.batch","entries":[["settle","e1",7,"coin",5,"topup"]]}"#.into(),
+            r#"{"type":"settle.batch","entries":[{"type":{"settle":null},"entry_id":"e1","account":7,"asset":"coin","amount":5,"reason":"topup"}]}"#.into(),
         ];
         let through_value = [
             batch(&[entry("a", 5), entry("b", -6)]),
@@ -314,6 +318,8 @@ mod tests {
             // serde reads a struct from an array and an enum from a map; the
             // envelope every consumer checks takes neither.
             r#"["settle","u-1",7,"coin",5,"topup"]"#.into(),
+            r#"{"type":"settle.batch","entries":[["settle","e1",7,"coin",5,"topup",null,null,9]]}"#.into(),
+            r#"{"$serde_json::private::RawValue":"{}","type":"settle","entry_id":"u-1","account":7,"asset":"coin","amount":5,"reason":"topup"}"#.into(),
             format!(r#"["settle.batch",[{}]]"#, entry("a", 5)),
             r#"{"type":{"settle":null},"entry_id":"u-1","account":7,"asset":"coin","amount":5,"reason":"topup"}"#.into(),
             format!(r#"{{"type":{{"settle.batch":null}},"entries":[{}]}}"#, entry("a", 5)),
