@@ -431,6 +431,23 @@ pub fn spawn_binary_with(
         .unwrap_or_else(|e| panic!("spawning {name}: {e}"))
 }
 
+/// Polls `probe` every 250 ms until it gives `Ok`, for at most `within`;
+/// fails with the last reason it gave.
+pub async fn eventually<T, F, Fut>(within: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match probe().await {
+            Ok(value) => return value,
+            Err(why) => assert!(tokio::time::Instant::now() < deadline, "{why}"),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 pub async fn wait_exit(
     child: &mut std::process::Child,
     within: Duration,

@@ -560,6 +560,30 @@ fn the_store_agrees_with_a_model_of_exact_ids() {
 /// bytes that place a record (4-6) and not on those that split buckets
 /// (7-8, 257, never a multiple of 40 or 128), as ids crafted by an
 /// attacker would; `mark` is the token's layout mark (`h` for hashes).
+/// Every string bucket of `store` stops at its cap (32 KiB, and the one
+/// record of at most `record` bytes that crossed it), and the records past
+/// it have keys of their own.
+async fn assert_capped(env: &TestEnv, store: &str, record: usize) {
+    let mut redis = env.redis.clone();
+    let buckets: Vec<String> = keys(env, &format!("{store}:*:*"))
+        .await
+        .into_iter()
+        .filter(|k| !k.contains(":o:"))
+        .collect();
+    for b in &buckets {
+        let len: usize = redis::cmd("STRLEN")
+            .arg(b)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        assert!(len <= 32_768 + record, "{b}: {len} bytes");
+    }
+    assert!(
+        !keys(env, &format!("{store}:*:o:*")).await.is_empty(),
+        "records past the full bucket of {store} have keys of their own"
+    );
+}
+
 fn aimed_token(i: u32, mark: &str) -> Vec<u8> {
     let mut d = [7u8; 16];
     d[6] = 1;
@@ -575,7 +599,6 @@ fn aimed_token(i: u32, mark: &str) -> Vec<u8> {
 async fn ids_aimed_at_one_string_bucket_cannot_make_it_grow_without_bound() {
     let env = TestEnv::new(&[]).await;
     let store = env.keys("aimed").results();
-    let mut redis = env.redis.clone();
     let token = |i: u32| aimed_token(i, "");
     let n = 2_000;
     for i in 0..n {
@@ -585,23 +608,7 @@ async fn ids_aimed_at_one_string_bucket_cannot_make_it_grow_without_bound() {
             "{i}"
         );
     }
-    let buckets: Vec<String> = keys(&env, &format!("{store}:*:*"))
-        .await
-        .into_iter()
-        .filter(|k| !k.contains(":o:"))
-        .collect();
-    for b in &buckets {
-        let len: usize = redis::cmd("STRLEN")
-            .arg(b)
-            .query_async(&mut redis)
-            .await
-            .unwrap();
-        assert!(len <= 32_768 + 64, "{b}: {len} bytes");
-    }
-    assert!(
-        !keys(&env, &format!("{store}:*:o:*")).await.is_empty(),
-        "records past the full bucket have keys of their own"
-    );
+    assert_capped(&env, &store, 64).await;
     // Every one is still found, and replays its first answer.
     for i in (0..n).step_by(37) {
         assert_eq!(
@@ -620,7 +627,6 @@ async fn ids_aimed_at_one_string_bucket_cannot_make_it_grow_without_bound() {
 async fn ids_aimed_at_one_claim_bucket_stay_bound_to_their_content() {
     let env = TestEnv::new(&[]).await;
     let claims = format!("{}:rq:{{5}}", env.config.redis_prefix);
-    let mut redis = env.redis.clone();
     let n = 2_000;
     for i in 0..n {
         assert_eq!(
@@ -629,23 +635,7 @@ async fn ids_aimed_at_one_claim_bucket_stay_bound_to_their_content() {
             "{i}"
         );
     }
-    let buckets: Vec<String> = keys(&env, &format!("{claims}:*:*"))
-        .await
-        .into_iter()
-        .filter(|k| !k.contains(":o:"))
-        .collect();
-    for b in &buckets {
-        let len: usize = redis::cmd("STRLEN")
-            .arg(b)
-            .query_async(&mut redis)
-            .await
-            .unwrap();
-        assert!(len <= 32_768 + 24, "{b}: {len} bytes");
-    }
-    assert!(
-        !keys(&env, &format!("{claims}:*:o:*")).await.is_empty(),
-        "claims past the full bucket have keys of their own"
-    );
+    assert_capped(&env, &claims, 24).await;
     for i in (0..n).step_by(37) {
         let same = aimed_token(i, "");
         assert_eq!(claim_raw(&env, &claims, &same).await, 1, "{i}");

@@ -10,7 +10,9 @@ use crate::common;
 
 use std::{collections::BTreeSet, time::Duration};
 
-use common::{draw, free_port, pool_toml, spawn_binary_with, wait_exit, KillOnDrop, TestEnv};
+use common::{
+    draw, eventually, free_port, pool_toml, spawn_binary_with, wait_exit, KillOnDrop, TestEnv,
+};
 use serde_json::json;
 
 const T: Duration = Duration::from_secs(30);
@@ -101,6 +103,15 @@ fn every_metric_the_code_names_has_help_text() {
         .map(|(n, _)| (*n).to_owned())
         .collect();
     assert_eq!(used, described);
+}
+
+/// The value of the series `name` (its name and labels, as exported) in
+/// the exposition `metrics`.
+fn series(metrics: &str, name: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 async fn scrape(port: u16) -> String {
@@ -223,12 +234,8 @@ async fn every_series_the_dashboard_and_the_alerts_query_is_exported() {
     // Per-pool counters: the 30 draws of 5 prizes on "obs", and what they
     // paid, which the ledger books for the pool.
     let draw_metrics = scrape(ports[0]).await;
-    let value = |series: &str| -> f64 {
-        draw_metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(series))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {series} in\n{draw_metrics}"))
+    let value = |name: &str| -> f64 {
+        series(&draw_metrics, name).unwrap_or_else(|| panic!("no {name} in\n{draw_metrics}"))
     };
     let labels = r#"{worker="draw-worker",pool="obs"}"#;
     assert_eq!(value(&format!("prizepool_pool_draws_total{labels}")), 30.0);
@@ -255,33 +262,22 @@ async fn every_series_the_dashboard_and_the_alerts_query_is_exported() {
             3.0,
         ),
     ];
-    let deadline = tokio::time::Instant::now() + T;
-    loop {
+    eventually(T, || async {
         let settle_metrics = scrape(ports[2]).await;
-        let counted = |series: &str| {
-            settle_metrics
-                .lines()
-                .find_map(|l| l.strip_prefix(series))
-                .and_then(|v| v.trim().parse::<f64>().ok())
-                .unwrap_or(0.0)
-        };
-        if settle_series
-            .iter()
-            .all(|(s, at_least)| counted(s) >= *at_least)
-        {
-            break;
+        let counted = |name: &str| series(&settle_metrics, name).unwrap_or(0.0);
+        match settle_series.iter().all(|(s, at_least)| counted(s) >= *at_least) {
+            true => Ok(()),
+            false => Err(format!(
+                "the settle worker does not count its queue's deliveries: {settle_series:?} in\n{settle_metrics}"
+            )),
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the settle worker does not count its queue's deliveries: {settle_series:?} in\n{settle_metrics}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    })
+    .await;
     // Each pool's stock and batches, read by the refill worker, agree with
     // the pool's own counters (read again each time: a refill may still run).
-    let mut redis = env.redis.clone();
-    let deadline = tokio::time::Instant::now() + T;
-    loop {
+    let redis = env.redis.clone();
+    eventually(T, || async {
+        let mut redis = redis.clone();
         let pool = prizepool::pools::status(&mut redis, &env.config.redis_prefix, "obs")
             .await
             .unwrap()
@@ -298,21 +294,16 @@ async fn every_series_the_dashboard_and_the_alerts_query_is_exported() {
             ),
         ];
         let refill_metrics = scrape(ports[1]).await;
-        let read = |series: &str| {
-            refill_metrics
-                .lines()
-                .find_map(|l| l.strip_prefix(series))
-                .and_then(|v| v.trim().parse::<f64>().ok())
-        };
-        if pool.generation >= 1 && want.iter().all(|(s, v)| read(s) == Some(*v)) {
-            break;
+        match pool.generation >= 1
+            && want
+                .iter()
+                .all(|(s, v)| series(&refill_metrics, s) == Some(*v))
+        {
+            true => Ok(()),
+            false => Err(format!("no per-pool stock {want:?} in\n{refill_metrics}")),
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no per-pool stock {want:?} in\n{refill_metrics}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    })
+    .await;
     // Every prizepool_* family a worker exports has HELP text, and every
     // series names the worker kind.
     for (port, kind) in ports

@@ -7,7 +7,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{activity_toml, raw::Raw, TestEnv};
+use common::{activity_toml, eventually, raw::Raw, TestEnv};
 use serde_json::{json, Value};
 
 const T: Duration = Duration::from_secs(30);
@@ -279,35 +279,27 @@ async fn the_settle_lag_grows_while_the_ledger_is_away() {
     raw.publish("settle", &body, raw.props("stall").with_timestamp(now))
         .await;
     // The batch waits for Postgres; its lag climbs second by second.
-    let deadline = tokio::time::Instant::now() + T;
-    loop {
-        let seen = lag().await.unwrap_or(-1.0);
-        if seen >= 4.0 {
-            break;
+    eventually(T, || async {
+        match lag().await.unwrap_or(-1.0) {
+            seen if seen >= 4.0 => Ok(()),
+            seen => Err(format!(
+                "the lag stayed at {seen} s while the ledger was away"
+            )),
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the lag stayed at {seen} s while the ledger was away"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    })
+    .await;
     pg.start();
     let reply = raw.reply("stall").await;
     assert_eq!(reply["status"], "ok", "{reply}");
     // Booked, and nothing else waits: the lag the outage left goes back to
     // 0 instead of staying on the gauge (and its alert firing).
-    let deadline = tokio::time::Instant::now() + T;
-    loop {
+    eventually(T, || async {
         let seen = lag().await.unwrap_or(-1.0);
-        if seen == 0.0 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the lag stayed at {seen} s after the ledger caught up"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+        (seen == 0.0)
+            .then_some(())
+            .ok_or_else(|| format!("the lag stayed at {seen} s after the ledger caught up"))
+    })
+    .await;
 }
 
 /// The worker's `/metrics` page (empty while the endpoint is not up).
