@@ -157,54 +157,50 @@ pub struct BadEntry {
 }
 
 /// A `settle.batch` read straight into its entries, without a JSON value
-/// in between ([`SettleMessage::from_body`]).
+/// in between ([`SettleMessage::from_body`]). Its `type` was read by the
+/// shallow envelope already; here it is only allowed.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TypedBatch {
     #[serde(rename = "type")]
-    _kind: BatchType,
+    _kind: serde::de::IgnoredAny,
     entries: Vec<SettleRequest>,
-}
-
-/// The `type` of a [`TypedBatch`].
-#[derive(Deserialize)]
-enum BatchType {
-    #[serde(rename = "settle.batch")]
-    Batch,
 }
 
 impl SettleMessage {
     /// Decodes and validates a settle-queue message from its body.
     ///
-    /// The fleet's own messages (a `settle.batch` of valid entries, or a
-    /// valid `settle`) are read straight into their entries. Anything else
-    /// (a bad entry, a duplicate key, an unknown type, a body over the
-    /// limit) is read again through its JSON value by [`Self::decode`], so a
-    /// message's fate, its refusals and its dead letters are the same as if
-    /// it had been read that way only.
+    /// A `settle.batch` whose entries all hold is read straight into them,
+    /// after its shallow envelope ([`shallow_envelope`]: the body less its
+    /// `entries`, taken exactly when the whole envelope is). A message
+    /// without `entries` is decoded from that envelope, which is then the
+    /// whole one. Anything else (a bad entry, a key given twice) is read
+    /// through its JSON value by [`Self::decode`], so a message's fate, its
+    /// refusals and its dead letters are the same as if it had been read
+    /// that way only.
     pub fn from_body(body: &[u8]) -> Result<Self, Invalid> {
-        match Self::typed(body) {
-            Some(message) => Ok(message),
+        match shallow_envelope(body, "entries") {
+            Some((envelope, false)) => Self::decode(&envelope),
+            Some((envelope, true)) => match Self::straight_batch(body, &envelope) {
+                Some(batch) => Ok(batch),
+                None => Self::decode(&decode_envelope(body)?),
+            },
             None => decode_envelope(body).and_then(|value| Self::decode(&value)),
         }
     }
 
-    /// A message whose every part holds, read without a JSON value of its
-    /// entries. It must first be an envelope the other consumers take (a
-    /// JSON object with a string `type`: serde would also read a struct
-    /// from an array and an enum from `{"settle":null}`).
-    fn typed(body: &[u8]) -> Option<Self> {
-        shallow_envelope(body, "entries")?;
-        if let Ok(batch) = serde_json::from_slice::<TypedBatch>(body) {
-            let fits = (1..=MAX_SETTLE_BATCH).contains(&batch.entries.len());
-            if !fits || batch.entries.iter().any(|e| e.validate().is_err()) {
-                return None;
-            }
-            return Some(Self::Batch(batch.entries.into_iter().map(Ok).collect()));
+    /// The `settle.batch` of `body` (whose shallow envelope is `envelope`)
+    /// read straight, when it is one and every entry of it holds.
+    fn straight_batch(body: &[u8], envelope: &Value) -> Option<Self> {
+        if envelope.get("type").and_then(Value::as_str) != Some("settle.batch") {
+            return None;
         }
-        let entry = serde_json::from_slice::<SettleRequest>(body).ok()?;
-        entry.validate().ok()?;
-        Some(Self::One(entry))
+        let batch = serde_json::from_slice::<TypedBatch>(body).ok()?;
+        let fits = (1..=MAX_SETTLE_BATCH).contains(&batch.entries.len());
+        if !fits || batch.entries.iter().any(|e| e.validate().is_err()) {
+            return None;
+        }
+        Some(Self::Batch(batch.entries.into_iter().map(Ok).collect()))
     }
 
     /// Decodes and validates a settle-queue message.
@@ -291,18 +287,21 @@ mod tests {
             .map(|i| entry(&format!("e{i}"), 5))
             .collect();
         let straight = [
-            entry("a", 5),
             batch(&[entry("a", 5), entry("b", 6)]),
             // As many entries as fit the wire limit (it holds fewer than MAX_SETTLE_BATCH).
             batch(&many[..500]),
-            // Keys in another order, and `ref` with a key twice (the last wins either way).
-            r#"{"amount":5,"asset":"coin","reason":"topup","account":7,"entry_id":"x","type":"settle","ref":{"a":1,"a":2}}"#.into(),
+            // Keys in another order.
+            format!(r#"{{"entries":[{}],"type":"settle.batch"}}"#, entry("a", 5)),
             // Inside `entries` both reads take an entry as an array and a
             // `type` as a map, as they always did.
             r#"{"type":"settle.batch","entries":[["settle","e1",7,"coin",5,"topup"]]}"#.into(),
             r#"{"type":"settle.batch","entries":[{"type":{"settle":null},"entry_id":"e1","account":7,"asset":"coin","amount":5,"reason":"topup"}]}"#.into(),
         ];
         let through_value = [
+            // A `settle` is decoded from its envelope, which is the whole one.
+            entry("a", 5),
+            // `ref` with a key twice (the last wins either way).
+            r#"{"amount":5,"asset":"coin","reason":"topup","account":7,"entry_id":"x","type":"settle","ref":{"a":1,"a":2}}"#.into(),
             batch(&[entry("a", 5), entry("b", -6)]),
             batch(&[entry("a", 5), r#"{"type":"settle","entry_id":"b"}"#.into()]),
             batch(&[entry("a", 5), entry("{bad:id}", 5)]),
@@ -334,8 +333,10 @@ mod tests {
             .chain(through_value.iter().map(|b| (b, false)))
         {
             let body = body.as_bytes();
+            let straight = shallow_envelope(body, "entries")
+                .is_some_and(|(env, _)| SettleMessage::straight_batch(body, &env).is_some());
             assert_eq!(
-                SettleMessage::typed(body).is_some(),
+                straight,
                 fast,
                 "{}",
                 String::from_utf8_lossy(&body[..body.len().min(200)])
