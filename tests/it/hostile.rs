@@ -9,7 +9,7 @@ use crate::common;
 use std::{collections::HashMap, time::Duration};
 
 use chrono::Utc;
-use common::{pool_toml, TestEnv};
+use common::{eventually, pool_toml, TestEnv};
 use prizepool::{amqp, kinds::lucky_gift};
 use serde_json::{json, Value};
 
@@ -457,5 +457,101 @@ async fn a_request_id_sent_again_after_its_answer_expired_is_a_new_draw_paid_in_
     assert_eq!(coins(&env, 6).await, 180);
     let s = env.status("late").await;
     assert_eq!((s.drawn, s.stocked), (6, s.drawn + s.in_pool));
+    env.stop_workers().await;
+}
+
+/// Bodies the settle worker and the audit read straight into typed values
+/// must not take: an envelope that is not a JSON object with a string
+/// `type` (serde reads a struct from an array and an enum from a map), JSON
+/// a value refuses (a lone surrogate, a number out of range, nesting past
+/// the limit), serde_json's raw-value key. Over the wire, each is refused
+/// and dead-lettered and moves nothing; the workers go on: the same top-up
+/// well formed is booked, and a real draw's sealed record lands in the trail.
+#[tokio::test]
+async fn bodies_the_straight_reads_must_not_take_are_refused_over_the_wire() {
+    let mut env = TestEnv::new(&[]).await;
+    env.load(&pool_toml("sr", "", &[("a", &[(7, 50)])])).await;
+    env.start_settle_worker().await;
+    let raw = common::raw::Raw::new(&env).await;
+    let topup = r#""entry_id":"sr-1","account":11,"asset":"coin","amount":5,"reason":"topup""#;
+    let settle = [
+        r#"["settle","sr-1",11,"coin",5,"topup"]"#.to_owned(),
+        format!(r#"{{"type":{{"settle":null}},{topup}}}"#),
+        format!(r#"{{"$serde_json::private::RawValue":"{{}}","type":"settle",{topup}}}"#),
+        format!(r#"{{"type":"settle",{topup},"ref":{{"x":"\ud800"}}}}"#),
+        format!(
+            r#"{{"type":"settle.batch","entries":[{{"type":"settle",{topup},"ref":[1e400]}}]}}"#
+        ),
+        format!(r#"["settle.batch",[{{"type":"settle",{topup}}}]]"#),
+        format!(r#"{{"type":{{"settle.batch":null}},"entries":[{{"type":"settle",{topup}}}]}}"#),
+    ];
+    for (i, body) in settle.iter().enumerate() {
+        let corr = format!("bad-{i}");
+        raw.publish("settle", body.as_bytes(), raw.props(&corr))
+            .await;
+        let reply = raw.reply(&corr).await;
+        assert_eq!(reply["status"], "rejected", "{body} -> {reply}");
+        assert_eq!(code(&reply), "invalid_request", "{body} -> {reply}");
+    }
+    let dead = settle.len() as u32;
+    assert_eq!(wait_depth(&env, amqp::SETTLE.dlq, dead).await, dead);
+    assert_eq!(coins(&env, 11).await, 0);
+    let good = format!(r#"{{"type":"settle",{topup}}}"#);
+    raw.publish("settle", good.as_bytes(), raw.props("good"))
+        .await;
+    assert_eq!(raw.reply("good").await["status"], "ok");
+    assert_eq!(coins(&env, 11).await, 5);
+
+    let (_conn, channel) = env.confirm_channel("forger").await;
+    let deep = format!(
+        r#"{{"type":"draw.completed.batch","events":[],"x":{}{}}}"#,
+        "[".repeat(200),
+        "]".repeat(200)
+    );
+    let audit_bodies = [
+        r#"["draw.completed.batch"]"#.to_owned(),
+        r#"{"type":"draw.completed.batch","events":[],"x":"\ud800"}"#.to_owned(),
+        r#"{"type":"draw.completed.batch","events":[],"x":1e400}"#.to_owned(),
+        r#"{"type":"draw.completed.batch","events":[{"request_id":"x","status":"ok","extra":{"$serde_json::private::RawValue":"nope"}}]}"#.to_owned(),
+        deep,
+    ];
+    for body in &audit_bodies {
+        let confirm = channel
+            .basic_publish(
+                amqp::EVENTS.into(),
+                "draw.completed".into(),
+                Default::default(),
+                body.as_bytes(),
+                lapin::BasicProperties::default(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(confirm.is_ack(), "{body}");
+    }
+    let dead = audit_bodies.len() as u32;
+    let audit_dlq = prizepool::audit::ROUTE.dlq;
+    assert_eq!(wait_depth(&env, audit_dlq, dead).await, dead);
+    // The audit goes on: a real draw, published as a group, is recorded.
+    env.start_draw_worker().await;
+    let client = env.client().await;
+    let reply = client
+        .call("draw", &draw_as("sr-real", "sr", 12, 2), T)
+        .await
+        .unwrap();
+    assert_eq!(reply["status"], "ok", "{reply}");
+    eventually(T, || async {
+        let (rows,): (i64,) =
+            sqlx::query_as("SELECT count(*) FROM fair_draws WHERE request_id = 'sr-real'")
+                .fetch_one(&env.db)
+                .await
+                .unwrap();
+        (rows == 1)
+            .then_some(())
+            .ok_or_else(|| format!("the real draw is in the trail {rows} times"))
+    })
+    .await;
+    assert_eq!(env.queue_depth(audit_dlq).await, dead);
     env.stop_workers().await;
 }
