@@ -26,7 +26,12 @@ ANSWER_BUCKETS=hashes, in a hash-bucket epoch):
     FILL=3000 python3 scripts/lua-cost.py claim
 
 An argument indented by two spaces cuts inside a function (the function
-returns nil, 0 there). Needs valgrind, redis-server, a release build of
+returns nil, 0 there; a step that returns nothing counts as a cut step).
+
+`breakdown` runs the whole step and the cuts of SECTIONS below, and prints
+what each part of the step costs (the difference between two cuts):
+
+    FILL=3000 python3 scripts/lua-cost.py breakdown Needs valgrind, redis-server, a release build of
 `prizepool` (PRIZEPOOL, default target/release/prizepool) and the redis
 Python package, which the script installs into target/lua-cost-venv.
 """
@@ -75,8 +80,15 @@ def library(name, cut=None):
         if cut not in prelude:
             sys.exit(f"no such line in the prelude: {cut!r}")
         prelude = prelude.replace(cut, early + cut, 1)
+    many = read("lib/many.lua")
+    if cut:
+        # A step cut inside a function returns nothing.
+        call = "step({unpack(ARGV, i, i + per - 1)})"
+        if call not in many:
+            sys.exit("lib/many.lua no longer calls the step as this script expects")
+        many = many.replace(call, call + " or {'cut', '', 0}", 1)
     return (f"#!lua name={name}\nlocal KEYS, ARGV\n{prelude}\n"
-            f"local function body()\n{read('lib/many.lua')}\nend\n"
+            f"local function body()\n{many}\nend\n"
             f"redis.register_function('{name}', function(keys, args)\n"
             "KEYS, ARGV = keys, args\nOPEN = {}\nreturn body()\nend)\n")
 
@@ -157,7 +169,41 @@ def measure(cut):
     sys.exit("callgrind wrote no dump")
 
 
+# The parts of a draw step, in the order it runs them: each is named by the
+# line before which the part ends (None: the end of the step).
+SECTIONS = [
+    ("the call itself: FCALL, its arguments, the driver, the reply",
+     "local m = redis.call('HMGET', KEYS[1], 'kind'"),
+    ("one HMGET of the pool's meta", "local seen = replay_award(KEYS[1]"),
+    ("the answer store's lookup: open it, read the bucket", "if m[1] ~= 'lucky_gift' or m[10] == 'sparse'"),
+    ("checks, the jackpot gate, the position tracker", "local plan, in_pool = jackpot_pick("),
+    ("the pick: LPOP of the prizes, their codes and positions", "local codes, origins = jackpot_take(KEYS[3], plan)"),
+    ("held jackpots and the refill flag", "return draw_award({meta = KEYS[1]"),
+    ("the fairness record", "  local serial = (tonumber(d.drawn) or 0) + d.count"),
+    ("one HSET of the pool's meta", "  local version, asset = d.version or '0', d.asset or 'coin'"),
+    ("the answer's text and its stored form", "  remember(d.result, d.token, award_stored("),
+    ("the answer store's write: the bucket rebuilt and SET", None),
+]
+
+
+def breakdown():
+    rows, before = [], 0
+    for name, cut in SECTIONS:
+        total, status = measure(cut)
+        if cut is None and status != "ok":
+            sys.exit(f"the whole step answered {status!r}, not ok")
+        rows.append((name, total - before, total))
+        before = total
+    print("| part of the draw step | instructions | up to here |")
+    print("|---|---|---|")
+    for name, own, total in rows:
+        print(f"| {name} | {own:,} | {total:,} |")
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["breakdown"]:
+        breakdown()
+        sys.exit(0)
     for arg in sys.argv[1:] or ["-"]:
         per_call, status = measure(None if arg == "-" else arg)
         status = {"1": "claimed"}.get(status, status)

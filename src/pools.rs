@@ -143,15 +143,21 @@ fn check_layout_kept(config: &PoolConfig, before: &serde_json::Value) -> anyhow:
 
 /// Writes a sharded pool's own meta, last, once every sub-pool is
 /// configured and stocked: from now on draws of the pool find it and go to
-/// its sub-pools.
+/// its sub-pools. The hash is kept for good (`PERSIST`, in the same
+/// transaction): a refusal remembered for the pool before it was loaded
+/// made the hash expire with the answer store's epochs, and a pool whose
+/// meta expired would be unknown again.
 async fn open_sharded<C: ConnectionLike + Send>(
     redis: &mut C,
     prefix: &str,
     config: &PoolConfig,
     version: i32,
 ) -> anyhow::Result<()> {
-    redis::cmd("HSET")
-        .arg(PoolKeys::new(prefix, &config.id).meta())
+    let meta = PoolKeys::new(prefix, &config.id).meta();
+    redis::pipe()
+        .atomic()
+        .cmd("HSET")
+        .arg(&meta)
         .arg("kind")
         .arg(lucky_gift::KIND)
         .arg("storage")
@@ -164,6 +170,10 @@ async fn open_sharded<C: ConnectionLike + Send>(
         .arg(config.shards)
         .arg("version")
         .arg(version)
+        .ignore()
+        .cmd("PERSIST")
+        .arg(&meta)
+        .ignore()
         .query_async::<()>(redis)
         .await
         .with_context(|| format!("writing pool {} to Redis", config.id))

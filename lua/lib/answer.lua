@@ -34,13 +34,17 @@
 -- epochs, newest first, as "<start>:<length>:<buckets>[o][h];..." (o: an
 -- epoch whose full string buckets gave records keys of their own; the start also
 -- names the epoch's buckets; the length is a quarter of the answer TTL of
--- the writer that opened it). A write at or after start + length opens a
--- new epoch; an epoch's buckets expire 5 lengths (and SKEW) after it
--- starts, and a lookup reads the current epoch and the EPOCHS - 1 before it
--- (one HGET per hash epoch), so a record is kept at least 4 lengths (its opener's TTL)
--- and at most a quarter more. A fleet whose workers disagree on the TTL
--- keeps every answer at least the shorter of the two; changing the TTL
--- changes the length of the next epoch and loses nothing.
+-- the writer that opened it and of SKEW). A write at or after start +
+-- length opens a new epoch; an epoch's buckets expire 5 lengths (and SKEW)
+-- after it starts, and a lookup reads the current epoch and the EPOCHS - 1
+-- before it (one HGET per hash epoch), so a record is kept at least 4
+-- lengths (its opener's TTL and SKEW) and at most a quarter more. The SKEW
+-- in the length keeps the TTL whole for a record whose `now` is behind the
+-- time it is written (a step run a few seconds after its claim read the
+-- clock, in the last seconds of an epoch) and for a reader whose clock runs
+-- ahead. A fleet whose workers disagree on the TTL keeps every answer at
+-- least the shorter of the two; changing the TTL changes the length of the
+-- next epoch and loses nothing.
 --
 -- Growth. An epoch starts with one bucket and grows by linear hashing, so a
 -- lookup reads exactly one bucket per epoch: with n buckets (2^L <= n <
@@ -203,7 +207,7 @@ end
 local function store_open(key, token, pre, at)
   local ttl, hashes, now, rest = string.match(token, '^(%d+)(h?):(%d*):(.*)$')
   if now == '' then now = tonumber(redis.call('TIME')[1]) else now = tonumber(now) end
-  local s = {key = key, meta = meta_of(key), len = math.max(1, math.ceil(tonumber(ttl) / (EPOCHS - 1))),
+  local s = {key = key, meta = meta_of(key), len = math.ceil((tonumber(ttl) + SKEW) / (EPOCHS - 1)),
     now = now, d = string.sub(rest, 1, 16), fp = string.sub(rest, 17, 24), epochs = {},
     hashes = hashes == 'h'}
   -- A claim store's records are all 24 bytes.
@@ -344,10 +348,16 @@ local function store_put(s, value)
     s.epochs[EPOCHS + 1] = nil
     s.cur = ''
     redis.call('HSET', s.meta, 'r.e', epochs_text(s))
+    local exp = 0
+    for _, x in ipairs(s.epochs) do exp = math.max(exp, expiry_of(x[1], x[2])) end
     if s.meta == s.key or s.ephemeral then
-      local exp = 0
-      for _, x in ipairs(s.epochs) do exp = math.max(exp, expiry_of(x[1], x[2])) end
       redis.call('EXPIREAT', s.meta, exp)
+    else
+      -- A meta hash that expires (a red packet's, kept a while after it
+      -- closed) lives at least as long as the epochs it lists, so answers
+      -- stored after it was given its expiry keep their retention. GT
+      -- leaves a hash kept for good (a loaded pool's) as it is.
+      redis.call('EXPIREAT', s.meta, exp, 'GT')
     end
   end
   local exp = expiry_of(e[1], e[2])

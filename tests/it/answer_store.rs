@@ -334,54 +334,109 @@ async fn a_changed_ttl_finds_every_answer_stored_before() {
     }
 }
 
+/// The tokens of request `id` (content 1, TTL `ttl`) carrying the time `now`.
+fn tokens_at(env: &TestEnv, id: &str, ttl: u64, now: u64) -> Tokens {
+    let mut t = tokens(env, id, 1, ttl);
+    t.at(now);
+    t
+}
+
 #[tokio::test]
-async fn an_answer_is_kept_its_ttl_and_forgotten_a_quarter_later() {
+async fn an_answer_is_kept_its_ttl_and_the_skew_and_forgotten_a_quarter_later() {
     let env = TestEnv::new(&[]).await;
     let store = env.keys("epochs").results();
-    // TTL 4 s: epochs of 1 s; an answer is found for 4 to 5 s.
-    let a = tokens(&env, "first", 1, 4);
+    let mut redis = env.redis.clone();
+    let (ttl, skew) = (86_400, answer::CLOCK_SKEW_S);
+    // Epochs last a quarter of the TTL and the clock skew allowed. The
+    // tokens name the times; Redis's clock only expires the buckets.
+    let len = (ttl + skew).div_ceil(4);
+    let (start, _): (u64, u64) = redis::cmd("TIME").query_async(&mut redis).await.unwrap();
+    let (env, store) = (&env, &store);
+    let found = move |id: &'static str, now: u64| {
+        let t = tokens_at(env, id, ttl, now);
+        async move { peek(env, store, &t.answer).await }
+    };
     assert_eq!(
-        remember(&env, &store, &a.answer, ErrorCode::SoldOut).await,
+        remember(
+            &env,
+            &store,
+            &tokens_at(&env, "first", ttl, start).answer,
+            ErrorCode::SoldOut
+        )
+        .await,
         None
     );
-    // Every bucket expires five epochs (and the clock skew allowed) on.
-    let mut redis = env.redis.clone();
+    // Every bucket expires five epochs and the skew after its epoch starts.
     for key in keys(&env, &format!("{store}:*")).await {
-        let ttl: i64 = redis::cmd("TTL")
+        let left: u64 = redis::cmd("TTL")
             .arg(&key)
             .query_async(&mut redis)
             .await
             .unwrap();
-        assert!((4..=5 + 300).contains(&ttl), "{key}: {ttl}");
-    }
-    // A write in each second opens an epoch; the first answer is found
-    // through its whole TTL.
-    for i in 0..4 {
-        tokio::time::sleep(Duration::from_millis(900)).await;
-        let t = tokens(&env, &format!("later-{i}"), 1, 4);
-        assert_eq!(
-            remember(&env, &store, &t.answer, ErrorCode::SoldOut).await,
-            None
-        );
-        assert_eq!(
-            peek(&env, &store, &a.answer).await.as_deref(),
-            Some(&b"!sold_out"[..]),
-            "kept for its TTL (second {i})"
+        assert!(
+            (5 * len + skew - 10..=5 * len + skew).contains(&left),
+            "{key}: {left}"
         );
     }
-    tokio::time::sleep(Duration::from_millis(2_200)).await;
-    let c = tokens(&env, "last", 1, 4);
+    // A request answered in the last second of the epoch, by a step whose
+    // `now` (its claim's) is behind the time it ran, is found a whole TTL
+    // later by a reader whose clock runs the allowed skew ahead.
+    let last = start + len - 1;
     assert_eq!(
-        remember(&env, &store, &c.answer, ErrorCode::SoldOut).await,
+        remember(
+            &env,
+            &store,
+            &tokens_at(&env, "last", ttl, last).answer,
+            ErrorCode::SoldOut
+        )
+        .await,
         None
     );
     assert_eq!(
-        peek(&env, &store, &a.answer).await,
-        None,
-        "forgotten once five epochs have passed"
+        found("last", last + ttl + skew - 1).await.as_deref(),
+        Some(&b"!sold_out"[..]),
+        "kept its TTL and the skew"
+    );
+    // A write in each later epoch opens it; the first answer is found in
+    // every one of them.
+    for i in 1..5 {
+        let now = start + i * len;
+        let id = format!("epoch-{i}");
+        assert_eq!(
+            remember(
+                &env,
+                &store,
+                &tokens_at(&env, &id, ttl, now).answer,
+                ErrorCode::SoldOut
+            )
+            .await,
+            None
+        );
+        assert_eq!(
+            found("first", now + len - 1).await.as_deref(),
+            Some(&b"!sold_out"[..]),
+            "kept through epoch {i}"
+        );
+    }
+    let after = start + 5 * len;
+    assert_eq!(
+        remember(
+            &env,
+            &store,
+            &tokens_at(&env, "after", ttl, after).answer,
+            ErrorCode::SoldOut
+        )
+        .await,
+        None
     );
     assert_eq!(
-        peek(&env, &store, &c.answer).await.as_deref(),
+        found("first", after).await,
+        None,
+        "forgotten five epochs on"
+    );
+    assert_eq!(found("last", after).await, None, "forgotten five epochs on");
+    assert_eq!(
+        found("after", after).await.as_deref(),
         Some(&b"!sold_out"[..])
     );
 }
@@ -424,7 +479,13 @@ async fn a_long_answer_is_kept_whole_in_a_key_of_its_own() {
 async fn a_refusal_for_a_missing_pool_expires_unless_the_pool_is_loaded() {
     let env = TestEnv::new(&[]).await;
     let mut redis = env.redis.clone();
-    for (pool, load) in [("ghost", false), ("later", true)] {
+    // A sharded pool's own meta hash is written by the load (its sub-pools
+    // by their configuration), and must be kept all the same.
+    for (pool, load) in [
+        ("ghost", None),
+        ("later", Some("")),
+        ("split", Some("shards = 2")),
+    ] {
         let store = env.keys(pool).results();
         let meta = env.keys(pool).meta();
         let t = tokens(&env, &format!("{pool}-1"), 1, 90_000);
@@ -445,8 +506,8 @@ async fn a_refusal_for_a_missing_pool_expires_unless_the_pool_is_loaded() {
             .await
             .unwrap();
         assert!(ttl > 90_000, "{pool}: {ttl}");
-        if load {
-            env.load(&common::pool_toml(pool, "", &[("a", &[(1, 10)])]))
+        if let Some(extra) = load {
+            env.load(&common::pool_toml(pool, extra, &[("a", &[(1, 10)])]))
                 .await;
             let ttl: i64 = redis::cmd("TTL")
                 .arg(&meta)
@@ -460,6 +521,51 @@ async fn a_refusal_for_a_missing_pool_expires_unless_the_pool_is_loaded() {
             remember(&env, &store, &t.answer, ErrorCode::PoolExhausted).await,
             Some(ScriptReply::Refused(Refusal::new(ErrorCode::UnknownPool))),
             "{pool}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_meta_hash_that_expires_outlives_the_epochs_it_lists() {
+    let env = TestEnv::new(&[]).await;
+    let mut redis = env.redis.clone();
+    // A closed red packet's meta hash is kept a while, then expires; a
+    // loaded pool's is kept for good. Answers stored after the packet
+    // closed open epochs the hash must outlive.
+    for (pool, expires) in [("closing", true), ("kept", false)] {
+        let meta = env.keys(pool).meta();
+        let mut set = redis::pipe();
+        set.cmd("HSET")
+            .arg(&meta)
+            .arg("kind")
+            .arg("red_packet")
+            .ignore();
+        if expires {
+            set.cmd("EXPIRE").arg(&meta).arg(60).ignore();
+        }
+        set.query_async::<()>(&mut redis).await.unwrap();
+        let t = tokens(&env, &format!("{pool}-1"), 1, 90_000);
+        let store = env.keys(pool).results();
+        assert_eq!(
+            remember(&env, &store, &t.answer, ErrorCode::SoldOut).await,
+            None
+        );
+        let ttl: i64 = redis::cmd("TTL")
+            .arg(&meta)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        if expires {
+            assert!(
+                ttl > 90_000,
+                "{pool}: the hash expires before its epochs: {ttl}"
+            );
+        } else {
+            assert_eq!(ttl, -1, "{pool}: a hash kept for good stays so");
+        }
+        assert_eq!(
+            peek(&env, &store, &t.answer).await.as_deref(),
+            Some(&b"!sold_out"[..])
         );
     }
 }
@@ -683,7 +789,7 @@ async fn answers_and_claims_survive_a_change_of_bucket_layout() {
         // Retries a quarter of the TTL later, past the first epoch: a new
         // epoch opens, in layout `then`, and every answer is found in the
         // old one; new requests go to the new one.
-        let later = now + 90_000 / 4 + 1;
+        let later = now + (90_000 + answer::CLOCK_SKEW_S).div_ceil(4) + 1;
         // A new request at `later`, by a worker of layout `hashes`.
         let fresh = |i: u32, hashes: bool| {
             let mut t = tokens(&env, &format!("new-{}", id(i)), 1, 90_000);
