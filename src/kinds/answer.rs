@@ -345,15 +345,29 @@ pub async fn remember<C: ConnectionLike + Send>(
     token: &[u8],
     refusal: &Refusal,
 ) -> Result<Option<ScriptReply>, HandleError> {
+    remember_unless(conn, scripts, results, token, refusal, false).await
+}
+
+/// [`remember`], and with `only_while_absent` only while the pool of the
+/// store is not there: for an `unknown_pool` decided before the pool's
+/// load finished. Then a pool that is there now stores nothing and answers
+/// [`ScriptReply::Retry`]: the request is routed again.
+pub async fn remember_unless<C: ConnectionLike + Send>(
+    conn: &mut C,
+    scripts: &Scripts,
+    results: &str,
+    token: &[u8],
+    refusal: &Refusal,
+    only_while_absent: bool,
+) -> Result<Option<ScriptReply>, HandleError> {
     // A stored award comes back in its stored form (binary: lua/lib/award.lua);
     // the caller replays it through the kind's step, so its text is not read.
-    let (status, text, number): (String, Vec<u8>, u64) = scripts
-        .remember_refusal
-        .key(results)
-        .arg(token)
-        .arg(&refusal.body()[1..])
-        .invoke_async(conn)
-        .await?;
+    let mut call = scripts.remember_refusal.key(results);
+    call.arg(token).arg(&refusal.body()[1..]);
+    if only_while_absent {
+        call.arg("absent");
+    }
+    let (status, text, number): (String, Vec<u8>, u64) = call.invoke_async(conn).await?;
     let text = String::from_utf8_lossy(&text).into_owned();
     match ScriptReply::read(&status, text, number, "request_id", "")? {
         ScriptReply::Refused(stored) if status == "refused" && stored == *refusal => Ok(None),

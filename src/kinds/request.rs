@@ -23,10 +23,15 @@
 //!    is there yet. If a concurrent copy of the request drew meanwhile, its
 //!    stored award wins: the kind's step replays it and both copies answer
 //!    the same.
+//!    An `unknown_pool` is stored only while the pool is not there: a
+//!    load that finished after the route routes the request again, so no
+//!    answer lands under a sharded pool's own id once its draws go to its
+//!    sub-pools.
 //! 4. **Bad for this pool frees the id.** A step that finds the request
 //!    invalid for its pool (a count past the pool's maximum) stored nothing;
 //!    the claim is released so the id can carry the request the upstream
-//!    meant to send.
+//!    meant to send. A claim two copies of the request took is kept: the
+//!    other copy may have drawn meanwhile (`claim.lua`).
 
 use super::{
     answer::{self, Claim, Refusal, ScriptReply, Tokens},
@@ -95,36 +100,48 @@ impl Kinds {
         if answer::claim(&mut conn, self.scripts(), &mut tokens).await? == Claim::Reused {
             return Err(answer::reused("request_id", &req.request_id));
         }
-        match self.route(&req.pool, req.user_id).await? {
-            Some((kind, home)) => {
-                if home != req.pool && self.answered_before(&req.pool).await? {
-                    if let Some(refusal) = self.answer_before_shards(&req.pool, &tokens).await? {
-                        return Ok(Opened::Answered(req, Step::Refused(refusal)));
-                    }
-                }
-                Ok(Opened::Ready(Prepared {
-                    req,
-                    tokens,
-                    kind,
-                    home,
-                    ttl,
-                }))
+        let mut routed = self.route(&req.pool, req.user_id).await?;
+        if routed.is_none() {
+            let ask = Ask {
+                request_id: &req.request_id,
+                pool: &req.pool,
+                user: req.user_id,
+                count: req.count,
+                token: &tokens.answer,
+                result_ttl_s: ttl,
+            };
+            let unknown = Refusal::new(ErrorCode::UnknownPool);
+            // Stored only while the pool is not there: a load that finished
+            // since the route routes the request again, so no answer lands
+            // under a pool's own id once its draws go elsewhere.
+            if let Some(step) = self.settle_refusal(&ask, unknown.clone(), true).await? {
+                return Ok(Opened::Answered(req, step));
             }
-            None => {
-                let ask = Ask {
-                    request_id: &req.request_id,
-                    pool: &req.pool,
-                    user: req.user_id,
-                    count: req.count,
-                    token: &tokens.answer,
-                    result_ttl_s: ttl,
-                };
-                let step = self
-                    .settle_refusal(&ask, Refusal::new(ErrorCode::UnknownPool))
-                    .await?;
-                Ok(Opened::Answered(req, step))
+            routed = self.route(&req.pool, req.user_id).await?;
+            if routed.is_none() {
+                // There, but not a pool a draw may name (a sub-pool).
+                let step = self.settle_refusal(&ask, unknown, false).await?;
+                let step = step.ok_or_else(|| {
+                    HandleError::internal("a refusal was stored only while its pool is absent")
+                })?;
+                return Ok(Opened::Answered(req, step));
             }
         }
+        let Some((kind, home)) = routed else {
+            return Err(HandleError::internal("a routed request lost its route"));
+        };
+        if home != req.pool && self.answered_before(&req.pool).await? {
+            if let Some(refusal) = self.answer_before_shards(&req.pool, &tokens).await? {
+                return Ok(Opened::Answered(req, Step::Refused(refusal)));
+            }
+        }
+        Ok(Opened::Ready(Prepared {
+            req,
+            tokens,
+            kind,
+            home,
+            ttl,
+        }))
     }
 
     /// The refusal stored for the request in the answer store of `pool`
@@ -198,33 +215,55 @@ impl Kinds {
     /// answer, unless a concurrent copy of the request was answered
     /// meanwhile (then that answer is the draw's).
     pub async fn exhausted(&self, draw: &Prepared) -> Result<Step, HandleError> {
-        self.settle_refusal(&draw.ask(), Refusal::new(ErrorCode::PoolExhausted))
-            .await
+        self.settle_refusal(&draw.ask(), Refusal::new(ErrorCode::PoolExhausted), false)
+            .await?
+            .ok_or_else(|| HandleError::internal("a pool_exhausted was not stored"))
     }
 
     /// Stores `refusal` as the answer of `ask` in its pool's answer store;
     /// the answer stored already, if any, wins (an award is replayed by
-    /// the kind's step).
-    async fn settle_refusal(&self, ask: &Ask<'_>, refusal: Refusal) -> Result<Step, HandleError> {
+    /// the kind's step). With `only_while_absent`, a pool that is there
+    /// now stores nothing and gives `None`: the caller routes again.
+    async fn settle_refusal(
+        &self,
+        ask: &Ask<'_>,
+        refusal: Refusal,
+        only_while_absent: bool,
+    ) -> Result<Option<Step>, HandleError> {
         let mut conn = self.redis();
         let results = self.keys(ask.pool).results();
-        match answer::remember(&mut conn, self.scripts(), &results, ask.token, &refusal).await? {
-            None => Ok(Step::Refused(refusal)),
-            Some(ScriptReply::Refused(stored)) => Ok(Step::Refused(stored)),
+        let stored = answer::remember_unless(
+            &mut conn,
+            self.scripts(),
+            &results,
+            ask.token,
+            &refusal,
+            only_while_absent,
+        )
+        .await?;
+        let step = match stored {
+            None => Step::Refused(refusal),
+            Some(ScriptReply::Retry) if only_while_absent => return Ok(None),
+            Some(ScriptReply::Refused(stored)) => Step::Refused(stored),
             Some(_) => match self.resolve(ask.pool).await? {
                 Some(kind) => match self.draw(kind, ask).await? {
-                    Step::Short { .. } => Err(HandleError::internal(format!(
-                        "request {} has a stored award its pool cannot replay",
-                        ask.request_id
-                    ))),
-                    replayed => Ok(replayed),
+                    Step::Short { .. } => {
+                        return Err(HandleError::internal(format!(
+                            "request {} has a stored award its pool cannot replay",
+                            ask.request_id
+                        )))
+                    }
+                    replayed => replayed,
                 },
-                None => Err(HandleError::internal(format!(
-                    "request {} has a stored award on an unknown pool",
-                    ask.request_id
-                ))),
+                None => {
+                    return Err(HandleError::internal(format!(
+                        "request {} has a stored award on an unknown pool",
+                        ask.request_id
+                    )))
+                }
             },
-        }
+        };
+        Ok(Some(step))
     }
 
     /// A lottery grant: binds the grant id to its content, then adds the

@@ -351,10 +351,12 @@ async fn an_answer_is_kept_its_ttl_and_the_skew_and_forgotten_a_quarter_later() 
     // tokens name the times; Redis's clock only expires the buckets.
     let len = (ttl + skew).div_ceil(4);
     let (start, _): (u64, u64) = redis::cmd("TIME").query_async(&mut redis).await.unwrap();
-    let (env, store) = (&env, &store);
-    let found = move |id: &'static str, now: u64| {
-        let t = tokens_at(env, id, ttl, now);
-        async move { peek(env, store, &t.answer).await }
+    let found = {
+        let (env, store) = (&env, &store);
+        move |id: &'static str, now: u64| {
+            let t = tokens_at(env, id, ttl, now);
+            async move { peek(env, store, &t.answer).await }
+        }
     };
     assert_eq!(
         remember(
@@ -521,6 +523,104 @@ async fn a_refusal_for_a_missing_pool_expires_unless_the_pool_is_loaded() {
             remember(&env, &store, &t.answer, ErrorCode::PoolExhausted).await,
             Some(ScriptReply::Refused(Refusal::new(ErrorCode::UnknownPool))),
             "{pool}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_claim_taken_by_two_copies_is_not_freed_by_one_refused_as_invalid() {
+    let env = TestEnv::new(&[]).await;
+    let mut redis = env.redis.clone();
+    for strings in [true, false] {
+        let tokens = |id: &str, content: u32| {
+            tokens(&env, &format!("{strings}-{id}"), content, 90_000).with_hash_buckets(!strings)
+        };
+        // Two copies of one request claim its id; one is refused as
+        // invalid (its pool changed) and frees what it claimed, while the
+        // other may have drawn: the id stays bound to its content.
+        let mut first = tokens("twice", 1);
+        let mut second = tokens("twice", 1);
+        for copy in [&mut first, &mut second] {
+            assert_eq!(
+                answer::claim(&mut redis, &env.scripts, copy).await.unwrap(),
+                Claim::Ours
+            );
+        }
+        answer::release(&mut redis, &env.scripts, &first)
+            .await
+            .unwrap();
+        assert_eq!(
+            answer::claim(&mut redis, &env.scripts, &mut tokens("twice", 2))
+                .await
+                .unwrap(),
+            Claim::Reused,
+            "strings: {strings}"
+        );
+        assert_eq!(
+            answer::claim(&mut redis, &env.scripts, &mut tokens("twice", 1))
+                .await
+                .unwrap(),
+            Claim::Ours
+        );
+        // A claim of one copy is freed: other content may take the id.
+        let once = tokens("once", 1);
+        assert_eq!(
+            answer::claim(&mut redis, &env.scripts, &mut once.clone())
+                .await
+                .unwrap(),
+            Claim::Ours
+        );
+        answer::release(&mut redis, &env.scripts, &once)
+            .await
+            .unwrap();
+        assert_eq!(
+            answer::claim(&mut redis, &env.scripts, &mut tokens("once", 2))
+                .await
+                .unwrap(),
+            Claim::Ours,
+            "strings: {strings}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_unknown_pool_is_remembered_only_while_the_pool_is_not_there() {
+    let env = TestEnv::new(&[]).await;
+    let mut redis = env.redis.clone();
+    let unknown = Refusal::new(ErrorCode::UnknownPool);
+    // A pool that is not there: the refusal is stored.
+    let t = tokens(&env, "ghost-1", 1, 90_000);
+    let store = env.keys("ghost").results();
+    assert_eq!(
+        answer::remember_unless(&mut redis, &env.scripts, &store, &t.answer, &unknown, true)
+            .await
+            .unwrap(),
+        None
+    );
+    // A pool whose load finished after the request was routed (sharded or
+    // not): nothing is stored under its own id, the request routes again.
+    for (pool, extra) in [("plain", ""), ("split", "shards = 2")] {
+        env.load(&common::pool_toml(pool, extra, &[("a", &[(1, 10)])]))
+            .await;
+        let t = tokens(&env, &format!("{pool}-1"), 1, 90_000);
+        let store = env.keys(pool).results();
+        assert_eq!(
+            answer::remember_unless(&mut redis, &env.scripts, &store, &t.answer, &unknown, true)
+                .await
+                .unwrap(),
+            Some(ScriptReply::Retry),
+            "{pool}"
+        );
+        assert_eq!(peek(&env, &store, &t.answer).await, None, "{pool}");
+        let epochs: Option<String> = redis::cmd("HGET")
+            .arg(env.keys(pool).meta())
+            .arg("r.e")
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        assert_eq!(
+            epochs, None,
+            "{pool}: no answer store under the pool's own id"
         );
     }
 }
