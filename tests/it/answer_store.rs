@@ -541,42 +541,25 @@ async fn a_claim_taken_by_two_copies_is_not_freed_by_one_refused_as_invalid() {
         let mut first = tokens("twice", 1);
         let mut second = tokens("twice", 1);
         for copy in [&mut first, &mut second] {
-            assert_eq!(
-                answer::claim(&mut redis, &env.scripts, copy).await.unwrap(),
-                Claim::Ours
-            );
+            assert_eq!(claimed(&env, copy).await, Claim::Ours);
         }
         answer::release(&mut redis, &env.scripts, &first)
             .await
             .unwrap();
         assert_eq!(
-            answer::claim(&mut redis, &env.scripts, &mut tokens("twice", 2))
-                .await
-                .unwrap(),
+            claimed(&env, &mut tokens("twice", 2)).await,
             Claim::Reused,
             "strings: {strings}"
         );
-        assert_eq!(
-            answer::claim(&mut redis, &env.scripts, &mut tokens("twice", 1))
-                .await
-                .unwrap(),
-            Claim::Ours
-        );
+        assert_eq!(claimed(&env, &mut tokens("twice", 1)).await, Claim::Ours);
         // A claim of one copy is freed: other content may take the id.
         let once = tokens("once", 1);
-        assert_eq!(
-            answer::claim(&mut redis, &env.scripts, &mut once.clone())
-                .await
-                .unwrap(),
-            Claim::Ours
-        );
+        assert_eq!(claimed(&env, &mut once.clone()).await, Claim::Ours);
         answer::release(&mut redis, &env.scripts, &once)
             .await
             .unwrap();
         assert_eq!(
-            answer::claim(&mut redis, &env.scripts, &mut tokens("once", 2))
-                .await
-                .unwrap(),
+            claimed(&env, &mut tokens("once", 2)).await,
             Claim::Ours,
             "strings: {strings}"
         );
