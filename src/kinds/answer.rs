@@ -337,22 +337,11 @@ pub fn reused(field: &str, id: &str) -> HandleError {
 
 /// Stores `refusal` as the answer of the request with `token` in the answer
 /// store `results`, unless it has an answer already. Returns `None` when the
-/// refusal was stored, or the stored answer's reply.
-pub async fn remember<C: ConnectionLike + Send>(
-    conn: &mut C,
-    scripts: &Scripts,
-    results: &str,
-    token: &[u8],
-    refusal: &Refusal,
-) -> Result<Option<ScriptReply>, HandleError> {
-    remember_unless(conn, scripts, results, token, refusal, false).await
-}
-
-/// [`remember`], and with `only_while_absent` only while the pool of the
-/// store is not there: for an `unknown_pool` decided before the pool's
-/// load finished. Then a pool that is there now stores nothing and answers
+/// refusal was stored, or the stored answer's reply. With
+/// `only_while_absent` (an `unknown_pool` decided before the pool's load
+/// finished), a pool that is there now stores nothing and answers
 /// [`ScriptReply::Retry`]: the request is routed again.
-pub async fn remember_unless<C: ConnectionLike + Send>(
+pub async fn remember<C: ConnectionLike + Send>(
     conn: &mut C,
     scripts: &Scripts,
     results: &str,

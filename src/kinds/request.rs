@@ -232,7 +232,7 @@ impl Kinds {
     ) -> Result<Option<Step>, HandleError> {
         let mut conn = self.redis();
         let results = self.keys(ask.pool).results();
-        let stored = answer::remember_unless(
+        let stored = answer::remember(
             &mut conn,
             self.scripts(),
             &results,

@@ -33,9 +33,16 @@ async fn remember(
     code: ErrorCode,
 ) -> Option<ScriptReply> {
     let mut redis = env.redis.clone();
-    answer::remember(&mut redis, &env.scripts, store, token, &Refusal::new(code))
-        .await
-        .unwrap()
+    answer::remember(
+        &mut redis,
+        &env.scripts,
+        store,
+        token,
+        &Refusal::new(code),
+        false,
+    )
+    .await
+    .unwrap()
 }
 
 /// Claims a raw claim token (`"<ttl>::" ‖ digest ‖ fingerprint`) in `store`.
@@ -575,7 +582,7 @@ async fn an_unknown_pool_is_remembered_only_while_the_pool_is_not_there() {
     let t = tokens(&env, "ghost-1", 1, 90_000);
     let store = env.keys("ghost").results();
     assert_eq!(
-        answer::remember_unless(&mut redis, &env.scripts, &store, &t.answer, &unknown, true)
+        answer::remember(&mut redis, &env.scripts, &store, &t.answer, &unknown, true)
             .await
             .unwrap(),
         None
@@ -588,7 +595,7 @@ async fn an_unknown_pool_is_remembered_only_while_the_pool_is_not_there() {
         let t = tokens(&env, &format!("{pool}-1"), 1, 90_000);
         let store = env.keys(pool).results();
         assert_eq!(
-            answer::remember_unless(&mut redis, &env.scripts, &store, &t.answer, &unknown, true)
+            answer::remember(&mut redis, &env.scripts, &store, &t.answer, &unknown, true)
                 .await
                 .unwrap(),
             Some(ScriptReply::Retry),
