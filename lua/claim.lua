@@ -14,43 +14,37 @@
 --          claimed by more than one copy
 --
 -- A claim found again for the same content (a second copy of the request:
--- a redelivery, a retry) is marked shared: a record under the id's digest
--- with its last byte flipped, in the same bucket (a record's bucket follows
--- bytes 4-6 of its digest). A shared claim is never released: the copy
--- refused as invalid cannot know whether another copy, claimed under the
--- same binding, has drawn since (its pool may have changed meanwhile), and
--- freeing the id would let other content take it and draw too. No id's
--- digest is the flipped one short of breaking SHA-256.
+-- a redelivery, a retry) is marked shared (claim_mark in lib/answer.lua,
+-- holding the same fingerprint). A shared claim is never released: the
+-- copy refused as invalid cannot know whether another copy, claimed under
+-- the same binding, has drawn since (its pool may have changed meanwhile),
+-- and freeing the id would let other content take it and draw too. When it
+-- is marked, the claim moves to the newest epoch with its mark, so the two
+-- expire together (whatever TTL each copy had) and a mark never outlives
+-- its claim to hold a later binding of the id.
 
 local s = store_open(KEYS[1], ARGV[1])
 local prev = store_find(s)
 
--- The store opened for the shared mark of the same id.
-local function shared_mark()
-  local m = {}
-  for k, v in pairs(s) do m[k] = v end
-  m.epochs = {}
-  for i, e in ipairs(s.epochs) do m.epochs[i] = {e[1], e[2], e[3], e[4], e[5]} end
-  local last = string.byte(s.d, 16)
-  m.d = string.sub(s.d, 1, 15) .. string.char(255 - last)
-  m.cur = nil
-  return m
-end
-
 if ARGV[2] == 'release' then
-  if prev == s.fp and not store_find(shared_mark()) then
+  -- A mark of another binding (other content) is no mark of this one.
+  if prev == s.fp and store_find(claim_mark(s)) ~= s.fp then
     store_drop(s)
     return {1, s.now}
   end
   return {0, s.now}
 end
 if prev then
-  if prev == s.fp then
-    local m = shared_mark()
-    if not store_find(m) then store_put(m, s.fp) end
-    return {1, s.now}
+  if prev ~= s.fp then return {0, s.now} end
+  local m = claim_mark(s)
+  local mark = store_find(m)
+  if mark ~= s.fp then
+    if mark then store_drop(m) end
+    store_drop(s)
+    store_put(store_open(KEYS[1], ARGV[1]), s.fp)
+    store_put(claim_mark(store_open(KEYS[1], ARGV[1])), s.fp)
   end
-  return {0, s.now}
+  return {1, s.now}
 end
 store_put(s, s.fp)
 return {1, s.now}

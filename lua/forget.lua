@@ -12,5 +12,12 @@
 
 local s = store_open(KEYS[1], ARGV[1])
 local value = store_find(s)
-if value and ARGV[3] == 'forget' then store_drop(s) end
+if value and ARGV[3] == 'forget' then
+  store_drop(s)
+  -- A claim's shared mark (claim.lua) goes with it.
+  if ARGV[2] == 'claim' then
+    local m = claim_mark(s)
+    if store_find(m) then store_drop(m) end
+  end
+end
 return value

@@ -390,6 +390,19 @@ async fn an_answer_is_kept_its_ttl_and_the_skew_and_forgotten_a_quarter_later() 
     // A request answered in the last second of the epoch, by a step whose
     // `now` (its claim's) is behind the time it ran, is found a whole TTL
     // later by a reader whose clock runs the allowed skew ahead.
+    // The epoch's last second, as the store's meta hash gives it.
+    let epochs: String = redis::cmd("HGET")
+        .arg(env.keys("epochs").meta())
+        .arg("r.e")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let geometry: Vec<u64> = epochs
+        .split(':')
+        .take(2)
+        .map(|n| n.parse().unwrap())
+        .collect();
+    assert_eq!(geometry, [start, len], "{epochs}");
     let last = start + len - 1;
     assert_eq!(
         remember(
@@ -612,6 +625,98 @@ async fn an_unknown_pool_is_remembered_only_while_the_pool_is_not_there() {
             epochs, None,
             "{pool}: no answer store under the pool's own id"
         );
+    }
+}
+
+/// Runs claim.lua (`op`: "claim" or "release") or forget.lua (`op`:
+/// "forget") in claim store `store` for digest `d` and content `c`, with
+/// TTL `ttl`, at time `now`, opening hash buckets with `hashes`.
+async fn claim_at(env: &TestEnv, store: &str, d: u8, c: u8, at: (u64, u64, bool), op: &str) -> i64 {
+    let (ttl, now, hashes) = at;
+    let mut token = format!("{ttl}{}:{now}:", if hashes { "h" } else { "" }).into_bytes();
+    token.extend_from_slice(&[d; 16]);
+    token.extend_from_slice(&[c; 8]);
+    let mut redis = env.redis.clone();
+    if op == "forget" {
+        let forgot: Option<Vec<u8>> = env
+            .scripts
+            .forget
+            .key(store)
+            .arg(token)
+            .arg("claim")
+            .arg("forget")
+            .invoke_async(&mut redis)
+            .await
+            .unwrap();
+        return i64::from(forgot.is_some());
+    }
+    let (verdict, _now): (i64, u64) = env
+        .scripts
+        .claim
+        .key(store)
+        .arg(token)
+        .arg(op)
+        .invoke_async(&mut redis)
+        .await
+        .unwrap();
+    verdict
+}
+
+#[tokio::test]
+async fn a_shared_mark_lives_and_dies_with_its_claim() {
+    let env = TestEnv::new(&[]).await;
+    let mut redis = env.redis.clone();
+    let (t, _): (u64, u64) = redis::cmd("TIME").query_async(&mut redis).await.unwrap();
+    for hashes in [false, true] {
+        let store = |n: u32| format!("{}:rq:{{{n}{hashes}}}", env.config.redis_prefix);
+        // TTL 100 s: epochs of 100 s, read for 500 s.
+        let at = |now: u64| (100, now, hashes);
+        let a = store(1);
+        assert_eq!(claim_at(&env, &a, 1, 1, at(t), "claim").await, 1);
+        // A copy comes 450 s later: the claim is shared, and it lives on
+        // with its mark (the first epoch is no longer read at t + 500).
+        assert_eq!(claim_at(&env, &a, 1, 1, at(t + 450), "claim").await, 1);
+        assert_eq!(claim_at(&env, &a, 1, 1, at(t + 460), "release").await, 0);
+        assert_eq!(
+            claim_at(&env, &a, 1, 2, at(t + 560), "claim").await,
+            0,
+            "hashes: {hashes}"
+        );
+        // Both gone together: a new binding of the id is one copy's, and
+        // is freed when that copy is refused as invalid.
+        assert_eq!(claim_at(&env, &a, 1, 2, at(t + 960), "claim").await, 1);
+        assert_eq!(
+            claim_at(&env, &a, 1, 2, at(t + 961), "release").await,
+            1,
+            "hashes: {hashes}"
+        );
+        assert_eq!(claim_at(&env, &a, 1, 3, at(t + 962), "claim").await, 1);
+        // Copies with different TTLs: the mark expires with the claim, not
+        // with the shorter TTL of the copy that made it.
+        let b = store(2);
+        assert_eq!(
+            claim_at(&env, &b, 2, 1, (86_400, t, hashes), "claim").await,
+            1
+        );
+        assert_eq!(claim_at(&env, &b, 2, 1, at(t + 10), "claim").await, 1);
+        assert_eq!(
+            claim_at(&env, &b, 2, 1, at(t + 600), "release").await,
+            0,
+            "hashes: {hashes}"
+        );
+        assert_eq!(claim_at(&env, &b, 2, 2, at(t + 600), "claim").await, 0);
+        // Forgetting a claim forgets its mark.
+        let c = store(3);
+        assert_eq!(claim_at(&env, &c, 3, 1, at(t), "claim").await, 1);
+        assert_eq!(claim_at(&env, &c, 3, 1, at(t + 1), "claim").await, 1);
+        assert_eq!(claim_at(&env, &c, 3, 1, at(t + 2), "forget").await, 1);
+        assert_eq!(claim_at(&env, &c, 3, 1, at(t + 3), "claim").await, 1);
+        assert_eq!(
+            claim_at(&env, &c, 3, 1, at(t + 4), "release").await,
+            1,
+            "hashes: {hashes}"
+        );
+        assert_eq!(claim_at(&env, &c, 3, 2, at(t + 5), "claim").await, 1);
     }
 }
 
