@@ -41,8 +41,12 @@ if prev then
   if mark ~= s.fp then
     if mark then store_drop(m) end
     store_drop(s)
-    store_put(store_open(KEYS[1], ARGV[1]), s.fp)
-    store_put(claim_mark(store_open(KEYS[1], ARGV[1])), s.fp)
+    -- One store opened for both: one `now` and the epochs the first put
+    -- left, so the claim and its mark land in the same epoch even when the
+    -- clock ticks past an epoch's end between them.
+    local c = store_open(KEYS[1], ARGV[1])
+    store_put(c, s.fp)
+    store_put(claim_mark(c), s.fp)
   end
   return {1, s.now}
 end
