@@ -15,9 +15,6 @@ local value = store_find(s)
 if value and ARGV[3] == 'forget' then
   store_drop(s)
   -- A claim's shared mark (claim.lua) goes with it.
-  if ARGV[2] == 'claim' then
-    local m = claim_mark(s)
-    if store_find(m) then store_drop(m) end
-  end
+  if ARGV[2] == 'claim' then store_drop(claim_mark(s)) end
 end
 return value

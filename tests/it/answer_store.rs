@@ -643,56 +643,44 @@ async fn a_shared_mark_lives_and_dies_with_its_claim() {
     let env = TestEnv::new(&[]).await;
     let mut redis = env.redis.clone();
     let (t, _): (u64, u64) = redis::cmd("TIME").query_async(&mut redis).await.unwrap();
-    for hashes in [false, true] {
-        let store = |n: u32| format!("{}:rq:{{{n}{hashes}}}", env.config.redis_prefix);
-        // TTL 100 s: epochs of 100 s, read for 500 s.
-        let at = |now: u64| (100, now, hashes);
-        let a = store(1);
-        assert_eq!(claim_at(&env, &a, 1, 1, at(t), "claim").await, 1);
+    // Steps of claim.lua and forget.lua: (claim store and digest, content,
+    // TTL, seconds after t, operation, verdict). TTL 100 s: epochs of
+    // 100 s, read for 500 s.
+    let steps: &[(u8, u8, u64, u64, &str, i64)] = &[
+        (1, 1, 100, 0, "claim", 1),
         // A copy comes 450 s later: the claim is shared, and it lives on
         // with its mark (the first epoch is no longer read at t + 500).
-        assert_eq!(claim_at(&env, &a, 1, 1, at(t + 450), "claim").await, 1);
-        assert_eq!(claim_at(&env, &a, 1, 1, at(t + 460), "release").await, 0);
-        assert_eq!(
-            claim_at(&env, &a, 1, 2, at(t + 560), "claim").await,
-            0,
-            "hashes: {hashes}"
-        );
+        (1, 1, 100, 450, "claim", 1),
+        (1, 1, 100, 460, "release", 0),
+        (1, 2, 100, 560, "claim", 0),
         // Both gone together: a new binding of the id is one copy's, and
         // is freed when that copy is refused as invalid.
-        assert_eq!(claim_at(&env, &a, 1, 2, at(t + 960), "claim").await, 1);
-        assert_eq!(
-            claim_at(&env, &a, 1, 2, at(t + 961), "release").await,
-            1,
-            "hashes: {hashes}"
-        );
-        assert_eq!(claim_at(&env, &a, 1, 3, at(t + 962), "claim").await, 1);
+        (1, 2, 100, 960, "claim", 1),
+        (1, 2, 100, 961, "release", 1),
+        (1, 3, 100, 962, "claim", 1),
         // Copies with different TTLs: the mark expires with the claim, not
         // with the shorter TTL of the copy that made it.
-        let b = store(2);
-        assert_eq!(
-            claim_at(&env, &b, 2, 1, (86_400, t, hashes), "claim").await,
-            1
-        );
-        assert_eq!(claim_at(&env, &b, 2, 1, at(t + 10), "claim").await, 1);
-        assert_eq!(
-            claim_at(&env, &b, 2, 1, at(t + 600), "release").await,
-            0,
-            "hashes: {hashes}"
-        );
-        assert_eq!(claim_at(&env, &b, 2, 2, at(t + 600), "claim").await, 0);
+        (2, 1, 86_400, 0, "claim", 1),
+        (2, 1, 100, 10, "claim", 1),
+        (2, 1, 100, 600, "release", 0),
+        (2, 2, 100, 600, "claim", 0),
         // Forgetting a claim forgets its mark.
-        let c = store(3);
-        assert_eq!(claim_at(&env, &c, 3, 1, at(t), "claim").await, 1);
-        assert_eq!(claim_at(&env, &c, 3, 1, at(t + 1), "claim").await, 1);
-        assert_eq!(claim_at(&env, &c, 3, 1, at(t + 2), "forget").await, 1);
-        assert_eq!(claim_at(&env, &c, 3, 1, at(t + 3), "claim").await, 1);
-        assert_eq!(
-            claim_at(&env, &c, 3, 1, at(t + 4), "release").await,
-            1,
-            "hashes: {hashes}"
-        );
-        assert_eq!(claim_at(&env, &c, 3, 2, at(t + 5), "claim").await, 1);
+        (3, 1, 100, 0, "claim", 1),
+        (3, 1, 100, 1, "claim", 1),
+        (3, 1, 100, 2, "forget", 1),
+        (3, 1, 100, 3, "claim", 1),
+        (3, 1, 100, 4, "release", 1),
+        (3, 2, 100, 5, "claim", 1),
+    ];
+    for hashes in [false, true] {
+        for &(d, c, ttl, after, op, verdict) in steps {
+            let store = format!("{}:rq:{{{d}{hashes}}}", env.config.redis_prefix);
+            assert_eq!(
+                claim_at(&env, &store, d, c, (ttl, t + after, hashes), op).await,
+                verdict,
+                "hashes: {hashes}, id {d}, content {c}, {op} at t + {after}"
+            );
+        }
     }
 }
 
