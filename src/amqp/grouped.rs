@@ -16,7 +16,7 @@
 //! their bodies mean, is up to the workers that declare them
 //! ([`super::Handler::groups`]).
 
-use std::collections::VecDeque;
+use std::{collections::VecDeque, sync::Arc};
 
 use futures_util::{stream::FuturesUnordered, StreamExt};
 use tokio::{
@@ -31,8 +31,15 @@ use super::{publish::Outgoing, Publisher};
 /// confirms.
 const GROUPS_IN_FLIGHT: usize = 2;
 
-/// Body size a group stays under (messages are capped at 64 KiB).
+/// Bytes of bodies (each with its comma) a group's message holds at most.
+/// With the batch's frame (`{"type":…,<field>:[…]}`, under 64 bytes for
+/// every group) the message stays well within
+/// [`MAX_MESSAGE_BYTES`](crate::messages::MAX_MESSAGE_BYTES).
 const MAX_GROUP_BYTES: usize = 48 * 1024;
+
+/// The largest body a group takes: one that goes out alone, as a plain
+/// message, must fit the message limit itself.
+pub const MAX_BODY_BYTES: usize = crate::messages::MAX_MESSAGE_BYTES;
 
 /// Where a grouper's messages go, and how a group of several is wrapped:
 /// `{"type":<batch_type>,<field>:[body,body,…]}`. A group is known by its
@@ -94,10 +101,46 @@ impl Group {
 
 type Confirmed = oneshot::Sender<Result<(), String>>;
 
-/// One delivery's serialised bodies, and who waits for their confirm.
+/// Who waits for one delivery's bodies: told once every message that holds
+/// one of them is confirmed (or one failed), when the last holder lets go.
+/// A delivery's bodies may travel in several messages, and a message may
+/// carry the bodies of several deliveries.
+struct Waiter {
+    done: Option<Confirmed>,
+    /// The first failure of a message holding one of the bodies.
+    failed: std::sync::Mutex<Option<String>>,
+}
+
+impl Waiter {
+    fn new(done: Confirmed) -> Arc<Self> {
+        Arc::new(Self {
+            done: Some(done),
+            failed: std::sync::Mutex::new(None),
+        })
+    }
+
+    fn fail(&self, error: &str) {
+        self.failed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(|| error.to_owned());
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        let failed = self.failed.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Some(done) = self.done.take() {
+            let _ = done.send(failed.take().map_or(Ok(()), Err));
+        }
+    }
+}
+
+/// One delivery's serialised bodies not yet taken into a message, and who
+/// waits for their confirm.
 struct Pending {
-    bodies: Vec<Vec<u8>>,
-    done: Confirmed,
+    bodies: VecDeque<Vec<u8>>,
+    waiter: Arc<Waiter>,
     /// The delivery's span: a group's message continues the trace of its
     /// first delivery (`telemetry`).
     span: tracing::Span,
@@ -109,6 +152,15 @@ impl std::fmt::Debug for Pending {
             .field("bodies", &self.bodies.len())
             .finish()
     }
+}
+
+/// One message of a group: its body, how many bodies it carries, the
+/// deliveries waiting for it (each once) and the span it continues.
+struct Taken {
+    body: Vec<u8>,
+    bodies: usize,
+    waiters: Vec<Arc<Waiter>>,
+    span: tracing::Span,
 }
 
 /// The handle deliveries share; cheap to clone.
@@ -128,17 +180,29 @@ impl Grouper {
         )
     }
 
-    /// Publishes `bodies` (serialised JSON objects, in one group with other
-    /// deliveries' bodies) and returns once the broker has confirmed them.
+    /// Publishes `bodies` (serialised JSON objects, grouped with other
+    /// deliveries' bodies, across as many messages as they need) and
+    /// returns once the broker has confirmed every message holding one.
+    /// A body that could not fit a message on its own is refused before
+    /// anything is published: it is a producer's bug (every producer
+    /// bounds its bodies), and the delivery fails instead of publishing a
+    /// message its consumer would refuse.
     pub async fn publish(&self, bodies: Vec<Vec<u8>>) -> anyhow::Result<()> {
         if bodies.is_empty() {
             return Ok(());
         }
+        if let Some(big) = bodies.iter().find(|b| b.len() > MAX_BODY_BYTES) {
+            metrics::counter!("prizepool_oversized_bodies_total").increment(1);
+            return Err(anyhow::anyhow!(
+                "a grouped body of {} bytes cannot fit a message ({MAX_BODY_BYTES} at most)",
+                big.len()
+            ));
+        }
         let (done, confirmed) = oneshot::channel();
         self.tx
             .send(Pending {
-                bodies,
-                done,
+                bodies: bodies.into(),
+                waiter: Waiter::new(done),
                 span: tracing::Span::current(),
             })
             .map_err(|_| anyhow::anyhow!("the grouping publisher has stopped"))?;
@@ -161,26 +225,23 @@ async fn group_and_publish(
     let mut received = Vec::with_capacity(256);
     loop {
         while in_flight.len() < GROUPS_IN_FLIGHT && !waiting.is_empty() {
-            let (body, waiters) = next_group(&group, &mut waiting);
+            let taken = next_group(&group, &mut waiting);
             let publisher = publisher.clone();
-            let span = waiters
-                .first()
-                .map_or_else(tracing::Span::none, |w| w.span.clone());
             in_flight.push(async move {
-                metrics::histogram!("prizepool_group_bodies", "type" => group.batch_type).record(
-                    waiters
-                        .iter()
-                        .map(|w: &Pending| w.bodies.len())
-                        .sum::<usize>() as f64,
-                );
+                metrics::histogram!("prizepool_group_bodies", "type" => group.batch_type)
+                    .record(taken.bodies as f64);
                 let result = publisher
-                    .publish(group.single(body))
-                    .instrument(span)
-                    .await
-                    .map_err(|e| e.to_string());
-                for w in waiters {
-                    let _ = w.done.send(result.clone());
+                    .publish(group.single(taken.body))
+                    .instrument(taken.span)
+                    .await;
+                if let Err(error) = result {
+                    let error = error.to_string();
+                    for w in &taken.waiters {
+                        w.fail(&error);
+                    }
                 }
+                // Dropping the last holder of a waiter answers it.
+                drop(taken.waiters);
             });
         }
         tokio::select! {
@@ -196,26 +257,66 @@ async fn group_and_publish(
     }
 }
 
-/// Takes deliveries from the front of `waiting` while their bodies fit in
-/// one message, and builds its body: a lone body as it is, else the group's
-/// batch message.
-fn next_group(group: &Group, waiting: &mut VecDeque<Pending>) -> (Vec<u8>, Vec<Pending>) {
-    let mut taken = Vec::new();
+/// Takes bodies from the front of `waiting`, in order, while they fit in
+/// one message of at most [`MAX_GROUP_BYTES`] of bodies (the first body is
+/// always taken: no body is larger than a message), and builds its body: a
+/// lone body as it is, else the group's batch message. A delivery whose
+/// bodies do not all fit stays at the front with the rest, which start the
+/// next message: however many bodies one delivery has, no message grows
+/// past the limit.
+fn next_group(group: &Group, waiting: &mut VecDeque<Pending>) -> Taken {
+    let mut bodies: Vec<Vec<u8>> = Vec::new();
+    let mut waiters: Vec<Arc<Waiter>> = Vec::new();
+    let mut span = None;
     let mut bytes = 0;
-    while let Some(next) = waiting.front() {
-        let size: usize = next.bodies.iter().map(|e| e.len() + 1).sum();
-        if !taken.is_empty() && bytes + size > MAX_GROUP_BYTES {
-            break;
+    'fill: while let Some(front) = waiting.front_mut() {
+        while let Some(next) = front.bodies.front() {
+            if !bodies.is_empty() && bytes + next.len() + 1 > MAX_GROUP_BYTES {
+                break 'fill;
+            }
+            bytes += next.len() + 1;
+            bodies.extend(front.bodies.pop_front());
+            span.get_or_insert_with(|| front.span.clone());
+            if !waiters
+                .last()
+                .is_some_and(|w| Arc::ptr_eq(w, &front.waiter))
+            {
+                waiters.push(front.waiter.clone());
+            }
         }
-        bytes += size;
-        taken.extend(waiting.pop_front());
+        waiting.pop_front();
     }
-    let mut bodies = taken.iter().flat_map(|p| p.bodies.iter());
-    let body = match (bodies.next(), bodies.next()) {
-        (Some(only), None) => only.clone(),
-        _ => batch_body(group, taken.iter().flat_map(|p| p.bodies.iter()), bytes),
+    let body = match bodies.len() {
+        1 => bodies.pop().unwrap_or_default(),
+        _ => batch_body(group, bodies.iter(), bytes),
     };
-    (body, taken)
+    Taken {
+        body,
+        bodies: bodies.len().max(1),
+        waiters,
+        span: span.unwrap_or_else(tracing::Span::none),
+    }
+}
+
+/// `bodies` packed into as few messages of `group` as the limit allows, in
+/// order, exactly as a grouper would send them if they came at once (a
+/// lone body as it is, several as the group's batch). `None` when a body
+/// could not fit any message.
+pub fn pack(group: &Group, bodies: Vec<Vec<u8>>) -> Option<Vec<Vec<u8>>> {
+    if bodies.iter().any(|b| b.len() > MAX_BODY_BYTES) {
+        return None;
+    }
+    let mut waiting: VecDeque<Pending> = [Pending {
+        bodies: bodies.into(),
+        waiter: Waiter::new(oneshot::channel().0),
+        span: tracing::Span::none(),
+    }]
+    .into();
+    let mut messages = Vec::new();
+    while !waiting.is_empty() {
+        messages.push(next_group(group, &mut waiting).body);
+    }
+    Some(messages)
 }
 
 /// `{"type":<batch_type>,<field>:[b1,b2,…]}` from serialised bodies.
@@ -252,12 +353,20 @@ mod tests {
         serde_json::to_vec(&json!({"type": "thing", "id": id, "size": 100})).unwrap()
     }
 
-    fn pending(ids: &[&str]) -> Pending {
-        Pending {
-            bodies: ids.iter().map(|id| thing(id)).collect(),
-            done: oneshot::channel().0,
+    /// A delivery's pending bodies, and the receiver told when they are
+    /// confirmed.
+    fn pending_with(bodies: Vec<Vec<u8>>) -> (Pending, oneshot::Receiver<Result<(), String>>) {
+        let (done, confirmed) = oneshot::channel();
+        let pending = Pending {
+            bodies: bodies.into(),
+            waiter: Waiter::new(done),
             span: tracing::Span::none(),
-        }
+        };
+        (pending, confirmed)
+    }
+
+    fn pending(ids: &[&str]) -> Pending {
+        pending_with(ids.iter().map(|id| thing(id)).collect()).0
     }
 
     /// The ids in a group's body, whether a lone thing or a batch.
@@ -271,33 +380,104 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_single_body_goes_out_as_a_plain_message() {
-        let mut waiting: VecDeque<Pending> = [pending(&["a"])].into();
-        let (body, group) = next_group(&THINGS, &mut waiting);
-        assert_eq!(group.len(), 1);
-        assert_eq!(body, thing("a"));
-        assert_eq!(decoded(&body), ["a"]);
+    /// Every message `waiting` makes, in order.
+    fn drain(group: &Group, mut waiting: VecDeque<Pending>) -> Vec<Taken> {
+        let mut taken = Vec::new();
+        while !waiting.is_empty() {
+            taken.push(next_group(group, &mut waiting));
+        }
+        taken
     }
 
     #[test]
-    fn groups_keep_every_body_in_order_and_stay_under_the_size_cap() {
-        let ids: Vec<String> = (0..2000).map(|i| format!("draw:{i:05}")).collect();
-        let mut waiting: VecDeque<Pending> = ids
-            .chunks(3)
-            .map(|c| pending(&c.iter().map(String::as_str).collect::<Vec<_>>()))
-            .collect();
+    fn a_single_body_goes_out_as_a_plain_message() {
+        let mut waiting: VecDeque<Pending> = [pending(&["a"])].into();
+        let taken = next_group(&THINGS, &mut waiting);
+        assert_eq!(taken.waiters.len(), 1);
+        assert_eq!(taken.body, thing("a"));
+        assert_eq!(decoded(&taken.body), ["a"]);
+    }
+
+    /// Deliveries of 1 to 700 bodies (a `draw.batch` of many draws is one
+    /// delivery), of every size up to the largest a group takes: every
+    /// message fits the limit, and the bodies come out whole and in order.
+    #[test]
+    fn groups_keep_every_body_in_order_and_every_message_fits() {
+        let mut ids = Vec::new();
+        let mut waiting = VecDeque::new();
+        let mut n = 0;
+        for (i, bodies) in [1usize, 3, 700, 2, 250, 1, 1, 400].into_iter().enumerate() {
+            let mut delivery = Vec::new();
+            for _ in 0..bodies {
+                // Ids of 8 to ~2,000 bytes of characters JSON escapes.
+                let id = format!("{n:06}{}", "\"\\".repeat((n * 37 + i) % 1000));
+                delivery.push(serde_json::to_vec(&json!({"type": "thing", "id": id})).unwrap());
+                ids.push(id);
+                n += 1;
+            }
+            waiting.push_back(pending_with(delivery).0);
+        }
+        // One body at the limit, alone.
+        let id = "x".repeat(MAX_BODY_BYTES - r#"{"type":"thing","id":""}"#.len());
+        let big = serde_json::to_vec(&json!({"type": "thing", "id": id})).unwrap();
+        assert_eq!(big.len(), MAX_BODY_BYTES);
+        waiting.push_back(pending_with(vec![thing("before"), big, thing("after")]).0);
+        ids.extend(["before".to_owned(), id, "after".to_owned()]);
         let mut seen = Vec::new();
-        let mut groups = 0;
-        while !waiting.is_empty() {
-            let (body, group) = next_group(&THINGS, &mut waiting);
-            assert!(!group.is_empty());
-            assert!(body.len() <= MAX_GROUP_BYTES + 64, "{} bytes", body.len());
-            seen.extend(decoded(&body));
-            groups += 1;
+        let messages = drain(&THINGS, waiting);
+        for taken in &messages {
+            assert!(
+                taken.body.len() <= crate::messages::MAX_MESSAGE_BYTES,
+                "{} bytes",
+                taken.body.len()
+            );
+            seen.extend(decoded(&taken.body));
         }
         assert_eq!(seen, ids);
-        assert!(groups > 1, "2,000 bodies cannot fit one message");
+        assert!(messages.len() > 20, "{} messages", messages.len());
+    }
+
+    /// A delivery whose bodies span several messages is told it is
+    /// confirmed only once all of them are, and told of a failure of any.
+    #[tokio::test]
+    async fn a_delivery_split_across_messages_waits_for_all_of_them() {
+        let many: Vec<Vec<u8>> = (0..3000).map(|i| thing(&format!("draw:{i:05}"))).collect();
+        let (first, mut confirmed) = pending_with(many.clone());
+        let (second, mut other) = pending_with(vec![thing("other")]);
+        let mut messages = drain(&THINGS, [first, second].into());
+        assert!(messages.len() >= 3, "{} messages", messages.len());
+        // The second delivery shares the last message with the first.
+        let last = messages.pop().unwrap();
+        assert_eq!(last.waiters.len(), 2);
+        for taken in messages {
+            assert!(
+                confirmed.try_recv().is_err(),
+                "answered before its last message"
+            );
+            drop(taken.waiters);
+        }
+        assert!(confirmed.try_recv().is_err());
+        // The last message is nacked: as the grouping task does, every
+        // delivery it holds hears it.
+        for w in &last.waiters {
+            w.fail("nacked");
+        }
+        drop(last.waiters);
+        assert_eq!(confirmed.await.unwrap(), Err("nacked".to_owned()));
+        assert_eq!(other.try_recv().unwrap(), Err("nacked".to_owned()));
+    }
+
+    #[tokio::test]
+    async fn a_body_too_big_for_any_message_is_refused_before_publishing() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let grouper = Grouper { tx };
+        let big = vec![b' '; MAX_BODY_BYTES + 1];
+        let error = grouper.publish(vec![thing("a"), big]).await.unwrap_err();
+        assert!(error.to_string().contains("cannot fit"), "{error}");
+        assert!(
+            rx.try_recv().is_err(),
+            "nothing was handed to the publisher"
+        );
     }
 
     #[test]
@@ -305,21 +485,23 @@ mod tests {
         let events: Vec<serde_json::Value> = (0..3)
             .map(|i| json!({"type": "thing.done", "request_id": format!("r{i}"), "reward": i}))
             .collect();
-        let mut waiting: VecDeque<Pending> = events
+        let waiting: VecDeque<Pending> = events
             .iter()
-            .map(|e| Pending {
-                bodies: vec![serde_json::to_vec(e).unwrap()],
-                done: oneshot::channel().0,
-                span: tracing::Span::none(),
-            })
+            .map(|e| pending_with(vec![serde_json::to_vec(e).unwrap()]).0)
             .collect();
         let done = Group::event("thing.done", "thing.done.batch", "events");
-        let (body, group) = next_group(&done, &mut waiting);
-        assert_eq!(group.len(), 3);
-        let value: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let mut messages = drain(&done, waiting);
+        assert_eq!(messages.len(), 1);
+        let taken = messages.pop().unwrap();
+        assert_eq!(taken.waiters.len(), 3);
+        assert_eq!(taken.bodies, 3);
+        let value: serde_json::Value = serde_json::from_slice(&taken.body).unwrap();
         assert_eq!(value["type"], "thing.done.batch");
-        assert_eq!(value["events"], serde_json::Value::Array(events));
-        let bodies: Vec<Vec<u8>> = group.into_iter().flat_map(|p| p.bodies).collect();
-        assert_eq!(done.batch(&bodies), body);
+        assert_eq!(value["events"], serde_json::Value::Array(events.clone()));
+        let bodies: Vec<Vec<u8>> = events
+            .iter()
+            .map(|e| serde_json::to_vec(e).unwrap())
+            .collect();
+        assert_eq!(done.batch(&bodies), taken.body);
     }
 }

@@ -39,7 +39,9 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 pub use commitments::{pool_refilled, CATCH_UP};
-pub use recorder::{drain_outbox, keep_draining, PgRecorder, OUTBOX, RECORD_WAIT};
+pub use recorder::{
+    drain_outbox, keep_draining, sweep_outboxes, PgRecorder, OUTBOX, OUTBOX_INDEX, RECORD_WAIT,
+};
 pub use records::{prizes_sha256, record_batch, record_draw, record_draws, record_reveal};
 pub use verify::{merged, verify, verify_pool, BatchVerdict, Mismatch, Verdict};
 

@@ -5,10 +5,16 @@
 //! (`fair_batches`) before its batch becomes visible. Stocking must not
 //! wait for a Postgres that is away, so when Postgres does not take the
 //! commitment within [`RECORD_WAIT`] the recorder keeps it in an outbox in
-//! Redis instead ([`OUTBOX`], next to the pools and their seeds, and as
-//! durable as they are), still before the batch is visible; the refill
-//! worker writes the outbox to Postgres once Postgres is back
-//! ([`keep_draining`]). The sealed `pool.refilled` event carries the
+//! Redis instead, still before the batch is visible: the pool's own
+//! outbox ([`PoolKeys::fair_outbox`]), on the pool's slot next to its
+//! batches and seeds and as durable as they are, so on Redis Cluster it is
+//! reachable whenever the batch can be stocked at all. An index of the
+//! pools whose outboxes hold something ([`OUTBOX_INDEX`]) tells the refill
+//! worker where to look; it writes the outboxes to Postgres once Postgres
+//! is back ([`keep_draining`]), and now and then looks through every
+//! lucky-gift pool's outbox ([`sweep_outboxes`]), for a commitment whose
+//! index entry could not be written (the index's node away at that
+//! moment). The sealed `pool.refilled` event carries the
 //! commitment too, but an event can be lost for good: a refill worker
 //! killed after the batch became visible and before the event left, with
 //! the batch used up (its seed revealed, so `commitment_again` has nothing
@@ -24,11 +30,21 @@ use super::record_batch;
 use crate::{
     kinds::lucky_gift::{Commitment, Recorder},
     redis_conn::RedisConn,
+    scripts::PoolKeys,
 };
 
-/// The suffix of the outbox's Redis key (`<prefix>:fair-outbox`): a hash of
-/// `<pool>|<generation>` to the commitment's JSON.
+/// The suffix of the Redis key of the one outbox of earlier versions
+/// (`<prefix>:fair-outbox`: a hash of `<pool>|<generation>` to the
+/// commitment's JSON), drained as long as it holds anything.
 pub const OUTBOX: &str = ":fair-outbox";
+
+/// The suffix of the Redis key of the set of pools whose own outbox
+/// ([`PoolKeys::fair_outbox`]) may hold commitments.
+pub const OUTBOX_INDEX: &str = ":fair-outbox:pools";
+
+/// Drain rounds between two sweeps of every pool's outbox (and one at the
+/// start): about five minutes.
+const SWEEP_EVERY: u32 = 150;
 
 /// How long stocking waits for Postgres to take a commitment.
 pub const RECORD_WAIT: Duration = Duration::from_millis(500);
@@ -96,16 +112,29 @@ impl<'a> PgRecorder<'a> {
         };
         let mut conn = redis.clone();
         let kept: Result<(), redis::RedisError> = redis::cmd("HSET")
-            .arg(format!("{prefix}{OUTBOX}"))
-            .arg(format!("{}|{}", c.pool, c.generation))
+            .arg(PoolKeys::new(prefix, &c.pool).fair_outbox())
+            .arg(c.generation)
             .arg(json)
             .query_async(&mut conn)
             .await;
         match kept {
-            Ok(()) => tracing::info!(
-                pool = %c.pool, generation = c.generation,
-                "commitment kept in the Redis outbox until Postgres is back"
-            ),
+            Ok(()) => {
+                tracing::info!(
+                    pool = %c.pool, generation = c.generation,
+                    "commitment kept in the pool's Redis outbox until Postgres is back"
+                );
+                let indexed: Result<(), redis::RedisError> = redis::cmd("SADD")
+                    .arg(format!("{prefix}{OUTBOX_INDEX}"))
+                    .arg(&c.pool)
+                    .query_async(&mut conn)
+                    .await;
+                if let Err(e) = indexed {
+                    tracing::warn!(
+                        pool = %c.pool, generation = c.generation, error = %e,
+                        "the outbox index is not reachable; the next sweep of the pools' outboxes finds the commitment"
+                    );
+                }
+            }
             // Stocking goes on through the same Redis: it fails and is tried
             // again (recording again) if Redis is away.
             Err(e) => tracing::warn!(
@@ -162,14 +191,79 @@ impl Recorder for PgRecorder<'_> {
     }
 }
 
-/// Writes the commitments of the outbox under `prefix` to Postgres and
-/// takes each out once it is there; the number written. A row already
-/// there is kept (the event may have brought it first).
+/// Writes the commitments kept under `prefix` to Postgres and takes each
+/// out once it is there: those of the pools the index names, and those of
+/// the outbox of earlier versions. Returns the number written. A row
+/// already there is kept (the event may have brought it first).
 pub async fn drain_outbox(db: &PgPool, redis: &RedisConn, prefix: &str) -> anyhow::Result<usize> {
-    let key = format!("{prefix}{OUTBOX}");
+    let mut conn = redis.clone();
+    let index = format!("{prefix}{OUTBOX_INDEX}");
+    let pools: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(&index)
+        .query_async(&mut conn)
+        .await?;
+    let mut written = 0;
+    for pool in pools {
+        let outbox = PoolKeys::new(prefix, &pool).fair_outbox();
+        written += drain_hash(db, redis, &outbox).await?;
+        // Out of the index, then looked at again: a commitment kept
+        // meanwhile put the pool back (its SADD follows its HSET), or is
+        // seen here and the pool put back.
+        redis::cmd("SREM")
+            .arg(&index)
+            .arg(&pool)
+            .query_async::<()>(&mut conn)
+            .await?;
+        if hash_len(redis, &outbox).await? > 0 {
+            redis::cmd("SADD")
+                .arg(&index)
+                .arg(&pool)
+                .query_async::<()>(&mut conn)
+                .await?;
+        }
+    }
+    written += drain_hash(db, redis, &format!("{prefix}{OUTBOX}")).await?;
+    Ok(written)
+}
+
+/// Writes the commitments in the outbox of every lucky-gift pool Postgres
+/// knows (each sub-pool of a sharded one) to Postgres, index or not; the
+/// number written.
+pub async fn sweep_outboxes(db: &PgPool, redis: &RedisConn, prefix: &str) -> anyhow::Result<usize> {
+    let pools: Vec<(String, Option<i64>)> = sqlx::query_as(
+        "SELECT DISTINCT v.pool_id, (v.config->>'shards')::bigint
+           FROM pool_versions v JOIN pools p ON p.id = v.pool_id
+          WHERE p.kind = $1",
+    )
+    .bind(crate::kinds::lucky_gift::KIND)
+    .fetch_all(db)
+    .await?;
+    let mut written = 0;
+    for (pool, shards) in pools {
+        let shards = u32::try_from(shards.unwrap_or(1)).map_or(1, |k| {
+            k.clamp(1, crate::kinds::lucky_gift::config::MAX_SHARDS)
+        });
+        let ids = std::iter::once(pool.clone()).chain(
+            (0..shards)
+                .filter(|_| shards > 1)
+                .map(|k| crate::kinds::lucky_gift::config::sub_pool_id(&pool, k)),
+        );
+        for id in ids {
+            let outbox = PoolKeys::new(prefix, &id).fair_outbox();
+            if hash_len(redis, &outbox).await? > 0 {
+                written += drain_hash(db, redis, &outbox).await?;
+            }
+        }
+    }
+    Ok(written)
+}
+
+/// Writes the commitments of the outbox hash `key` to Postgres, taking
+/// each out once it is there; the number written.
+async fn drain_hash(db: &PgPool, redis: &RedisConn, key: &str) -> anyhow::Result<usize> {
     let mut conn = redis.clone();
     let kept: Vec<(String, String)> = redis::cmd("HGETALL")
-        .arg(&key)
+        .arg(key)
         .query_async(&mut conn)
         .await?;
     let mut written = 0;
@@ -180,11 +274,11 @@ pub async fn drain_outbox(db: &PgPool, redis: &RedisConn, prefix: &str) -> anyho
                 written += 1;
             }
             Err(e) => {
-                tracing::error!(%field, error = %e, "a commitment in the outbox that does not read; dropped")
+                tracing::error!(%key, %field, error = %e, "a commitment in the outbox that does not read; dropped")
             }
         }
         redis::cmd("HDEL")
-            .arg(&key)
+            .arg(key)
             .arg(&field)
             .query_async::<()>(&mut conn)
             .await?;
@@ -192,37 +286,60 @@ pub async fn drain_outbox(db: &PgPool, redis: &RedisConn, prefix: &str) -> anyho
     Ok(written)
 }
 
-/// Drains the outbox every [`DRAIN_EVERY`] until `shutdown` (the refill
-/// worker runs it): a failure (Postgres still away) waits for the next
-/// round.
+async fn hash_len(redis: &RedisConn, key: &str) -> Result<u64, redis::RedisError> {
+    let mut conn = redis.clone();
+    redis::cmd("HLEN").arg(key).query_async(&mut conn).await
+}
+
+/// Drains the outboxes every [`DRAIN_EVERY`] until `shutdown` (the refill
+/// worker runs it), sweeping every pool's outbox at the start and every
+/// [`SWEEP_EVERY`] rounds: a failure (Postgres still away) waits for the
+/// next round.
 pub async fn keep_draining(
     db: PgPool,
     redis: RedisConn,
     prefix: String,
     shutdown: CancellationToken,
 ) {
+    let mut round = 0u32;
     loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(DRAIN_EVERY) => {}
-        }
-        if !has_kept(&redis, &prefix).await {
-            continue;
-        }
-        match drain_outbox(&db, &redis, &prefix).await {
+        let drained = if round.is_multiple_of(SWEEP_EVERY) {
+            sweep_outboxes(&db, &redis, &prefix).await
+        } else {
+            Ok(0)
+        };
+        let drained = match drained {
+            Ok(swept) if has_kept(&redis, &prefix).await => {
+                drain_outbox(&db, &redis, &prefix).await.map(|n| n + swept)
+            }
+            other => other,
+        };
+        match drained {
             Ok(n) if n > 0 => tracing::info!(commitments = n, "outbox written to Postgres"),
             Ok(_) => {}
             Err(e) => tracing::debug!(error = format!("{e:#}"), "outbox not drained yet"),
         }
+        round = round.wrapping_add(1);
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(DRAIN_EVERY) => {}
+        }
     }
 }
 
-/// Whether the outbox holds anything (one `HLEN`).
+/// Whether the index names a pool or the outbox of earlier versions holds
+/// anything (one `SCARD`, one `HLEN`).
 async fn has_kept<C: ConnectionLike + Send + Clone>(redis: &C, prefix: &str) -> bool {
     let mut conn = redis.clone();
-    redis::cmd("HLEN")
-        .arg(format!("{prefix}{OUTBOX}"))
+    let indexed = redis::cmd("SCARD")
+        .arg(format!("{prefix}{OUTBOX_INDEX}"))
         .query_async::<u64>(&mut conn)
         .await
-        .is_ok_and(|n| n > 0)
+        .is_ok_and(|n| n > 0);
+    indexed
+        || redis::cmd("HLEN")
+            .arg(format!("{prefix}{OUTBOX}"))
+            .query_async::<u64>(&mut conn)
+            .await
+            .is_ok_and(|n| n > 0)
 }

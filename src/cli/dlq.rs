@@ -231,8 +231,16 @@ async fn dispatch(conn: &lapin::Connection, command: DlqCommand) -> anyhow::Resu
             println!("would move {n} of the {found} messages in {dlq_name} to {queue}")
         }
         (Action::Replay, false) => println!(
-            "moved {} of the {found} messages in {dlq_name} to {queue}",
-            report.moved
+            "moved {} of the {found} messages in {dlq_name} to {queue}{}",
+            report.moved,
+            if report.split > 0 {
+                format!(
+                    " ({} of them too big for {queue}, replayed as {} messages that fit)",
+                    report.split, report.parts
+                )
+            } else {
+                String::new()
+            }
         ),
         (Action::Drop, true) => println!("would drop {n} of the {found} messages in {dlq_name}"),
         (Action::Drop, false) => println!(

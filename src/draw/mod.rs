@@ -10,7 +10,11 @@
 //! pool and generation within the wait, however many draws find it short)
 //! and step again with jittered backoff; when `SHORT_POOL_WAIT_MS` is over
 //! the seam stores `pool_exhausted`, unless a concurrent copy of the
-//! request drew meanwhile (then that award is the answer). The reply is
+//! request drew meanwhile (then that award is the answer). A draw waiting
+//! for a refill holds no worker slot ([`amqp::without_slot`]), and at most
+//! half of `CONCURRENCY` draws wait at once: past that, a short draw is
+//! answered at once as its wait would end, so requests for a pool that
+//! stays short cannot hold the deliveries of every other pool. The reply is
 //! published last, after the broker confirmed the settlement, the refill
 //! and the event it causes (see [`crate::amqp`]).
 
@@ -48,6 +52,9 @@ pub struct DrawWorker {
     urgent: Mutex<HashMap<String, (u64, Instant)>>,
     /// Seals the entries this worker sends to the ledger.
     sealer: crate::ledger::FleetSealer,
+    /// Draws that may wait for a refill at once (half of `CONCURRENCY`):
+    /// each holds a delivery of the prefetch while it waits.
+    waits: Arc<tokio::sync::Semaphore>,
 }
 
 pub use crate::audit::DRAW_COMPLETED;
@@ -59,11 +66,13 @@ impl DrawWorker {
     /// Builds the worker from its connections.
     pub fn new(config: Config, redis: RedisConn) -> Self {
         let kinds = Kinds::new(redis, &config.redis_prefix);
+        let waits = Arc::new(tokio::sync::Semaphore::new((config.concurrency / 2).max(1)));
         Self {
             config,
             kinds,
             urgent: Mutex::new(HashMap::new()),
             sealer: crate::ledger::FleetSealer::default(),
+            waits,
         }
     }
 
@@ -104,6 +113,7 @@ impl DrawWorker {
             .without_max_times()
             .build();
         let mut asked = None;
+        let mut waiting = None;
         let mut step = first?;
         loop {
             let Step::Short {
@@ -124,12 +134,19 @@ impl DrawWorker {
                     .await?;
                 asked = Some(generation);
             }
-            match delays.next() {
-                Some(delay) => tokio::time::sleep(delay).await,
+            if waiting.is_none() {
+                waiting = self.waits.clone().try_acquire_owned().ok();
+                if waiting.is_none() {
+                    metrics::counter!("prizepool_short_waits_refused_total").increment(1);
+                }
+            }
+            match delays.next().filter(|_| waiting.is_some()) {
+                Some(delay) => amqp::without_slot(tokio::time::sleep(delay)).await,
                 None => {
                     tracing::debug!(
                         in_pool,
                         count = draw.request().count,
+                        waited = waiting.is_some(),
                         "no refill arrived in time"
                     );
                     metrics::counter!("prizepool_pool_exhausted_total").increment(1);

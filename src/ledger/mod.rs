@@ -40,7 +40,7 @@ pub use fleet_key::{FleetSealer, KEY_REFRESH};
 pub use read::{balances, credited, pool_total, totals, Balance};
 pub use reasons::{check_movement, MAX_AMOUNT};
 pub use refused::{is_permanent, Refused};
-pub use seal::{Sealer, INTERNAL_ID_PREFIXES, KEY_RING};
+pub use seal::{is_internal_id, Sealer, KEY_RING};
 
 use std::collections::HashMap;
 

@@ -26,6 +26,12 @@ pub struct Reason {
     pub name: &'static str,
     pub direction: Direction,
     pub owner: Owner,
+    /// The entry-id namespace a kind books this reason's entries under
+    /// (`draw` for `draw:<pool>:…`); empty for an upstream reason. Every
+    /// id in a kind's namespace is sealed whatever its reason (see
+    /// [`super::Sealer::check`]), so an upstream cannot take such an id
+    /// first with an unsealed top-up.
+    pub id_namespace: &'static str,
 }
 
 impl Reason {
@@ -43,16 +49,32 @@ impl Reason {
             name,
             direction,
             owner: Owner::Upstream,
+            id_namespace: "",
         }
     }
 
-    /// A reason the prize kind labelled `kind` books, sealed: how a kind
-    /// declares its reasons, in its folder.
-    pub const fn of_kind(kind: &'static str, name: &'static str, direction: Direction) -> Reason {
+    /// A reason the prize kind labelled `kind` books, sealed, under entry
+    /// ids `<id_namespace>:…`: how a kind declares its reasons, in its
+    /// folder.
+    pub const fn of_kind(
+        kind: &'static str,
+        name: &'static str,
+        direction: Direction,
+        id_namespace: &'static str,
+    ) -> Reason {
         Reason {
             name,
             direction,
             owner: Owner::Kind(kind),
+            id_namespace,
         }
+    }
+
+    /// Whether `entry_id` lies in this reason's entry-id namespace.
+    pub fn names(&self, entry_id: &str) -> bool {
+        !self.id_namespace.is_empty()
+            && entry_id
+                .strip_prefix(self.id_namespace)
+                .is_some_and(|rest| rest.starts_with(':'))
     }
 }

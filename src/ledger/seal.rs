@@ -7,7 +7,7 @@
 //! keyed with a secret upstreams never see. The settle worker applies an
 //! entry with a sealed reason ([`super::reasons`]) only when its seal
 //! matches, and refuses any unsealed entry whose id lies in an internal
-//! namespace ([`INTERNAL_ID_PREFIXES`]), so an upstream can neither forge a
+//! namespace ([`is_internal_id`]), so an upstream can neither forge a
 //! reward nor squat the id a real reward will use.
 //!
 //! The same key seals the fleet's `draw.completed` records
@@ -32,9 +32,13 @@ use sha2::Sha256;
 
 use crate::messages::{Invalid, SettleRequest};
 
-/// Entry-id namespaces of the fleet's own entries (`draw:<request_id>`,
-/// `redpacket:<packet>:…`, `lottery:<request_id>`).
-pub const INTERNAL_ID_PREFIXES: &[&str] = &["draw:", "redpacket:", "lottery:"];
+/// Whether `entry_id` lies in the namespace of an entry a prize kind books
+/// (`draw:…`, `redpacket:…`, `lottery:…`): each kind declares the namespace
+/// with its reasons (`kinds/<kind>/reasons.rs`), so a new kind's ids are
+/// sealed by being declared.
+pub fn is_internal_id(entry_id: &str) -> bool {
+    super::reasons::reasons().any(|r| r.names(entry_id))
+}
 
 /// What a draw record's seal covers before the record's bytes: names the
 /// message, so a record seal can never pass as a ledger seal or the other
@@ -237,10 +241,7 @@ impl Sealer {
     /// Refuses an entry an upstream may not publish: an internal reason or
     /// id namespace without a matching seal.
     pub fn check(&self, entry: &SettleRequest) -> Result<(), Invalid> {
-        let internal = super::reasons::is_sealed(&entry.reason)
-            || INTERNAL_ID_PREFIXES
-                .iter()
-                .any(|p| entry.entry_id.starts_with(p));
+        let internal = super::reasons::is_sealed(&entry.reason) || is_internal_id(&entry.entry_id);
         if !internal {
             return Ok(());
         }
@@ -355,6 +356,65 @@ mod tests {
         assert!(sealer.check(&junk).is_err());
         junk.seal = Some("abc".into());
         assert!(sealer.check(&junk).is_err());
+    }
+
+    /// The namespaces come from the kinds' declared reasons: every
+    /// registered kind books under one, each is sealed for every reason
+    /// (an unsealed top-up cannot take such an id first), and ids merely
+    /// starting with the same letters are an upstream's.
+    #[test]
+    fn every_kinds_entry_ids_are_sealed_whatever_the_reason() {
+        let sealer = Sealer::new("k");
+        let kinds: Vec<&str> = crate::kinds::KINDS.iter().map(|k| k.label()).collect();
+        let mut namespaces = Vec::new();
+        for reason in super::super::reasons::reasons() {
+            match reason.owner {
+                crate::ledger::reasons::Owner::Upstream => {
+                    assert_eq!(reason.id_namespace, "", "{reason:?}")
+                }
+                crate::ledger::reasons::Owner::Kind(kind) => {
+                    assert!(kinds.contains(&kind), "{reason:?}");
+                    let ns = reason.id_namespace;
+                    assert!(!ns.is_empty() && !ns.contains(':'), "{reason:?}");
+                    namespaces.push(ns);
+                }
+            }
+        }
+        for kind in &kinds {
+            assert!(
+                super::super::reasons::of_kind(kind).all(|r| !r.id_namespace.is_empty()),
+                "{kind} books entries under no namespace"
+            );
+        }
+        namespaces.dedup();
+        assert_eq!(namespaces, ["draw", "redpacket", "lottery"]);
+        for ns in namespaces {
+            for id in [
+                format!("{ns}:p:r1:1"),
+                format!("{ns}:"),
+                format!("{ns}:{{}}:x"),
+            ] {
+                assert!(is_internal_id(&id), "{id}");
+                for reason in ["topup", "withdrawal", "purchase"] {
+                    let amount = if reason == "topup" { 5 } else { -5 };
+                    assert!(
+                        sealer.check(&entry(&id, reason, amount)).is_err(),
+                        "{id} {reason}"
+                    );
+                }
+            }
+            for id in [ns.to_string(), format!("{ns}-1:x"), format!("my{ns}:x")] {
+                assert!(!is_internal_id(&id), "{id}");
+                assert!(sealer.check(&entry(&id, "topup", 5)).is_ok(), "{id}");
+            }
+        }
+        // The ids the kinds build lie in their namespaces.
+        assert!(is_internal_id(&crate::kinds::answer::entry_id(
+            crate::kinds::lucky_gift::reasons::ENTRY_IDS,
+            "gift-1",
+            "r",
+            7
+        )));
     }
 
     #[test]

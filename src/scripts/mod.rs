@@ -107,6 +107,13 @@ impl PoolKeys {
         self.key(&format!("spent:{day}"))
     }
 
+    /// Commitments of this pool's batches that Postgres has not taken yet
+    /// (a hash of generation to the commitment's JSON): on the pool's own
+    /// slot, so it is there whenever the pool can be stocked.
+    pub fn fair_outbox(&self) -> String {
+        self.key("fair-outbox")
+    }
+
     /// Sparse pool: stored non-zero prizes, by bucket of indices.
     pub fn sparse(&self) -> String {
         self.key("sp")

@@ -512,6 +512,17 @@ impl TestEnv {
     /// exchange, as a downstream consumer binds one, and its consumer
     /// (no acks). Keep the connection while consuming.
     pub async fn listen(&self, routing_key: &str) -> (lapin::Connection, lapin::Consumer) {
+        self.listen_on(prizepool::amqp::EVENTS, routing_key).await
+    }
+
+    /// A queue of this test's own bound to `routing_key` on `exchange` (the
+    /// work exchange too: a copy of every message routed there), and its
+    /// consumer (no acks). Keep the connection while consuming.
+    pub async fn listen_on(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+    ) -> (lapin::Connection, lapin::Consumer) {
         let conn = prizepool::amqp::connect(&self.config.amqp_url, "events")
             .await
             .unwrap();
@@ -532,7 +543,7 @@ impl TestEnv {
             .unwrap();
         ch.queue_bind(
             queue.name().clone(),
-            prizepool::amqp::EVENTS.into(),
+            exchange.into(),
             routing_key.into(),
             Default::default(),
             Default::default(),

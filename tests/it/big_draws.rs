@@ -72,7 +72,7 @@ fn draw_body(request_id: &str, pool: &str, user: i64, count: u32) -> Vec<u8> {
 
 /// Waits until the audit consumer listens (it binds its queue beside the
 /// settle worker, so the first events could otherwise reach no audit queue).
-async fn wait_for_audit_consumer(env: &TestEnv) {
+pub(crate) async fn wait_for_audit_consumer(env: &TestEnv) {
     let deadline = tokio::time::Instant::now() + T;
     let conn = prizepool::amqp::connect(&env.config.amqp_url, "test")
         .await
@@ -112,7 +112,7 @@ async fn wait_generation(env: &TestEnv, pool: &str, generation: u64) {
 }
 
 /// Waits until the audit trail holds `n` draws of `pool`.
-async fn wait_recorded(env: &TestEnv, pool: &str, n: i64) {
+pub(crate) async fn wait_recorded(env: &TestEnv, pool: &str, n: i64) {
     let deadline = tokio::time::Instant::now() + T;
     loop {
         let (draws,): (i64,) = sqlx::query_as("SELECT count(*) FROM fair_draws WHERE pool = $1")

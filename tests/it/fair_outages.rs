@@ -92,7 +92,9 @@ async fn a_commitment_postgres_missed_is_recorded_from_the_outbox() {
     env.load(&pool_toml(POOL, "refill_at = 0.5\nmax_count = 100", GIFT))
         .await;
     let prefix = env.config.redis_prefix.clone();
-    let outbox = format!("{prefix}{}", audit::OUTBOX);
+    // The pool's own outbox, on the pool's slot.
+    let outbox = env.keys(POOL).fair_outbox();
+    assert!(outbox.contains(&format!("{{{POOL}}}")), "{outbox}");
     let kept = || {
         let mut redis = env.redis.clone();
         let outbox = outbox.clone();
@@ -121,9 +123,18 @@ async fn a_commitment_postgres_missed_is_recorded_from_the_outbox() {
         .unwrap();
     let recorder = audit::PgRecorder::new(&away).with_outbox(env.redis.clone(), &prefix);
     stock(&env, trigger, &recorder).await;
-    let commitment = recorder.take().unwrap().commitment;
+    let kept_back = recorder.take().unwrap();
+    let commitment = kept_back.commitment.clone();
     assert!(committed(&env, 2).await.is_empty());
     assert_eq!(kept().await, 1);
+    let index = format!("{prefix}{}", audit::OUTBOX_INDEX);
+    let mut redis = env.redis.clone();
+    let indexed: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(&index)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(indexed, [POOL]);
     // Batch 2 is drawn to its end and revealed (batch 3 stocked on the way,
     // Postgres there for it).
     let mut revealed = false;
@@ -142,13 +153,27 @@ async fn a_commitment_postgres_missed_is_recorded_from_the_outbox() {
     // Before Postgres took the outbox, the trail misses batch 2's commitment.
     let before = audit::verify(&env.db, POOL, Some(2)).await.unwrap();
     assert!(!before.ok, "{before:?}");
-    // Postgres is back: the outbox is written, once, and emptied.
-    let written = audit::drain_outbox(&env.db, &env.redis, &prefix)
+    // Postgres is back, but the index lost the pool (its node was away when
+    // the commitment was kept): the drain does not see it, the sweep of
+    // every pool's outbox does; it is written, once, and emptied.
+    redis::cmd("DEL")
+        .arg(&index)
+        .query_async::<()>(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(
+        audit::drain_outbox(&env.db, &env.redis, &prefix)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(kept().await, 1);
+    let written = audit::sweep_outboxes(&env.db, &env.redis, &prefix)
         .await
         .unwrap();
     assert_eq!(written, 1);
     assert_eq!(kept().await, 0);
-    assert_eq!(committed(&env, 2).await, vec![commitment]);
+    assert_eq!(committed(&env, 2).await, vec![commitment.clone()]);
     let verdict = audit::verify(&env.db, POOL, Some(2)).await.unwrap();
     assert!(
         verdict.ok && verdict.batches[0].status == "ok",
@@ -161,4 +186,27 @@ async fn a_commitment_postgres_missed_is_recorded_from_the_outbox() {
             .unwrap(),
         0
     );
+    // An outbox of an earlier version (one hash for every pool) is still
+    // drained.
+    let legacy = format!("{prefix}{}", audit::OUTBOX);
+    redis::cmd("HSET")
+        .arg(&legacy)
+        .arg(format!("{POOL}|2"))
+        .arg(serde_json::to_string(&kept_back).unwrap())
+        .query_async::<()>(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(
+        audit::drain_outbox(&env.db, &env.redis, &prefix)
+            .await
+            .unwrap(),
+        1
+    );
+    let left: u64 = redis::cmd("HLEN")
+        .arg(&legacy)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+    assert_eq!(committed(&env, 2).await, vec![commitment]);
 }

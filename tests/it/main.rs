@@ -55,5 +55,7 @@ mod redis_commands;
 mod review_attacks;
 mod seal_key;
 mod settle;
+mod short_pools;
 mod tls;
 mod traces;
+mod wire_limits;

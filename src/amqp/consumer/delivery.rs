@@ -162,10 +162,18 @@ async fn handled<H: Handler>(
             slot = shared.slots.clone().acquire_owned() => slot.ok()?,
         };
         first = false;
-        let result =
-            handle_caught(&*shared.handler, &delivery.data, &value, &shared.publisher).await;
+        let held = super::lent::Held::new(shared.slots.clone(), slot);
+        let result = held
+            .clone()
+            .scope(handle_caught(
+                &*shared.handler,
+                &delivery.data,
+                &value,
+                &shared.publisher,
+            ))
+            .await;
         lane.record(&result);
-        drop((lane, slot));
+        drop((lane, held));
         let error = match result {
             Ok(outcome) => return Some(finish::succeeded(shared, delivery, outcome).await),
             Err(HandleError::Transient(error)) => error,

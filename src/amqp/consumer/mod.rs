@@ -31,10 +31,12 @@ use tokio_util::sync::CancellationToken;
 mod delivery;
 mod finish;
 mod lanes;
+mod lent;
 mod session;
 mod shared;
 
 pub use finish::{publish_dead_letter, publish_dead_letter_as, publish_dead_letter_part};
+pub use lent::without_slot;
 
 use super::{
     acks::{Acks, Settle},

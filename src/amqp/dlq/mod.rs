@@ -17,7 +17,9 @@ use lapin::{message::Delivery, types::AMQPValue, types::FieldTable, Connection};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use super::{publish::header_text, Route, DEAD_AT_HEADER, ERROR_CODE_HEADER, ERROR_HEADER};
+use super::{
+    grouped::Group, publish::header_text, Route, DEAD_AT_HEADER, ERROR_CODE_HEADER, ERROR_HEADER,
+};
 use pass::Choice;
 
 pub use json::Exported;
@@ -119,6 +121,12 @@ pub struct Report {
     pub moved: usize,
     /// Messages removed without being moved.
     pub dropped: usize,
+    /// Moved messages that were too big for their queue's consumer (grouped
+    /// ledger entries or fairness records), each replayed as several
+    /// messages that fit.
+    pub split: usize,
+    /// The messages those were replayed as.
+    pub parts: usize,
     /// The messages acted on (or listed), at most the limit, in queue order.
     pub messages: Vec<DeadLetter>,
 }
@@ -166,6 +174,8 @@ pub async fn run(
     report.found = passed.found;
     report.moved = passed.moved;
     report.dropped = passed.dropped;
+    report.split = passed.split;
+    report.parts = passed.parts;
     Ok(report)
 }
 
@@ -219,6 +229,48 @@ pub async fn replay(
         Action::Replay
     };
     run(conn, route, action, &Filter::default(), limit).await
+}
+
+/// The grouped messages the fleet publishes, which a replay splits when
+/// they are too big for their consumer: the same frames as
+/// [`crate::ledger::ENTRIES`] and [`crate::audit::DRAW_COMPLETED`].
+const SPLITTABLE: [Group; 2] = [
+    Group::work("settle", "settle.batch", "entries"),
+    Group::event("draw.completed", "draw.completed.batch", "events"),
+];
+
+/// The bodies a dead letter too big for its queue's consumer is replayed
+/// as: a grouped message of the fleet's (`settle.batch`,
+/// `draw.completed.batch`) larger than
+/// [`MAX_MESSAGE_BYTES`](crate::messages::MAX_MESSAGE_BYTES), cut between
+/// its bodies into messages that fit, each body byte for byte as it was (a
+/// seal stays valid). `None` for every other letter, replayed whole: one
+/// that fits, one that is no such group, and one that asks for a reply (an
+/// upstream's top-up batch, whose requester must get one answer).
+pub(super) fn split(delivery: &Delivery) -> Option<Vec<Vec<u8>>> {
+    if delivery.data.len() <= crate::messages::MAX_MESSAGE_BYTES
+        || delivery
+            .properties
+            .reply_to()
+            .as_ref()
+            .is_some_and(|to| !to.as_str().is_empty())
+    {
+        return None;
+    }
+    let fields: std::collections::BTreeMap<&str, &serde_json::value::RawValue> =
+        serde_json::from_slice(&delivery.data).ok()?;
+    let kind: &str = serde_json::from_str(fields.get("type")?.get()).ok()?;
+    let group = SPLITTABLE.iter().find(|g| g.batch_type == kind)?;
+    if fields.len() != 2 {
+        return None;
+    }
+    let bodies: Vec<&serde_json::value::RawValue> =
+        serde_json::from_str(fields.get(group.field)?.get()).ok()?;
+    let bodies = bodies
+        .into_iter()
+        .map(|b| b.get().as_bytes().to_vec())
+        .collect();
+    super::grouped::pack(group, bodies)
 }
 
 /// Describes the dead letter at `position`.
@@ -390,6 +442,19 @@ mod tests {
             ..Filter::default()
         }
         .matches(&unknown_age, 2_000));
+    }
+
+    #[test]
+    fn the_splittable_groups_are_the_fleets_own() {
+        for (ours, theirs) in SPLITTABLE
+            .iter()
+            .zip([crate::ledger::ENTRIES, crate::audit::DRAW_COMPLETED])
+        {
+            assert_eq!(
+                (ours.routing_key, ours.batch_type, ours.field),
+                (theirs.routing_key, theirs.batch_type, theirs.field)
+            );
+        }
     }
 
     #[test]

@@ -72,6 +72,11 @@ pub(super) struct Passed {
     pub(super) moved: usize,
     /// Messages removed without being moved.
     pub(super) dropped: usize,
+    /// Moved messages that were too big for their queue and went back as
+    /// several ([`super::split`]).
+    pub(super) split: usize,
+    /// The messages those were replayed as.
+    pub(super) parts: usize,
 }
 
 /// Takes each message `route`'s DLQ holds now, in order, asks `decide` what
@@ -127,9 +132,13 @@ where
         match decide(position, &delivery) {
             Choice::Keep => held.push(delivery.acker),
             Choice::Move => {
-                republish(channel, route, &delivery).await?;
+                let published = republish(channel, route, &delivery).await?;
                 delivery.acker.ack(BasicAckOptions::default()).await?;
                 passed.moved += 1;
+                if published > 1 {
+                    passed.split += 1;
+                    passed.parts += published;
+                }
             }
             Choice::Drop => {
                 delivery.acker.ack(BasicAckOptions::default()).await?;
@@ -141,32 +150,47 @@ where
 }
 
 /// Republishes a dead letter straight to the work queue it came from,
-/// through the default exchange, and waits for the broker's confirm.
+/// through the default exchange, and waits for the broker's confirm. A
+/// grouped message too big for its queue's consumer ([`super::split`]) goes
+/// back as the messages its bodies fit in, every one confirmed before the
+/// letter is removed; the consumers take each body once, whichever message
+/// brings it (ledger entries and fairness records are keyed by their ids),
+/// so a replay cut short and run again moves nothing twice. Returns how
+/// many messages it published.
 ///
 /// Not through an exchange: that could also copy it to other consumers
 /// (the events exchange feeds the audit queue and any downstream one), and
 /// a dead letter goes back to the one queue that refused it.
-async fn republish(channel: &Channel, route: Route, delivery: &Delivery) -> anyhow::Result<()> {
-    let confirm = channel
-        .basic_publish(
-            "".into(),
-            route.queue.into(),
-            BasicPublishOptions {
-                mandatory: true,
-                ..BasicPublishOptions::default()
-            },
-            &delivery.data,
-            without_delivery_count(&delivery.properties),
-        )
-        .await?
-        .await?;
-    if confirm.is_nack() || confirm.take_message().is_some() {
-        anyhow::bail!(
-            "the broker did not take the replayed message (is {} declared?)",
-            route.queue
+async fn republish(channel: &Channel, route: Route, delivery: &Delivery) -> anyhow::Result<usize> {
+    let properties = without_delivery_count(&delivery.properties);
+    let bodies = super::split(delivery).unwrap_or_else(|| vec![delivery.data.clone()]);
+    let mut confirms = Vec::with_capacity(bodies.len());
+    for body in &bodies {
+        confirms.push(
+            channel
+                .basic_publish(
+                    "".into(),
+                    route.queue.into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    body,
+                    properties.clone(),
+                )
+                .await?,
         );
     }
-    Ok(())
+    for confirm in confirms {
+        let confirm = confirm.await?;
+        if confirm.is_nack() || confirm.take_message().is_some() {
+            anyhow::bail!(
+                "the broker did not take the replayed message (is {} declared?)",
+                route.queue
+            );
+        }
+    }
+    Ok(bodies.len())
 }
 
 /// `properties` without the broker's delivery count: a replayed message

@@ -195,7 +195,7 @@ fn award(ask: &Ask<'_>, body: &str, replayed: bool) -> Result<Award, HandleError
     }
     let asset = format!("{}{prize}", config::ASSET_PREFIX);
     let entry = SettleRequest::fleet(
-        crate::kinds::answer::entry_id("lottery", ask.pool, ask.request_id, serial),
+        crate::kinds::answer::entry_id(reasons::ENTRY_IDS, ask.pool, ask.request_id, serial),
         ask.user,
         asset.as_str(),
         1,

@@ -6,5 +6,8 @@ use crate::ledger::reason::{Direction::Credit, Reason};
 /// The kind's label: its pools' `kind` and its metrics' `kind`.
 pub const KIND: &str = "lottery";
 
+/// The namespace of its entry ids.
+pub const ENTRY_IDS: &str = "lottery";
+
 /// A prize won (`lottery:<activity>:<request_id>:<serial>`).
-pub const REASONS: &[Reason] = &[Reason::of_kind(KIND, "lottery", Credit)];
+pub const REASONS: &[Reason] = &[Reason::of_kind(KIND, "lottery", Credit, ENTRY_IDS)];

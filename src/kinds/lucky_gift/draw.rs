@@ -353,7 +353,12 @@ fn award(
     let (pool, shard) = super::config::split_sub_pool(ask.pool);
     let entry = (reward != 0).then(|| {
         SettleRequest::fleet(
-            crate::kinds::answer::entry_id("draw", ask.pool, ask.request_id, drawn.serial),
+            crate::kinds::answer::entry_id(
+                super::reasons::ENTRY_IDS,
+                ask.pool,
+                ask.request_id,
+                drawn.serial,
+            ),
             ask.user,
             drawn.asset.as_str(),
             reward,

@@ -6,5 +6,8 @@ use crate::ledger::reason::{Direction::Credit, Reason};
 /// The kind's label: its pools' `kind` and its metrics' `kind`.
 pub const KIND: &str = "lucky_gift";
 
-/// A draw's reward (`lucky_gift:<pool>:<serial>`).
-pub const REASONS: &[Reason] = &[Reason::of_kind(KIND, "lucky_gift", Credit)];
+/// The namespace of its entry ids.
+pub const ENTRY_IDS: &str = "draw";
+
+/// A draw's reward (`draw:<pool>:<request_id>:<serial>`).
+pub const REASONS: &[Reason] = &[Reason::of_kind(KIND, "lucky_gift", Credit, ENTRY_IDS)];

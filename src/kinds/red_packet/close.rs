@@ -23,7 +23,7 @@ pub fn ledger_ref(packet_id: &str) -> EntryRef {
 /// id makes it apply once however often it is sent.
 pub fn refund_entry(packet_id: &str, sender: i64, asset: &str, amount: i64) -> SettleRequest {
     SettleRequest::fleet(
-        format!("redpacket:{packet_id}:refund"),
+        format!("{}:{packet_id}:refund", super::reasons::ENTRY_IDS),
         sender,
         asset,
         amount,

@@ -277,7 +277,7 @@ async fn escrow(
         .execute(&mut **tx)
         .await?;
     let escrow = SettleRequest::fleet(
-        format!("redpacket:{}:escrow", req.packet_id),
+        format!("{}:{}:escrow", super::reasons::ENTRY_IDS, req.packet_id),
         req.sender,
         &req.asset,
         -req.total,

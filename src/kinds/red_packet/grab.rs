@@ -78,7 +78,12 @@ pub async fn grab<C: ConnectionLike + Send>(
     let (share, amount, asset) =
         parsed.ok_or_else(|| HandleError::internal(format!("malformed grab answer {body:?}")))?;
     let entry = SettleRequest::fleet(
-        format!("redpacket:{}:grab:{}", ask.pool, ask.user),
+        format!(
+            "{}:{}:grab:{}",
+            super::reasons::ENTRY_IDS,
+            ask.pool,
+            ask.user
+        ),
         ask.user,
         asset.as_str(),
         amount,
