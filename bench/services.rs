@@ -71,6 +71,7 @@ pub(crate) fn pool_config(
             })
             .collect(),
         shards: 1,
+        max_rtp: None,
     }
 }
 

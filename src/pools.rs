@@ -22,9 +22,21 @@ pub struct Loaded {
     pub first_batch: Option<StockOutcome>,
 }
 
+/// Whether a new version may return more to players than the pool's
+/// last one ([`load_checked`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RtpChange {
+    /// A higher return to player is refused: `pool load` asks for
+    /// `--accept-rtp-change` (a misplaced zero in a jackpot's stock is the
+    /// costliest typo a pool file can have).
+    Refuse,
+    Accept,
+}
+
 /// Stores a new version of each pool in one transaction (all or nothing),
 /// writes the settings to Redis, and stocks the first batch of pools that
-/// have none.
+/// have none. A version may change the pool's return to player either way
+/// ([`load_checked`] is what `pool load` runs).
 pub async fn load<C: ConnectionLike + Send>(
     db: &PgPool,
     redis: &mut C,
@@ -32,10 +44,23 @@ pub async fn load<C: ConnectionLike + Send>(
     configs: &[PoolConfig],
     chunk: usize,
 ) -> anyhow::Result<Vec<Loaded>> {
+    load_checked(db, redis, prefix, configs, chunk, RtpChange::Accept).await
+}
+
+/// [`load`], refusing with `RtpChange::Refuse` (before anything is stored)
+/// a new version that returns more per prize than the pool's last one.
+pub async fn load_checked<C: ConnectionLike + Send>(
+    db: &PgPool,
+    redis: &mut C,
+    prefix: &str,
+    configs: &[PoolConfig],
+    chunk: usize,
+    rtp_change: RtpChange,
+) -> anyhow::Result<Vec<Loaded>> {
     let mut tx = db.begin().await?;
     let mut staged = Vec::with_capacity(configs.len());
     for config in configs {
-        let (version, table) = stage(&mut tx, config).await?;
+        let (version, table) = stage(&mut tx, config, rtp_change).await?;
         staged.push((config, version, table));
     }
     tx.commit().await.context("storing pool versions")?;
@@ -89,6 +114,7 @@ pub async fn load<C: ConnectionLike + Send>(
 async fn stage(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
     config: &PoolConfig,
+    rtp_change: RtpChange,
 ) -> anyhow::Result<(i32, CodeTable)> {
     register(tx, &config.id).await?;
     let previous: Option<(i32, sqlx::types::Json<CodeTable>, sqlx::types::Json<serde_json::Value>)> =
@@ -101,6 +127,9 @@ async fn stage(
     let version = previous.as_ref().map_or(1, |(v, _, _)| v + 1);
     if let Some((_, _, before)) = &previous {
         check_layout_kept(config, &before.0)?;
+        if rtp_change == RtpChange::Refuse {
+            check_rtp_kept(config, &before.0)?;
+        }
     }
     if config.shards > 1 {
         for sub in config.sub_pools() {
@@ -118,6 +147,28 @@ async fn stage(
     .execute(&mut **tx)
     .await?;
     Ok((version, table))
+}
+
+/// Refuses a new version that returns more per prize than `before` (the
+/// stored config of the pool's last version), naming both figures.
+fn check_rtp_kept(config: &PoolConfig, before: &serde_json::Value) -> anyhow::Result<()> {
+    let Ok(before) = serde_json::from_value::<PoolConfig>(before.clone()) else {
+        return Ok(());
+    };
+    let was = lucky_gift::economics::analyze(&before).batch;
+    let now = lucky_gift::economics::analyze(config).batch;
+    // Compared exactly, as fractions: Σ m·n ÷ Σ n.
+    let raised = u128::from(now.multiplier_total) * u128::from(was.prizes)
+        > u128::from(was.multiplier_total) * u128::from(now.prizes);
+    anyhow::ensure!(
+        !raised,
+        "pool {:?}: this version returns {:.4} per prize, up from {:.4}; \
+         check the file and load it again with --accept-rtp-change",
+        config.id,
+        now.rtp,
+        was.rtp,
+    );
+    Ok(())
 }
 
 /// Refuses a new version that would move a loaded pool's prizes: they live

@@ -1,6 +1,7 @@
 //! The `prizepool` subcommands. The `prizepool` binary adds `bench`, which
 //! lives outside the library (`bench/`).
 
+mod analyze;
 mod audit;
 mod demo;
 mod dlq;
@@ -125,7 +126,25 @@ enum ActivityCommand {
 #[derive(Debug, Subcommand)]
 enum PoolCommand {
     /// Validate a pool file, store a new config version, stock first batches.
-    Load { file: PathBuf },
+    Load {
+        file: PathBuf,
+        /// Load a version that returns more per prize than the pool's last
+        /// one (refused otherwise).
+        #[arg(long)]
+        accept_rtp_change: bool,
+    },
+    /// What each pool of a pool file pays, from the file alone (no server):
+    /// return to player, hit rate, spread per draw size, the most a batch
+    /// pays, the jackpot rule's effect.
+    Analyze {
+        file: PathBuf,
+        /// Print the figures as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Also write a picture of each combo's payout to this SVG file.
+        #[arg(long, value_name = "FILE")]
+        svg: Option<PathBuf>,
+    },
     /// Show a pool's counters.
     Status {
         id: String,
@@ -285,26 +304,42 @@ async fn draw(
 
 async fn pool(config: &Config, command: PoolCommand) -> anyhow::Result<()> {
     match command {
-        PoolCommand::Load { file } => pool_load(config, &file).await,
+        PoolCommand::Load {
+            file,
+            accept_rtp_change,
+        } => {
+            let change = if accept_rtp_change {
+                crate::pools::RtpChange::Accept
+            } else {
+                crate::pools::RtpChange::Refuse
+            };
+            pool_load(config, &file, change).await
+        }
+        PoolCommand::Analyze { file, json, svg } => analyze::run(&file, json, svg.as_deref()),
         PoolCommand::Status { id, json } => pool_status(config, &id, json).await,
         PoolCommand::Refill { id } => pool_refill(config, &id).await,
     }
 }
 
 /// `pool load FILE`: stores and stocks every pool of a pool file.
-async fn pool_load(config: &Config, file: &std::path::Path) -> anyhow::Result<()> {
+async fn pool_load(
+    config: &Config,
+    file: &std::path::Path,
+    rtp_change: crate::pools::RtpChange,
+) -> anyhow::Result<()> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
     let configs = lucky_gift::parse_file(&text)
         .with_context(|| format!("{} is not a valid pool file", file.display()))?;
     let db = crate::db::migrate(&config.database_url).await?;
     let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
-    let loaded = crate::pools::load(
+    let loaded = crate::pools::load_checked(
         &db,
         &mut redis,
         &config.redis_prefix,
         &configs,
         config.refill_chunk,
+        rtp_change,
     )
     .await?;
     for l in loaded {

@@ -14,12 +14,27 @@ pub struct Invalid {
     pub message: String,
 }
 
+/// The longest description of bad input, in bytes. A description may quote
+/// the input it refuses (serde quotes an offending value, escaped), and it
+/// travels in the `rejected` reply and the dead letter's reason header:
+/// longer ones are cut (ending in `…`), so a refusal never outgrows the
+/// 64 KiB every message is held to, whatever the request held.
+pub const MAX_INVALID_MESSAGE_BYTES: usize = 1024;
+
 impl Invalid {
-    /// Bad input described by `message`.
+    /// Bad input described by `message`, cut to
+    /// [`MAX_INVALID_MESSAGE_BYTES`].
     pub fn new(message: impl Into<String>) -> Self {
-        Self {
-            message: message.into(),
+        let mut message = message.into();
+        if message.len() > MAX_INVALID_MESSAGE_BYTES {
+            let mut end = MAX_INVALID_MESSAGE_BYTES - '…'.len_utf8();
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+            message.push('…');
         }
+        Self { message }
     }
 }
 
@@ -233,6 +248,44 @@ pub fn with_type(reply_type: &str, body: &impl Serialize) -> Value {
 mod tests {
     use super::*;
     use crate::messages::{DrawQueueMessage, DrawRequest, DrawResult, Prize};
+
+    /// serde quotes the value it refuses: a request of a string of 30,000
+    /// `"` (60,000 bytes escaped) in a number's place, or of three-byte
+    /// characters, is described in at most 1 KiB, cut on a character.
+    #[test]
+    fn a_refusal_quoting_huge_input_stays_short() {
+        for filler in ["\\\"".repeat(30_000), "\u{200b}".repeat(21_000)] {
+            let body = format!(
+                r#"{{"type":"draw","request_id":"a","pool":"p","user_id":"{filler}","count":1}}"#
+            );
+            assert!(body.len() <= MAX_MESSAGE_BYTES);
+            let value = decode_envelope(body.as_bytes()).unwrap();
+            let invalid = decode_typed::<DrawQueueMessage>(&value).unwrap_err();
+            assert!(
+                invalid.message.len() <= MAX_INVALID_MESSAGE_BYTES,
+                "{}",
+                invalid.message.len()
+            );
+            assert!(
+                invalid.message.starts_with("invalid type")
+                    || invalid.message.contains("invalid type"),
+                "{}",
+                &invalid.message[..80]
+            );
+            assert!(invalid.message.ends_with('…'));
+            let reply = serde_json::to_vec(&rejected_reply(
+                Some(&value),
+                ErrorCode::InvalidRequest,
+                &invalid.message,
+            ))
+            .unwrap();
+            assert!(
+                reply.len() < 2 * MAX_INVALID_MESSAGE_BYTES,
+                "{}",
+                reply.len()
+            );
+        }
+    }
 
     #[test]
     fn bad_input_classes_are_invalid() {

@@ -576,16 +576,120 @@ fn dead_letter_copy(
     }
 }
 
-/// Keeps a batch's reply within the wire limit: when the refusals with
-/// their messages would not fit, each keeps its entry id and code only
-/// (an entry's id and code are always shorter than the entry they answer,
-/// so the reply is never larger than the batch it answers).
+/// Keeps a batch's reply within the wire limit, shortening its refusals
+/// step by step until it fits: first each keeps its entry id and code
+/// only; then its code only (a refusal can be longer than the entry it
+/// answers: `{}` is refused as `{"code":"invalid_request"}`); then the
+/// refusals that fit are kept in order and the last one says how many
+/// more there were, by code.
 fn fit_refusals(body: &mut SettleResult) {
-    let size = serde_json::to_vec(body).map_or(usize::MAX, |b| b.len());
-    if size + "settle_result".len() + 12 <= crate::messages::MAX_MESSAGE_BYTES {
+    // The reply's `"type":"settle_result",` and room for the summary.
+    const ROOM: usize = crate::messages::MAX_MESSAGE_BYTES - 512;
+    let size = |body: &SettleResult| serde_json::to_vec(body).map_or(usize::MAX, |b| b.len());
+    if size(body) <= ROOM {
         return;
     }
     for r in &mut body.refused {
         r.message = None;
+    }
+    if size(body) <= ROOM {
+        return;
+    }
+    for r in &mut body.refused {
+        r.entry_id = None;
+    }
+    if size(body) <= ROOM {
+        return;
+    }
+    let mut bytes = size(&SettleResult {
+        refused: Vec::new(),
+        ..body.clone()
+    });
+    let kept = body
+        .refused
+        .iter()
+        .take_while(|r| {
+            bytes += serde_json::to_vec(r).map_or(usize::MAX, |b| b.len()) + 1;
+            bytes <= ROOM
+        })
+        .count();
+    let rest = body.refused.split_off(kept);
+    let mut by_code = std::collections::BTreeMap::<&str, usize>::new();
+    for r in &rest {
+        *by_code.entry(r.code.as_str()).or_default() += 1;
+    }
+    let counts: Vec<String> = by_code.iter().map(|(c, n)| format!("{n} {c}")).collect();
+    body.refused.push(SettleRefusal {
+        entry_id: None,
+        code: rest.first().map_or(ErrorCode::InvalidRequest, |r| r.code),
+        message: Some(format!(
+            "{} more entries refused ({}), not listed: the reply is held to {} bytes",
+            rest.len(),
+            counts.join(", "),
+            crate::messages::MAX_MESSAGE_BYTES
+        )),
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn size(body: &SettleResult) -> usize {
+        typed_json("settle_result", body).len()
+    }
+
+    /// Refusals of every shape a batch within 64 KiB can hold: long ids
+    /// with long messages, short ids longer than their entries, and
+    /// thousands of `{}`: each reply fits, and the refusals it drops are
+    /// counted in its last one.
+    #[test]
+    fn a_batch_reply_always_fits() {
+        let refusal = |id: Option<String>, message: usize| SettleRefusal {
+            entry_id: id,
+            code: ErrorCode::InvalidRequest,
+            message: Some("m".repeat(message)),
+        };
+        let cases: Vec<Vec<SettleRefusal>> = vec![
+            (0..300)
+                .map(|i| refusal(Some(format!("{i:0>300}")), 1000))
+                .collect(),
+            (0..1000)
+                .map(|i| refusal(Some(format!("{i:0>49}")), 40))
+                .collect(),
+            (0..21_000).map(|_| refusal(None, 30)).collect(),
+        ];
+        for refused in cases {
+            let n = refused.len();
+            let mut body = SettleResult {
+                entries: Some(0),
+                refused,
+                ..SettleResult::default()
+            };
+            fit_refusals(&mut body);
+            assert!(
+                size(&body) <= crate::messages::MAX_MESSAGE_BYTES,
+                "{}",
+                size(&body)
+            );
+            let listed = body.refused.len();
+            if listed < n {
+                let last = body.refused.last().unwrap();
+                let message = last.message.as_deref().unwrap();
+                assert!(
+                    message.starts_with(&format!("{} more entries refused", n - (listed - 1))),
+                    "{message}"
+                );
+            }
+        }
+        // A reply that fits is left as it is.
+        let small = SettleResult {
+            entries: Some(1),
+            refused: vec![refusal(Some("a".into()), 10)],
+            ..SettleResult::default()
+        };
+        let mut kept = small.clone();
+        fit_refusals(&mut kept);
+        assert_eq!(kept, small);
     }
 }

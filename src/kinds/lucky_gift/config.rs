@@ -77,6 +77,10 @@ pub struct PoolConfig {
     /// from stored configs of unsharded pools, so those read as before.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub shards: u32,
+    /// The highest return to player the pool may be loaded with
+    /// ([`super::economics`]); absent from stored configs without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rtp: Option<f64>,
 }
 
 fn one() -> u32 {

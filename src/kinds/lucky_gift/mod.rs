@@ -57,6 +57,7 @@ mod coalesce;
 pub mod codes;
 pub mod config;
 mod draw;
+pub mod economics;
 pub mod jackpot;
 mod kind;
 pub mod reasons;

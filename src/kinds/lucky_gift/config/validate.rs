@@ -30,6 +30,7 @@ pub(super) struct RawPool {
     #[serde(default = "default_shards")]
     shards: i64,
     jackpot: Option<RawJackpot>,
+    max_rtp: Option<f64>,
     #[serde(default)]
     combos: Vec<RawCombo>,
 }
@@ -75,6 +76,14 @@ pub(super) fn validate(raw: RawPool) -> Result<PoolConfig, ConfigError> {
     let jackpot = raw.jackpot.as_ref().map(|j| jackpot(j, &at)).transpose()?;
     let combos = combos(&raw.id, &raw.combos)?;
     check_shards(&raw, &at)?;
+    if let Some(max) = raw.max_rtp {
+        if !(max.is_finite() && max >= 0.0) {
+            return Err(at.err(
+                "max_rtp",
+                format!("must be a finite number of at least 0, got {max}"),
+            ));
+        }
+    }
     let config = PoolConfig {
         shards: u32::try_from(raw.shards).unwrap_or(1),
         id: raw.id,
@@ -85,6 +94,7 @@ pub(super) fn validate(raw: RawPool) -> Result<PoolConfig, ConfigError> {
         asset: raw.asset,
         jackpot,
         combos,
+        max_rtp: raw.max_rtp,
     };
     let at = At {
         pool: &config.id,
@@ -98,6 +108,8 @@ pub(super) fn validate(raw: RawPool) -> Result<PoolConfig, ConfigError> {
         ));
     }
     check_draw_bounds(&config).map_err(|(field, message)| at.err(field, message))?;
+    super::super::economics::check_max_rtp(&config)
+        .map_err(|(field, message)| at.err(field, message))?;
     Ok(config)
 }
 
