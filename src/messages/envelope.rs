@@ -280,7 +280,7 @@ mod tests {
             ))
             .unwrap();
             assert!(
-                reply.len() < 2 * MAX_INVALID_MESSAGE_BYTES,
+                reply.len() < 8 * MAX_INVALID_MESSAGE_BYTES,
                 "{}",
                 reply.len()
             );
