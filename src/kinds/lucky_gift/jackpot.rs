@@ -62,9 +62,13 @@ impl Jackpot {
 }
 
 /// The meta fields the draw scripts read the rule of `config` from:
-/// `jackpot_codes` (the codes of `table` it gates, comma-separated) and
-/// `jackpot_threshold` (empty for no rule, which keeps the gate open).
-pub fn meta_fields(config: &PoolConfig, table: &CodeTable) -> [(&'static str, String); 2] {
+/// `jackpot_codes` (the codes of `table` it gates, comma-separated),
+/// `jackpot_threshold` (empty for no rule, which keeps the gate open) and
+/// `jackpot_min` (the rule's `min_multiplier`, empty for no rule), which a
+/// draw that holds jackpots back names in its fairness record instead of
+/// each position it held back (`docs/fairness.md`). The three are written
+/// in one step, so a draw reads them consistent.
+pub fn meta_fields(config: &PoolConfig, table: &CodeTable) -> [(&'static str, String); 3] {
     let codes: Vec<String> = table
         .jackpot_codes(config)
         .iter()
@@ -74,8 +78,13 @@ pub fn meta_fields(config: &PoolConfig, table: &CodeTable) -> [(&'static str, St
         .jackpot
         .as_ref()
         .map_or(String::new(), |r| r.daily_consumption_threshold.to_string());
+    let min = config
+        .jackpot
+        .as_ref()
+        .map_or(String::new(), |r| r.min_multiplier.to_string());
     [
         ("jackpot_codes", codes.join(",")),
         ("jackpot_threshold", threshold),
+        ("jackpot_min", min),
     ]
 }
