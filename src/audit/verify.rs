@@ -599,3 +599,158 @@ impl Walk<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fairness::ComboStock;
+
+    /// The batch of the documented vector (docs/fairness.md): seed 00…1f,
+    /// pool `gift`, generation 7, version 3, combos c1 = [(0, 3), (10, 1)],
+    /// c2 = [(0, 2), (50, 1)], c3 = [(5, 2)]; its order is c1 0, c1 0,
+    /// c1 10, c1 0, c3 5, c3 5, c2 0, c2 50, c2 0.
+    fn vector_order() -> Vec<(String, u64)> {
+        let seed =
+            Seed::from_hex("000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f")
+                .unwrap();
+        let combo = |id: &str, stock: &[(u64, u64)]| ComboStock {
+            combo: id.into(),
+            stock: stock.to_vec(),
+        };
+        lucky_gift_order(
+            &seed,
+            "gift",
+            7,
+            3,
+            &[
+                combo("c1", &[(0, 3), (10, 1)]),
+                combo("c2", &[(0, 2), (50, 1)]),
+                combo("c3", &[(5, 2)]),
+            ],
+        )
+    }
+
+    fn prizes(list: &[(&str, u64)]) -> Prizes {
+        Prizes::Listed(
+            list.iter()
+                .map(|(combo, multiplier)| Prize::Multiplier {
+                    multiplier: *multiplier,
+                    combo: (*combo).into(),
+                })
+                .collect(),
+        )
+    }
+
+    fn draw(serial: i64, runs: Vec<PrizeRun>, min: Option<u64>, list: &[(&str, u64)]) -> Draw {
+        Draw {
+            serial,
+            request_id: format!("r{serial}"),
+            runs,
+            held_back: Vec::new(),
+            held_back_min: min,
+            prizes: prizes(list),
+        }
+    }
+
+    /// The documented vector of a draw that holds jackpots back: under a
+    /// rule of `min_multiplier = 10`, a gated draw of 6 prizes reads
+    /// positions 0 to 6 and holds position 2 (c1 10) back; the next draw,
+    /// open, takes position 2 from the parked ones, then positions 7 and 8.
+    /// Readings that ignore the held-back count, or take the held-back
+    /// positions to be the run's last ones, or use another minimum, fail.
+    #[test]
+    fn the_documented_held_back_vector_verifies_and_wrong_readings_fail() {
+        let order = vector_order();
+        let held = |g, p, n, h| PrizeRun {
+            held_back: h,
+            ..PrizeRun::new(g, p, n)
+        };
+        let gated = draw(
+            6,
+            vec![held(7, 0, 7, 1)],
+            Some(10),
+            &[
+                ("c1", 0),
+                ("c1", 0),
+                ("c1", 0),
+                ("c3", 5),
+                ("c3", 5),
+                ("c2", 0),
+            ],
+        );
+        let open = draw(
+            9,
+            vec![PrizeRun::new(7, 2, 1), PrizeRun::new(7, 7, 2)],
+            None,
+            &[("c1", 10), ("c2", 50), ("c2", 0)],
+        );
+        let mut walk = Walk {
+            g: 7,
+            order: &order,
+            drawn: HashSet::new(),
+            parked: HashSet::new(),
+        };
+        assert_eq!(walk.draw(&gated).unwrap(), 6);
+        assert_eq!(walk.parked, HashSet::from([2]));
+        assert_eq!(walk.draw(&open).unwrap(), 3);
+        assert_eq!(walk.drawn.len(), 9, "every position drawn once");
+
+        let fresh = || Walk {
+            g: 7,
+            order: &order,
+            drawn: HashSet::new(),
+            parked: HashSet::new(),
+        };
+        // The run read as prizes one by one: position 2 is not c1 0.
+        let as_prizes = draw(
+            6,
+            vec![PrizeRun::new(7, 0, 6)],
+            None,
+            &[
+                ("c1", 0),
+                ("c1", 0),
+                ("c1", 0),
+                ("c3", 5),
+                ("c3", 5),
+                ("c2", 0),
+            ],
+        );
+        assert!(fresh().draw(&as_prizes).is_err());
+        // Another held-back count, or another minimum, does not hold.
+        for wrong in [
+            draw(6, vec![held(7, 0, 7, 2)], Some(10), &[("c1", 0); 0]),
+            draw(
+                6,
+                vec![held(7, 0, 7, 1)],
+                Some(50),
+                &[
+                    ("c1", 0),
+                    ("c1", 0),
+                    ("c1", 0),
+                    ("c3", 5),
+                    ("c3", 5),
+                    ("c2", 0),
+                ],
+            ),
+            draw(
+                6,
+                vec![held(7, 0, 7, 1)],
+                Some(5),
+                &[
+                    ("c1", 0),
+                    ("c1", 0),
+                    ("c1", 0),
+                    ("c3", 5),
+                    ("c3", 5),
+                    ("c2", 0),
+                ],
+            ),
+        ] {
+            assert!(fresh().draw(&wrong).is_err());
+        }
+        // A position held back and then held back again is refused.
+        let mut walk = fresh();
+        walk.draw(&gated).unwrap();
+        assert!(walk.draw(&gated).is_err());
+    }
+}

@@ -354,8 +354,7 @@ stock = { "0" = 29994, "10" = 293, "50" = 139, "500" = 27, "5000" = 1 }
     #[test]
     fn a_new_version_is_bounded_over_the_earlier_versions_prizes() {
         let stock = r#"{ "0" = 10, "1" = 1, "2" = 1, "3" = 1, "4" = 1 }"#;
-        let v1 = &parse_file(&big_pool(80, stock, 100, ""))
-            .expect("the first version loads")[0];
+        let v1 = &parse_file(&big_pool(80, stock, 100, "")).expect("the first version loads")[0];
         let mut v2 = parse_file(
             "[[pools]]\nid = \"big\"\nkind = \"lucky_gift\"\nunit_price = 1\nmax_count = 10000\n\
              [[pools.combos]]\nid = \"c\"\nstock = { \"0\" = 10, \"1\" = 1 }\n",
@@ -366,13 +365,18 @@ stock = { "0" = 29994, "10" = 293, "50" = 139, "500" = 27, "5000" = 1 }
         // The draw the bound must cover: 10,000 prizes cycling through
         // every prize of both versions.
         let pairs: Vec<(&str, u64)> = table.pairs().collect();
-        let worst = crate::messages::PrizeCodes::encode(
-            (0..10_000).map(|k| pairs[k % pairs.len()]),
-        );
+        let worst =
+            crate::messages::PrizeCodes::encode((0..10_000).map(|k| pairs[k % pairs.len()]));
         let worst_len = serde_json::to_vec(&worst).unwrap().len();
-        assert!(worst_len > crate::messages::MAX_MESSAGE_BYTES, "{worst_len}");
+        assert!(
+            worst_len > crate::messages::MAX_MESSAGE_BYTES,
+            "{worst_len}"
+        );
         let e = check_table_bounds(&v2, &table).unwrap_err();
-        assert!(e.contains("earlier versions") && e.contains("at most"), "{e}");
+        assert!(
+            e.contains("earlier versions") && e.contains("at most"),
+            "{e}"
+        );
         let fits: u32 = e
             .rsplit("at most ")
             .next()
@@ -382,9 +386,8 @@ stock = { "0" = 29994, "10" = 293, "50" = 139, "500" = 27, "5000" = 1 }
         assert!(fits < 10_000);
         v2.max_count = fits;
         check_table_bounds(&v2, &table).unwrap();
-        let worst = crate::messages::PrizeCodes::encode(
-            (0..fits as usize).map(|k| pairs[k % pairs.len()]),
-        );
+        let worst =
+            crate::messages::PrizeCodes::encode((0..fits as usize).map(|k| pairs[k % pairs.len()]));
         assert!(
             serde_json::to_vec(&worst).unwrap().len() + 1024 <= crate::messages::MAX_MESSAGE_BYTES
         );

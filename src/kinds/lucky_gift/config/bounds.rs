@@ -26,9 +26,15 @@ pub(super) fn check_draw_bounds(config: &PoolConfig) -> Result<(), (&'static str
             ),
         ));
     }
-    check_reply_bound(config, &entries_of(config.combos.iter().flat_map(|c| {
-        c.stock.iter().map(|(m, _)| (c.id.as_str(), *m))
-    })))
+    check_reply_bound(
+        config,
+        &entries_of(
+            config
+                .combos
+                .iter()
+                .flat_map(|c| c.stock.iter().map(|(m, _)| (c.id.as_str(), *m))),
+        ),
+    )
     .map_err(|message| ("max_count", message))
 }
 
