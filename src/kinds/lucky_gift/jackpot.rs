@@ -8,8 +8,12 @@
 //! at 2^52) and the gate is open when the total, this draw included,
 //! reaches the threshold. While it is closed, a jackpot the draw meets is
 //! parked at the tail of `held` and the next prize takes its place; once
-//! it opens, the prizes in `held` are first in line. A parked prize stays
-//! in the pool: conservation (`stocked = drawn + in pool`) counts it.
+//! it opens, the prizes in `held` are first in line, as many as form 32
+//! runs of positions a draw (so that its fairness record stays within its
+//! bound, `config::HELD_RUNS`); the others start the next draw. A parked
+//! prize stays in the pool: conservation (`stocked = drawn + in pool`)
+//! counts it. A draw that parks jackpots names the rule in its record,
+//! not each jackpot (`docs/fairness.md`), so it reads `jackpot_min` too.
 //!
 //! # Races and ordering
 //!
