@@ -142,6 +142,20 @@ async fn gated_draws_publish_bounded_records(storage: &str) {
     // draws read every jackpot of the first batch, whatever its order.
     for count in [1000, 1000, 988, 1] {
         let r = drawn.draw(&rpc, &pool, 20, count).await;
+        // A retry replays the identical answer from its stored form.
+        let again = rpc
+            .request("draw", &draw_body(&r.request_id, &pool, 20, count), T)
+            .await
+            .unwrap();
+        assert_eq!(
+            serde_json::from_slice::<DrawResult>(&again)
+                .map(|mut a| {
+                    a.expand_prizes().unwrap();
+                    a
+                })
+                .unwrap(),
+            r
+        );
         let jackpots = r.prizes.iter().any(|p| {
             matches!(p, prizepool::messages::Prize::Multiplier { multiplier, .. } if *multiplier >= 5000)
         });
