@@ -137,6 +137,10 @@ async fn stage(
         }
     }
     let table = CodeTable::extend(previous.as_ref().map(|(_, t, _)| &t.0), config);
+    // Batches of earlier versions may still be in the pool: the largest
+    // reply is bounded over every prize the table holds.
+    lucky_gift::config::check_table_bounds(config, &table)
+        .map_err(|e| anyhow::anyhow!("pool {:?}: field `max_count`: {e}", config.id))?;
     sqlx::query(
         "INSERT INTO pool_versions (pool_id, version, config, codes) VALUES ($1, $2, $3, $4)",
     )

@@ -30,14 +30,15 @@ end
 --   trigger                     the batch whose refill flag was taken, or -1
 --   codes, origins, from_held   jackpot_take()'s answer (origins flat), and
 --                               how many of its prizes came from `held`
---   parked_at                   the plan's parks (flat origins)
+--   parked_at, read_at          the plan's parks (flat origins) and reads
+--   jackpot_min                 meta's `jackpot_min` (raw)
 --   track, hgen0, next_pos      the positions() tracker, meta's `hgen`, and
 --                               the running position after the draw
 --   fields                      the storage's meta writes (name, value, ...)
 local function draw_award(d)
   local fields = d.fields
   local record, g, p = fair_record(d.meta, d.track, d.hgen0, d.origins, d.from_held, d.parked_at,
-    d.next_pos, fields)
+    d.next_pos, fields, d.read_at, d.jackpot_min)
   local serial = (tonumber(d.drawn) or 0) + d.count
   fields[#fields + 1] = 'drawn'
   fields[#fields + 1] = int(serial)

@@ -57,16 +57,34 @@ local function held_count(held_key, field)
   return tonumber(field) or redis.call('LLEN', held_key)
 end
 
--- How many of the first `count` prizes in `held` are freed (no jackpot
--- under the current rule). Read only; O(1) when the head is a jackpot,
--- O(count) at most.
-local function freed_at_head(held_key, count, jackpot)
+-- Runs of positions (as runs_of counts them) the prizes one draw takes
+-- from `held` may form, so that its fairness record stays within its
+-- bound (HELD_RUNS in src/kinds/lucky_gift/config/bounds.rs): a draw
+-- stops taking parked prizes where one more would start a run past this
+-- many, and the rest wait, still first in line, for the next draw.
+local HELD_RUNS = 32
+
+-- How many of the first `count` prizes in `held` a draw takes: those that
+-- form at most HELD_RUNS runs and, for a gated draw (`jackpot` given),
+-- none from the first jackpot under the current rule on (only the freed).
+-- Read only; O(1) when `held` is empty or a gated draw finds a jackpot at
+-- its head, O(count) at most.
+local function held_takes(held_key, count, jackpot)
   if count <= 0 then return 0 end
-  local first = redis.call('LINDEX', held_key, 0)
-  if not first or jackpot[held_code(first)] then return 0 end
-  local n = 0
+  if jackpot then
+    local first = redis.call('LINDEX', held_key, 0)
+    if not first or jackpot[held_code(first)] then return 0 end
+  end
+  local n, runs = 0, 0
+  local lg, lp = -1, 0
   for _, v in ipairs(redis.call('LRANGE', held_key, 0, count - 1)) do
-    if jackpot[held_code(v)] then break end
+    local code, g, p = held_parse(v)
+    if jackpot and jackpot[code] then break end
+    if not (g == lg and (g == 0 or p == lp + 1)) then
+      if runs == HELD_RUNS then break end
+      runs = runs + 1
+    end
+    lg, lp = g, p
     n = n + 1
   end
   return n
@@ -231,6 +249,37 @@ local function runs_of(origins)
   return table.concat(runs, ',')
 end
 
+-- The runs of a draw that held jackpots back, over every position it took
+-- or read: the first `from_held` origins of the flat `origins` (g1, p1,
+-- ...: prizes taken from `held`, none of them held back) and then the flat
+-- triples of `read_at` (g, p, held). A run "g.p.n" or "g.p.n.h" covers
+-- positions p..p+n-1 of batch g, h of them held back (batch 0, unknown,
+-- makes one run whatever the positions). The draw names no held-back
+-- position itself: they are the positions of these runs whose prize
+-- reaches the rule's minimum multiplier (docs/fairness.md), so the record
+-- grows with the batches a draw reads, not with the jackpots it meets.
+local function scan_runs(origins, from_held, read_at)
+  local runs = {}
+  local lg, lp, ln, lh = -1, 0, 0, 0
+  local function add(g, p, h)
+    if g == lg and (lg == 0 or lp + ln == p) then
+      ln = ln + 1
+      lh = lh + h
+    else
+      if lg >= 0 then
+        local run = int(lg) .. '.' .. int(lp) .. '.' .. int(ln)
+        if lh > 0 then run = run .. '.' .. int(lh) end
+        runs[#runs + 1] = run
+      end
+      lg, lp, ln, lh = g, p, 1, h
+    end
+  end
+  for k = 1, from_held do add(origins[2 * k - 1], origins[2 * k], 0) end
+  for k = 1, #read_at, 3 do add(read_at[k], read_at[k + 1], read_at[k + 2]) end
+  add(-2, 0, 0)
+  return table.concat(runs, ',')
+end
+
 -- The held counts (`hh:<g>`) a draw changes, and the batches whose seed it
 -- may reveal. `origins` as for fair_record, of which the first `from_held`
 -- were taken from `held`; `parked` the flat origins of the jackpots parked.
@@ -286,12 +335,15 @@ end
 -- `origins` lists the origins of the answer's prizes in answer order, flat
 -- (g1, p1, g2, p2, ...), the first `from_held` taken from `held`; `parked`
 -- the flat origins of the jackpots this draw parked; `next_pos` the running
--- position after the draw. Returns the answer's suffix
+-- position after the draw; `read_at` the plan's (gated draws) and `min`
+-- meta's `jackpot_min` (the rule's minimum multiplier; absent for a pool
+-- loaded before it was kept). Returns the answer's suffix
 -- "/<runs>/<parked>/<reveals>" (empty trailing fields left out): runs
--- "g.p.n" (runs_of), parked "g.p", reveals "g.<version>.<seed hex>"; and,
--- when the record is one run and nothing else, that run's batch and first
--- position.
-local function fair_record(meta_key, t, hgen0, origins, from_held, parked, next_pos, fields)
+-- "g.p.n" (runs_of), parked "g.p", reveals "g.<version>.<seed hex>"; for a
+-- draw that parked jackpots with `min` known, runs over every position
+-- read (scan_runs) and parked "m<min>"; and, when the record is one run
+-- and nothing else, that run's batch and first position.
+local function fair_record(meta_key, t, hgen0, origins, from_held, parked, next_pos, fields, read_at, min)
   track_advance(t, next_pos)
   local candidates, seen = {}, {}
   if from_held > 0 or #parked > 0 then held_counts(meta_key, origins, from_held, parked, candidates, seen) end
@@ -309,6 +361,12 @@ local function fair_record(meta_key, t, hgen0, origins, from_held, parked, next_
   track_fields(t, fields, hgen0)
   local reveals = ''
   if #candidates > 0 then reveals = reveals_of(meta_key, t, candidates) end
+  local derived = #parked > 0 and read_at ~= nil and tonumber(min) ~= nil
+  if derived then
+    local out = '/' .. scan_runs(origins, from_held, read_at) .. '/m' .. int(tonumber(min))
+    if reveals ~= '' then out = out .. '/' .. reveals end
+    return out, nil, nil
+  end
   local runs, g, p = runs_of(origins)
   local out = '/' .. runs
   -- Empty trailing fields are left out ("/<runs>" for most draws).
@@ -343,6 +401,8 @@ end
 --              origins, flat (g1, p1, g2, p2, ...)
 --   parked     `held` elements of the jackpots met and held back;
 --              `parked_at` their origins, flat
+--   read_at    gated only: every prize read, in draw order, flat
+--              (g1, p1, held1, g2, ...; held 1 for a jackpot parked, else 0)
 --   used       drawable prizes the draw used up (won and parked)
 
 -- Reads the next n drawable prizes into `plan`; while gated, jackpots are
@@ -354,7 +414,8 @@ local function pick_read(plan, src, track, jackpot, n, gated)
   for _, code in ipairs(src.read(n)) do
     local g, p = track_at(track, base + used)
     used = used + 1
-    if gated and jackpot[code] then
+    local held = gated and jackpot[code]
+    if held then
       local parked, parked_at = plan.parked, plan.parked_at
       parked[#parked + 1] = held_element(code, g, p)
       parked_at[#parked_at + 1] = g
@@ -364,16 +425,24 @@ local function pick_read(plan, src, track, jackpot, n, gated)
       won_at[#won_at + 1] = g
       won_at[#won_at + 1] = p
     end
+    if gated then
+      local read_at = plan.read_at
+      read_at[#read_at + 1] = g
+      read_at[#read_at + 1] = p
+      read_at[#read_at + 1] = held and 1 or 0
+    end
   end
   plan.used = used
 end
 
 local function jackpot_pick(held_key, held_len, count, open, jackpot, src, track)
-  local plan = {from_held = 0, won = {}, won_at = {}, parked = {}, parked_at = {}, used = 0}
+  local plan = {from_held = 0, won = {}, won_at = {}, parked = {}, parked_at = {}, read_at = {}, used = 0}
   if open then
     if held_len + src.visible < count then return nil, held_len + src.visible end
-    -- Waiting jackpots are first in line, then the pool in order.
-    plan.from_held = math.min(count, held_len)
+    -- Waiting jackpots are first in line (as many as the record's bound
+    -- lets one draw take), then the pool in order.
+    plan.from_held = held_takes(held_key, math.min(count, held_len), nil)
+    if src.visible + plan.from_held < count then return nil, plan.from_held + src.visible end
     if count > plan.from_held then pick_read(plan, src, track, jackpot, count - plan.from_held, false) end
     return plan
   end
@@ -383,7 +452,7 @@ local function jackpot_pick(held_key, held_len, count, open, jackpot, src, track
   -- draw costs O(count) however many jackpots wait; a long run of jackpots
   -- costs its length, in chunks. A chunk never reads past the prize that
   -- completes the draw: it is no longer than the prizes still missing.
-  plan.from_held = freed_at_head(held_key, count, jackpot)
+  plan.from_held = held_takes(held_key, math.min(count, held_len), jackpot)
   if src.visible + plan.from_held < count then return nil, held_len + src.visible end
   local need = count - plan.from_held
   while #plan.won < need and plan.used < src.visible do

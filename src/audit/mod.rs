@@ -500,11 +500,7 @@ mod tests {
 
     #[test]
     fn only_a_listed_draw_of_one_run_without_parked_jackpots_is_lean() {
-        let run = |generation, position, count| PrizeRun {
-            generation,
-            position,
-            count,
-        };
+        let run = PrizeRun::new;
         let draw = DrawResult {
             prizes: vec![prize("a", 5), prize("b", 0)],
             positions: vec![run(3, 10, 2)],

@@ -110,7 +110,18 @@ struct Rows<'a> {
     digests: Vec<Option<Vec<u8>>>,
     prizes: Vec<Option<Json<PrizesRecord<'a>>>>,
     runs: Vec<Option<Json<&'a [crate::messages::PrizeRun]>>>,
-    held_back: Vec<Option<Json<&'a [crate::messages::BatchPosition]>>>,
+    held_back: Vec<Option<Json<HeldBackRecord<'a>>>>,
+}
+
+/// `fair_draws.held_back` of a full record: the positions held back, as
+/// the reply listed them, or for a draw that named the jackpot rule
+/// instead, `{"min_multiplier": M}` (its runs then cover every position it
+/// read; the verifier tells them apart by the order's multipliers).
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum HeldBackRecord<'a> {
+    List(&'a [crate::messages::BatchPosition]),
+    Rule { min_multiplier: u64 },
 }
 
 impl<'a> Rows<'a> {
@@ -158,7 +169,11 @@ impl<'a> Rows<'a> {
                     None => PrizesRecord::List(&result.prizes),
                 })));
                 self.runs.push(Some(Json(&result.positions)));
-                self.held_back.push(Some(Json(&result.held_back)));
+                self.held_back
+                    .push(Some(Json(match result.held_back_min_multiplier {
+                        Some(min_multiplier) => HeldBackRecord::Rule { min_multiplier },
+                        None => HeldBackRecord::List(&result.held_back),
+                    })));
             }
         }
     }
@@ -173,6 +188,8 @@ pub(super) fn lean_form(result: &DrawResult) -> Option<(crate::messages::PrizeRu
         return None;
     };
     if !result.held_back.is_empty()
+        || result.held_back_min_multiplier.is_some()
+        || run.held_back != 0
         || result.prize_codes.is_some()
         || run.count == 0
         || run.count != result.prizes.len() as u64

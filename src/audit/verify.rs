@@ -120,6 +120,16 @@ enum RecordedPrizes {
     Codes(PrizeCodes),
 }
 
+/// `fair_draws.held_back`: the positions a draw held back, one by one, or
+/// the jackpot rule it named instead (its runs then cover every position it
+/// read, and those whose prize reaches `min_multiplier` were held back).
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum RecordedHeldBack {
+    List(Vec<BatchPosition>),
+    Rule { min_multiplier: u64 },
+}
+
 /// A `fair_draws` row: serial, request id, then the lean form (generation,
 /// position, count, prizes' digest) or the full form (prizes, runs,
 /// parked jackpots), the other form NULL.
@@ -132,7 +142,7 @@ type DrawRow = (
     Option<Vec<u8>>,
     Option<Json<RecordedPrizes>>,
     Option<Json<Vec<PrizeRun>>>,
-    Option<Json<Vec<BatchPosition>>>,
+    Option<Json<RecordedHeldBack>>,
 );
 
 /// A recorded draw, either form, as the verifier walks it.
@@ -141,6 +151,9 @@ struct Draw {
     request_id: String,
     runs: Vec<PrizeRun>,
     held_back: Vec<BatchPosition>,
+    /// For a draw that named the jackpot rule: the positions of its runs
+    /// whose prize has at least this multiplier were held back.
+    held_back_min: Option<u64>,
     prizes: Prizes,
 }
 
@@ -164,13 +177,14 @@ impl Draw {
                 ..Mismatch::about(reason)
             })
         };
+        let mut held_back_min = None;
         let (runs, held_back, prizes) = match (generation, position, count, digest, prizes, runs) {
             (Some(generation), Some(position), Some(count), Some(digest), None, None) => {
-                let run = PrizeRun {
-                    generation: generation.unsigned_abs(),
-                    position: position.unsigned_abs(),
-                    count: count.unsigned_abs(),
-                };
+                let run = PrizeRun::new(
+                    generation.unsigned_abs(),
+                    position.unsigned_abs(),
+                    count.unsigned_abs(),
+                );
                 (vec![run], Vec::new(), Prizes::Digest(digest))
             }
             (None, None, None, None, Some(Json(prizes)), Some(Json(runs))) => {
@@ -180,7 +194,21 @@ impl Draw {
                         .expand()
                         .map_err(|e| broken(format!("the draw's prizes do not read: {e}")))?,
                 };
-                let held_back = held_back.map(|Json(h)| h).unwrap_or_default();
+                let held_back = match held_back {
+                    None => Vec::new(),
+                    Some(Json(RecordedHeldBack::List(list))) => list,
+                    Some(Json(RecordedHeldBack::Rule { min_multiplier })) => {
+                        held_back_min = Some(min_multiplier);
+                        Vec::new()
+                    }
+                };
+                if runs.iter().any(|r| r.held_back > r.count)
+                    || (held_back_min.is_none() && runs.iter().any(|r| r.held_back > 0))
+                {
+                    return Err(broken(
+                        "the draw's runs hold back positions it does not account for".into(),
+                    ));
+                }
                 (runs, held_back, Prizes::Listed(prizes))
             }
             _ => return Err(broken("the draw's record is in neither form".into())),
@@ -190,6 +218,7 @@ impl Draw {
             request_id,
             runs,
             held_back,
+            held_back_min,
             prizes,
         })
     }
@@ -426,28 +455,44 @@ impl Walk<'_> {
     /// Checks one draw against the batch's order and takes its positions;
     /// returns how many of its prizes came from this batch.
     fn draw(&mut self, draw: &Draw) -> Result<u64, Box<Mismatch>> {
+        let order = self.order;
         let at = |position: u64, reason: &str, found: Option<(String, u64)>| {
             Box::new(Mismatch {
                 reason: reason.to_owned(),
                 request_id: Some(draw.request_id.clone()),
                 serial: Some(draw.serial),
                 position: Some(position),
-                expected: self.order.get(position as usize).cloned(),
+                expected: order.get(position as usize).cloned(),
                 found,
             })
         };
         let mut checked = 0;
         let mut k = 0usize;
         for run in &draw.runs {
+            if run.generation != self.g {
+                // Another batch's run: its prizes are its positions less
+                // those it held back (checked with that batch).
+                k += (run.count - run.held_back) as usize;
+                continue;
+            }
+            let mut held = 0;
             for position in run.position..run.position + run.count {
+                if let Some(min) = draw.held_back_min {
+                    // Held back, not drawn: the prize there reaches the rule.
+                    match self.order.get(position as usize) {
+                        Some((_, multiplier)) if *multiplier >= min => {
+                            held += 1;
+                            self.park(draw, position)?;
+                            continue;
+                        }
+                        _ => {}
+                    }
+                }
                 let prize = match &draw.prizes {
                     Prizes::Listed(prizes) => prizes.get(k),
                     Prizes::Digest(_) => None,
                 };
                 k += 1;
-                if run.generation != self.g {
-                    continue;
-                }
                 let found = match prize {
                     Some(Prize::Multiplier { multiplier, combo }) => {
                         Some((combo.clone(), *multiplier))
@@ -470,6 +515,16 @@ impl Walk<'_> {
                     ));
                 }
                 checked += 1;
+            }
+            if held != run.held_back {
+                return Err(at(
+                    run.position,
+                    &format!(
+                        "the run says {} of its positions were held back, the seed puts {held} jackpots there",
+                        run.held_back
+                    ),
+                    None,
+                ));
             }
         }
         match &draw.prizes {
@@ -519,20 +574,183 @@ impl Walk<'_> {
 
     /// The jackpots a draw parked were not drawn before, nor parked twice.
     fn held_back(&mut self, draw: &Draw) -> Result<(), Box<Mismatch>> {
-        for h in draw.held_back.iter().filter(|h| h.generation == self.g) {
-            if h.position as usize >= self.order.len()
-                || self.drawn.contains(&h.position)
-                || !self.parked.insert(h.position)
-            {
-                return Err(Box::new(Mismatch {
-                    request_id: Some(draw.request_id.clone()),
-                    serial: Some(draw.serial),
-                    position: Some(h.position),
-                    expected: self.order.get(h.position as usize).cloned(),
-                    ..Mismatch::about("a parked position that was taken already")
-                }));
-            }
+        let g = self.g;
+        for h in draw.held_back.iter().filter(|h| h.generation == g) {
+            self.park(draw, h.position)?;
         }
         Ok(())
+    }
+
+    /// Takes `position` as parked by `draw`: it must be in the batch, not
+    /// drawn before, nor parked before.
+    fn park(&mut self, draw: &Draw, position: u64) -> Result<(), Box<Mismatch>> {
+        if position as usize >= self.order.len()
+            || self.drawn.contains(&position)
+            || !self.parked.insert(position)
+        {
+            return Err(Box::new(Mismatch {
+                request_id: Some(draw.request_id.clone()),
+                serial: Some(draw.serial),
+                position: Some(position),
+                expected: self.order.get(position as usize).cloned(),
+                ..Mismatch::about("a parked position that was taken already")
+            }));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fairness::ComboStock;
+
+    /// The batch of the documented vector (docs/fairness.md): seed 00…1f,
+    /// pool `gift`, generation 7, version 3, combos c1 = [(0, 3), (10, 1)],
+    /// c2 = [(0, 2), (50, 1)], c3 = [(5, 2)]; its order is c1 0, c1 0,
+    /// c1 10, c1 0, c3 5, c3 5, c2 0, c2 50, c2 0.
+    fn vector_order() -> Vec<(String, u64)> {
+        let seed =
+            Seed::from_hex("000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f")
+                .unwrap();
+        let combo = |id: &str, stock: &[(u64, u64)]| ComboStock {
+            combo: id.into(),
+            stock: stock.to_vec(),
+        };
+        lucky_gift_order(
+            &seed,
+            "gift",
+            7,
+            3,
+            &[
+                combo("c1", &[(0, 3), (10, 1)]),
+                combo("c2", &[(0, 2), (50, 1)]),
+                combo("c3", &[(5, 2)]),
+            ],
+        )
+    }
+
+    fn prizes(list: &[(&str, u64)]) -> Prizes {
+        Prizes::Listed(
+            list.iter()
+                .map(|(combo, multiplier)| Prize::Multiplier {
+                    multiplier: *multiplier,
+                    combo: (*combo).into(),
+                })
+                .collect(),
+        )
+    }
+
+    fn draw(serial: i64, runs: Vec<PrizeRun>, min: Option<u64>, list: &[(&str, u64)]) -> Draw {
+        Draw {
+            serial,
+            request_id: format!("r{serial}"),
+            runs,
+            held_back: Vec::new(),
+            held_back_min: min,
+            prizes: prizes(list),
+        }
+    }
+
+    /// The documented vector of a draw that holds jackpots back: under a
+    /// rule of `min_multiplier = 10`, a gated draw of 6 prizes reads
+    /// positions 0 to 6 and holds position 2 (c1 10) back; the next draw,
+    /// open, takes position 2 from the parked ones, then positions 7 and 8.
+    /// Readings that ignore the held-back count, or take the held-back
+    /// positions to be the run's last ones, or use another minimum, fail.
+    #[test]
+    fn the_documented_held_back_vector_verifies_and_wrong_readings_fail() {
+        let order = vector_order();
+        let held = |g, p, n, h| PrizeRun {
+            held_back: h,
+            ..PrizeRun::new(g, p, n)
+        };
+        let gated = draw(
+            6,
+            vec![held(7, 0, 7, 1)],
+            Some(10),
+            &[
+                ("c1", 0),
+                ("c1", 0),
+                ("c1", 0),
+                ("c3", 5),
+                ("c3", 5),
+                ("c2", 0),
+            ],
+        );
+        let open = draw(
+            9,
+            vec![PrizeRun::new(7, 2, 1), PrizeRun::new(7, 7, 2)],
+            None,
+            &[("c1", 10), ("c2", 50), ("c2", 0)],
+        );
+        let mut walk = Walk {
+            g: 7,
+            order: &order,
+            drawn: HashSet::new(),
+            parked: HashSet::new(),
+        };
+        assert_eq!(walk.draw(&gated).unwrap(), 6);
+        assert_eq!(walk.parked, HashSet::from([2]));
+        assert_eq!(walk.draw(&open).unwrap(), 3);
+        assert_eq!(walk.drawn.len(), 9, "every position drawn once");
+
+        let fresh = || Walk {
+            g: 7,
+            order: &order,
+            drawn: HashSet::new(),
+            parked: HashSet::new(),
+        };
+        // The run read as prizes one by one: position 2 is not c1 0.
+        let as_prizes = draw(
+            6,
+            vec![PrizeRun::new(7, 0, 6)],
+            None,
+            &[
+                ("c1", 0),
+                ("c1", 0),
+                ("c1", 0),
+                ("c3", 5),
+                ("c3", 5),
+                ("c2", 0),
+            ],
+        );
+        assert!(fresh().draw(&as_prizes).is_err());
+        // Another held-back count, or another minimum, does not hold.
+        for wrong in [
+            draw(6, vec![held(7, 0, 7, 2)], Some(10), &[("c1", 0); 0]),
+            draw(
+                6,
+                vec![held(7, 0, 7, 1)],
+                Some(50),
+                &[
+                    ("c1", 0),
+                    ("c1", 0),
+                    ("c1", 0),
+                    ("c3", 5),
+                    ("c3", 5),
+                    ("c2", 0),
+                ],
+            ),
+            draw(
+                6,
+                vec![held(7, 0, 7, 1)],
+                Some(5),
+                &[
+                    ("c1", 0),
+                    ("c1", 0),
+                    ("c1", 0),
+                    ("c3", 5),
+                    ("c3", 5),
+                    ("c2", 0),
+                ],
+            ),
+        ] {
+            assert!(fresh().draw(&wrong).is_err());
+        }
+        // A position held back and then held back again is refused.
+        let mut walk = fresh();
+        walk.draw(&gated).unwrap();
+        assert!(walk.draw(&gated).is_err());
     }
 }

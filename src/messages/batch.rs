@@ -134,11 +134,12 @@ pub fn batch_reply(results: &[Vec<u8>]) -> Vec<u8> {
 /// Fields an entry of a `draw_result.batch` loses first when the reply
 /// would pass [`MAX_MESSAGE_BYTES`]: the prizes and the records that grow
 /// with them. The totals stay, so the entry still says what it pays.
-const DETAIL_FIELDS: [&str; 7] = [
+const DETAIL_FIELDS: [&str; 8] = [
     "prizes",
     "prize_codes",
     "positions",
     "held_back",
+    "held_back_min_multiplier",
     "revealed",
     "pick",
     "previous",

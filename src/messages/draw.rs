@@ -112,9 +112,18 @@ pub struct DrawResult {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub positions: Vec<PrizeRun>,
     /// Lucky gift: jackpots this draw met while they were gated and parked
-    /// at the pool's head, where they came from.
+    /// at the pool's head, where they came from, one by one. A draw that
+    /// names the rule instead (`held_back_min_multiplier`) leaves it out.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held_back: Vec<BatchPosition>,
+    /// Lucky gift: set when this draw held jackpots back: the jackpot
+    /// rule's minimum multiplier. Its `positions` then cover every position
+    /// the draw read, and the prizes there of at least this multiplier were
+    /// held back (parked at the pool's head), not drawn; each run says how
+    /// many (`held_back`). The other positions are the draw's prizes, in
+    /// order (`docs/fairness.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_back_min_multiplier: Option<u64>,
     /// Lucky gift: the seeds of the batches this draw used up, revealed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub revealed: Vec<Reveal>,
@@ -179,14 +188,36 @@ impl LotteryPick {
     }
 }
 
-/// `count` consecutive prizes of a draw taken from positions `position`,
-/// `position + 1`, … of batch `generation` (generation 0: a batch stocked
-/// before batches were committed).
+/// `count` consecutive positions `position`, `position + 1`, … of batch
+/// `generation` (generation 0: a batch stocked before batches were
+/// committed) a draw took its prizes from; of a draw that held jackpots
+/// back (`held_back_min_multiplier`), the positions it read, `held_back`
+/// of them held back and the others its prizes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct PrizeRun {
     pub generation: u64,
     pub position: u64,
     pub count: u64,
+    /// How many of the run's positions were held back (absent: none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub held_back: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl PrizeRun {
+    /// A run of `count` positions from `position` of batch `generation`,
+    /// none held back.
+    pub fn new(generation: u64, position: u64, count: u64) -> Self {
+        Self {
+            generation,
+            position,
+            count,
+            held_back: 0,
+        }
+    }
 }
 
 /// A position in the order of batch `generation`.

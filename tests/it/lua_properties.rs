@@ -227,19 +227,18 @@ async fn check_positions(
         .iter()
         .map(|r| (r.generation, (r.version, r.seed.clone())))
         .collect();
-    let mut at = Vec::new();
+    let mut read = Vec::new();
     for run in &d.positions {
         for p in run.position..run.position + run.count {
-            at.push((run.generation, p));
+            read.push((run.generation, p));
         }
     }
-    prop_assert_eq!(at.len(), d.codes.len(), "every prize names its position");
-    let parked: Vec<(u64, u64)> = d
+    let listed: Vec<(u64, u64)> = d
         .held_back
         .iter()
         .map(|h| (h.generation, h.position))
         .collect();
-    for &(g, _) in at.iter().chain(&parked) {
+    for &(g, _) in read.iter().chain(&listed) {
         prop_assert!(g > 0, "every batch here is committed");
         if fair.orders.contains_key(&g) {
             continue;
@@ -262,6 +261,31 @@ async fn check_positions(
         let batch = lucky_gift::Batch::build_fair(config, table, &mut seed.stream(&context));
         fair.orders.insert(g, batch.codes);
     }
+    // A draw that names the rule covers every position it read: those
+    // whose prize reaches the rule were held back, each run says how many.
+    let (at, parked) = match d.held_back_min_multiplier {
+        None => (read, listed),
+        Some(min) => {
+            prop_assert!(listed.is_empty());
+            prop_assert_eq!(min, jackpot_min, "the record names the pool's rule");
+            let is_jackpot = |&(g, p): &(u64, u64)| {
+                fair.orders[&g]
+                    .get(p as usize)
+                    .is_some_and(|code| table.decode(*code).unwrap().1 >= min)
+            };
+            let mut k = 0;
+            for run in &d.positions {
+                let held = read[k..k + run.count as usize]
+                    .iter()
+                    .filter(|at| is_jackpot(at))
+                    .count();
+                prop_assert_eq!(held as u64, run.held_back, "the run's held-back count");
+                k += run.count as usize;
+            }
+            read.into_iter().partition(|at| !is_jackpot(at))
+        }
+    };
+    prop_assert_eq!(at.len(), d.codes.len(), "every prize names its position");
     for (&(g, p), code) in at.iter().zip(&d.codes) {
         prop_assert_eq!(
             fair.orders[&g].get(p as usize),

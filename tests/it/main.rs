@@ -42,6 +42,7 @@ mod graceful_burst;
 mod hand_back;
 mod hostile;
 mod hot_pools;
+mod jackpot_records;
 mod lottery;
 mod lua_properties;
 mod lucky_gift_rules;

@@ -62,6 +62,12 @@ impl CodeTable {
             .map(|i| i as u32)
     }
 
+    /// Every (combo, multiplier) pair of the table, in code order: the
+    /// prizes of every version the pool was loaded with.
+    pub fn pairs(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.entries.iter().map(|(c, m)| (c.as_str(), *m))
+    }
+
     /// Number of codes.
     pub fn len(&self) -> usize {
         self.entries.len()

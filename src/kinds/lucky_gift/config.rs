@@ -10,7 +10,7 @@ use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
-pub use bounds::max_reply_len;
+pub use bounds::{check_table_bounds, max_reply_len, HELD_RUNS};
 use validate::validate;
 
 pub use super::{jackpot::Jackpot, storage::name::Storage};
@@ -222,6 +222,7 @@ pub fn parse_file(text: &str) -> Result<Vec<PoolConfig>, ConfigError> {
 mod tests {
     use super::bounds::SPANNED_BATCHES;
     use super::*;
+    use crate::kinds::lucky_gift::CodeTable;
 
     const GOOD: &str = r#"
 [[pools]]
@@ -348,13 +349,64 @@ stock = { "0" = 29994, "10" = 293, "50" = 139, "500" = 27, "5000" = 1 }
         assert_eq!(pool[0].max_count, fits);
     }
 
+    /// A new version is bounded over the prizes of every earlier version
+    /// too: batches of those may still be in the pool, and a big draw
+    /// crossing them holds their (more, longer) combo ids. A version that
+    /// fits alone but not with its predecessor's prizes is refused, naming
+    /// how many prizes fit; that many load, and the worst draw of them over
+    /// both versions' prizes fits.
+    #[test]
+    fn a_new_version_is_bounded_over_the_earlier_versions_prizes() {
+        let stock = r#"{ "0" = 10, "1" = 1, "2" = 1, "3" = 1, "4" = 1 }"#;
+        let v1 = &parse_file(&big_pool(80, stock, 100, "")).expect("the first version loads")[0];
+        let mut v2 = parse_file(
+            "[[pools]]\nid = \"big\"\nkind = \"lucky_gift\"\nunit_price = 1\nmax_count = 10000\n\
+             [[pools.combos]]\nid = \"c\"\nstock = { \"0\" = 10, \"1\" = 1 }\n",
+        )
+        .expect("the second version loads on its own")
+        .remove(0);
+        let table = CodeTable::extend(Some(&CodeTable::extend(None, v1)), &v2);
+        // The draw the bound must cover: 10,000 prizes cycling through
+        // every prize of both versions.
+        let pairs: Vec<(&str, u64)> = table.pairs().collect();
+        let worst =
+            crate::messages::PrizeCodes::encode((0..10_000).map(|k| pairs[k % pairs.len()]));
+        let worst_len = serde_json::to_vec(&worst).unwrap().len();
+        assert!(
+            worst_len > crate::messages::MAX_MESSAGE_BYTES,
+            "{worst_len}"
+        );
+        let e = check_table_bounds(&v2, &table).unwrap_err();
+        assert!(
+            e.contains("earlier versions") && e.contains("at most"),
+            "{e}"
+        );
+        let fits: u32 = e
+            .rsplit("at most ")
+            .next()
+            .and_then(|t| t.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap();
+        assert!(fits < 10_000);
+        v2.max_count = fits;
+        check_table_bounds(&v2, &table).unwrap();
+        let worst =
+            crate::messages::PrizeCodes::encode((0..fits as usize).map(|k| pairs[k % pairs.len()]));
+        assert!(
+            serde_json::to_vec(&worst).unwrap().len() + 1024 <= crate::messages::MAX_MESSAGE_BYTES
+        );
+    }
+
     proptest::proptest! {
         /// The load bound is sound: for any pool that loads, a reply to a
         /// draw of `max_count` prizes in the worst order (every prize unlike
         /// its neighbour, cycling through every distinct prize), with the
         /// longest ids and numbers and the fairness record of every batch
-        /// it can span, sealed as its event, takes no more than
-        /// [`max_reply_len`], which is within 64 KiB.
+        /// it can span (each run covering the most positions a batch holds,
+        /// held back or not, as a draw that meets the jackpot rule writes
+        /// it), of as many runs of prizes taken from the parked ones as a
+        /// draw may take, and a reveal for each, sealed as its event, takes
+        /// no more than [`max_reply_len`], which is within 64 KiB.
         #[test]
         fn the_load_bound_covers_the_worst_reply(
             combos in proptest::collection::vec(
@@ -362,11 +414,17 @@ stock = { "0" = 29994, "10" = 293, "50" = 139, "500" = 27, "5000" = 1 }
                 1..12,
             ),
             max_count in 1u32..=10_000,
+            jackpot in proptest::option::of(1u64..=1_000_000),
         ) {
             let mut text = format!(
                 "[[pools]]\nid = \"{}\"\nkind = \"lucky_gift\"\nunit_price = 1\nmax_count = {max_count}\n",
                 "p".repeat(crate::messages::MAX_ID_LEN)
             );
+            if let Some(min) = jackpot {
+                text.push_str(&format!(
+                    "jackpot = {{ min_multiplier = {min}, daily_consumption_threshold = 1000 }}\n"
+                ));
+            }
             for (n, (len, stock)) in combos.iter().enumerate() {
                 let id = format!("{n}{}", "q".repeat(64)).chars().take(*len.max(&(n.to_string().len()))).collect::<String>();
                 let items: Vec<String> = stock.iter().map(|(m, k)| format!("\"{m}\" = {k}")).collect();
@@ -386,8 +444,23 @@ stock = { "0" = 29994, "10" = 293, "50" = 139, "500" = 27, "5000" = 1 }
                 .collect();
             let count = config.max_count as usize;
             let prizes: Vec<(&str, u64)> = (0..count).map(|k| pairs[k % pairs.len()]).collect();
-            let batches = (count.div_ceil(config.batch_size() as usize) + 1).min(SPANNED_BATCHES);
+            // A batch gives a draw at least its prizes below the rule (all
+            // of them when the rule gates every prize: then only an open
+            // draw wins).
+            let below: u64 = config
+                .combos
+                .iter()
+                .flat_map(|c| c.stock.iter())
+                .filter(|(m, _)| !config.is_jackpot(*m))
+                .map(|(_, n)| n)
+                .sum();
+            let per_batch = if below > 0 { below } else { config.batch_size() };
+            let batches = (count.div_ceil(per_batch as usize) + 1).min(SPANNED_BATCHES);
             let big = 9_999_999_999u64;
+            let run = crate::messages::PrizeRun {
+                held_back: 49_999_999,
+                ..crate::messages::PrizeRun::new(big, 49_999_999, 49_999_999)
+            };
             let result = crate::messages::DrawResult {
                 request_id: "r".repeat(crate::messages::MAX_ID_LEN),
                 status: crate::messages::Status::Ok,
@@ -409,10 +482,9 @@ stock = { "0" = 29994, "10" = 293, "50" = 139, "500" = 27, "5000" = 1 }
                         .map(|(c, m)| crate::messages::Prize::Multiplier { multiplier: *m, combo: (*c).to_owned() })
                         .collect()
                 },
-                positions: (0..batches)
-                    .map(|_| crate::messages::PrizeRun { generation: big, position: 49_999_999, count: 10_000 })
-                    .collect(),
-                revealed: (0..batches)
+                positions: (0..batches + HELD_RUNS).map(|_| run).collect(),
+                held_back_min_multiplier: Some(crate::kinds::lucky_gift::config::MAX_MULTIPLIER),
+                revealed: (0..batches + HELD_RUNS)
                     .map(|_| crate::messages::Reveal { generation: big, version: big as i64, seed: "f".repeat(64) })
                     .collect(),
                 ..crate::messages::DrawResult::default()

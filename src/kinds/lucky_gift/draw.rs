@@ -395,6 +395,7 @@ fn award(
             version: Some(drawn.version),
             positions: drawn.positions,
             held_back: drawn.held_back,
+            held_back_min_multiplier: drawn.held_back_min_multiplier,
             revealed: drawn.revealed,
             ..DrawResult::default()
         },

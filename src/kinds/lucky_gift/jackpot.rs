@@ -8,8 +8,12 @@
 //! at 2^52) and the gate is open when the total, this draw included,
 //! reaches the threshold. While it is closed, a jackpot the draw meets is
 //! parked at the tail of `held` and the next prize takes its place; once
-//! it opens, the prizes in `held` are first in line. A parked prize stays
-//! in the pool: conservation (`stocked = drawn + in pool`) counts it.
+//! it opens, the prizes in `held` are first in line, as many as form 32
+//! runs of positions a draw (so that its fairness record stays within its
+//! bound, `config::HELD_RUNS`); the others start the next draw. A parked
+//! prize stays in the pool: conservation (`stocked = drawn + in pool`)
+//! counts it. A draw that parks jackpots names the rule in its record,
+//! not each jackpot (`docs/fairness.md`), so it reads `jackpot_min` too.
 //!
 //! # Races and ordering
 //!
@@ -62,9 +66,13 @@ impl Jackpot {
 }
 
 /// The meta fields the draw scripts read the rule of `config` from:
-/// `jackpot_codes` (the codes of `table` it gates, comma-separated) and
-/// `jackpot_threshold` (empty for no rule, which keeps the gate open).
-pub fn meta_fields(config: &PoolConfig, table: &CodeTable) -> [(&'static str, String); 2] {
+/// `jackpot_codes` (the codes of `table` it gates, comma-separated),
+/// `jackpot_threshold` (empty for no rule, which keeps the gate open) and
+/// `jackpot_min` (the rule's `min_multiplier`, empty for no rule), which a
+/// draw that holds jackpots back names in its fairness record instead of
+/// each position it held back (`docs/fairness.md`). The three are written
+/// in one step, so a draw reads them consistent.
+pub fn meta_fields(config: &PoolConfig, table: &CodeTable) -> [(&'static str, String); 3] {
     let codes: Vec<String> = table
         .jackpot_codes(config)
         .iter()
@@ -74,8 +82,13 @@ pub fn meta_fields(config: &PoolConfig, table: &CodeTable) -> [(&'static str, St
         .jackpot
         .as_ref()
         .map_or(String::new(), |r| r.daily_consumption_threshold.to_string());
+    let min = config
+        .jackpot
+        .as_ref()
+        .map_or(String::new(), |r| r.min_multiplier.to_string());
     [
         ("jackpot_codes", codes.join(",")),
         ("jackpot_threshold", threshold),
+        ("jackpot_min", min),
     ]
 }

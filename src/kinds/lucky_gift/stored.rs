@@ -14,6 +14,9 @@ use crate::{
 /// An award as stored in Redis:
 /// `"<serial>|<version>|<unit_price>|<trigger>|<codes>[/<runs>/<parked>/<reveals>]|<asset>"`
 /// (answers stored before batches were committed lack the fairness record).
+/// `<runs>` are `g.p.n` items, or `g.p.n.h` with `h` positions held back;
+/// `<parked>` is `g.p` items, one per jackpot held back, or `m<min>` for a
+/// draw whose runs cover every position it read (`lua/lib/jackpot.lua`).
 /// `<codes>` are the prizes' codes in draw order, comma-separated, each
 /// `<code>` or a run `<code>*<n>` of `n` equal codes in a row
 /// ([`crate::messages::prize_codes::parse_runs`]); a list that expands past
@@ -36,6 +39,9 @@ pub struct Drawn {
     pub positions: Vec<PrizeRun>,
     /// Jackpots the draw parked, where they came from.
     pub held_back: Vec<BatchPosition>,
+    /// The jackpot rule's minimum multiplier, for a draw whose runs cover
+    /// every position it read, held back or not.
+    pub held_back_min_multiplier: Option<u64>,
     /// Batch seeds this draw revealed.
     pub revealed: Vec<Reveal>,
 }
@@ -54,22 +60,37 @@ impl Drawn {
         let mut record = parts.next().ok_or_else(bad)?.split('/');
         let codes = expand_codes(record.next().unwrap_or_default()).ok_or_else(bad)?;
         let positions = list(record.next().unwrap_or_default(), |s| {
+            let (s, held_back) = match s.matches('.').count() {
+                3 => {
+                    let (run, held) = s.rsplit_once('.')?;
+                    (run, held.parse().ok().filter(|h| *h > 0)?)
+                }
+                _ => (s, 0),
+            };
             let [generation, position, count] = numbers(s)?;
-            Some(PrizeRun {
+            (held_back <= count).then_some(PrizeRun {
                 generation,
                 position,
                 count,
+                held_back,
             })
         })
         .ok_or_else(bad)?;
-        let held_back = list(record.next().unwrap_or_default(), |s| {
-            let [generation, position] = numbers(s)?;
-            Some(BatchPosition {
-                generation,
-                position,
-            })
-        })
-        .ok_or_else(bad)?;
+        let parked = record.next().unwrap_or_default();
+        let (held_back, held_back_min_multiplier) = match parked.strip_prefix('m') {
+            Some(min) => (Vec::new(), Some(min.parse::<u64>().map_err(|_| bad())?)),
+            None => {
+                let held_back = list(parked, |s| {
+                    let [generation, position] = numbers(s)?;
+                    Some(BatchPosition {
+                        generation,
+                        position,
+                    })
+                })
+                .ok_or_else(bad)?;
+                (held_back, None)
+            }
+        };
         let revealed = list(record.next().unwrap_or_default(), |s| {
             let mut it = s.splitn(3, '.');
             let generation = it.next()?.parse().ok()?;
@@ -83,8 +104,14 @@ impl Drawn {
             })
         })
         .ok_or_else(bad)?;
-        let covered: u64 = positions.iter().map(|r| r.count).sum();
-        if record.next().is_some() || (!positions.is_empty() && covered != codes.len() as u64) {
+        // The runs cover the prizes, and the positions held back besides
+        // (which only a draw that names the rule may hold).
+        let covered: u64 = positions.iter().map(|r| r.count - r.held_back).sum();
+        let held: u64 = positions.iter().map(|r| r.held_back).sum();
+        if record.next().is_some()
+            || (!positions.is_empty() && covered != codes.len() as u64)
+            || (held > 0) != held_back_min_multiplier.is_some()
+        {
             return Err(bad());
         }
         let asset = parts.next().filter(|a| !a.is_empty()).ok_or_else(bad)?;
@@ -97,6 +124,7 @@ impl Drawn {
             asset: asset.to_owned(),
             positions,
             held_back,
+            held_back_min_multiplier,
             revealed,
         })
     }
@@ -259,18 +287,7 @@ mod tests {
         assert_eq!(d.codes, vec![7, 8, 9]);
         assert_eq!(
             d.positions,
-            vec![
-                PrizeRun {
-                    generation: 3,
-                    position: 10,
-                    count: 2
-                },
-                PrizeRun {
-                    generation: 0,
-                    position: 0,
-                    count: 1
-                }
-            ]
+            vec![PrizeRun::new(3, 10, 2), PrizeRun::new(0, 0, 1)]
         );
         assert_eq!(
             d.held_back,
@@ -291,6 +308,44 @@ mod tests {
             Drawn::parse("5|2|10|-1|7///|coin").unwrap().positions,
             vec![]
         );
+    }
+
+    /// A draw that held jackpots back names the rule: its runs cover every
+    /// position it read, each with how many it held back.
+    #[test]
+    fn a_record_naming_the_rule_parses() {
+        let d = Drawn::parse("5|2|10|-1|7,8,9/3.1.1,4.10.9000.8998/m5000|coin").unwrap();
+        assert_eq!(d.codes, vec![7, 8, 9]);
+        assert_eq!(
+            d.positions,
+            vec![
+                PrizeRun::new(3, 1, 1),
+                PrizeRun {
+                    held_back: 8998,
+                    ..PrizeRun::new(4, 10, 9000)
+                }
+            ]
+        );
+        assert!(d.held_back.is_empty());
+        assert_eq!(d.held_back_min_multiplier, Some(5000));
+        for bad in [
+            // held back without the rule, the rule without any held back
+            "5|2|10|-1|7/4.10.3.2/|coin",
+            "5|2|10|-1|7,8,9/4.10.3/m5000|coin",
+            // more held back than the run holds, a zero or junk count
+            "5|2|10|-1|7/4.10.1.2/m5000|coin",
+            "5|2|10|-1|7/4.10.1.0/m5000|coin",
+            "5|2|10|-1|7/4.10.2.x/m5000|coin",
+            "5|2|10|-1|7/4.10.3.1.1/m5000|coin",
+            // runs that do not cover the prizes besides those held back
+            "5|2|10|-1|7,8/4.10.3.2/m5000|coin",
+            "5|2|10|-1|7/4.10.3.2/mx|coin",
+        ] {
+            assert!(
+                matches!(Drawn::parse(bad), Err(HandleError::Internal(_))),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! and a reply (with its sealed event) within the message size limit.
 
 use super::{PoolConfig, REPLY_OVERHEAD_BYTES};
+use crate::kinds::lucky_gift::CodeTable;
 
 /// Refuses a pool whose largest draw could not be paid exactly or answered
 /// within the wire limit: `max_count × highest multiplier × unit_price` must
@@ -25,12 +26,50 @@ pub(super) fn check_draw_bounds(config: &PoolConfig) -> Result<(), (&'static str
             ),
         ));
     }
+    check_reply_bound(
+        config,
+        &entries_of(
+            config
+                .combos
+                .iter()
+                .flat_map(|c| c.stock.iter().map(|(m, _)| (c.id.as_str(), *m))),
+        ),
+    )
+    .map_err(|message| ("max_count", message))
+}
+
+/// Refuses a new version of a pool whose largest reply could pass the
+/// wire limit with the prizes of any version loaded before it: batches of
+/// an earlier version (other or longer combo ids, more distinct prizes)
+/// may still be in the pool when the new version takes over, and a big
+/// draw can cross them. `table` is the pool's code table, which holds
+/// every prize of every version ([`CodeTable::extend`]), so the bound
+/// holds whatever is still in the pool.
+pub fn check_table_bounds(config: &PoolConfig, table: &CodeTable) -> Result<(), String> {
+    check_reply_bound(config, &entries_of(table.pairs())).map_err(|message| {
+        format!("{message} (counting the prizes of the pool's earlier versions, which may still be in the pool)")
+    })
+}
+
+/// The JSON lengths ([`prize_json_len`](crate::messages::prize_codes::prize_json_len))
+/// of `pairs` (combo, multiplier).
+fn entries_of<'a>(pairs: impl Iterator<Item = (&'a str, u64)>) -> Vec<usize> {
+    pairs
+        .map(|(combo, m)| crate::messages::prize_codes::prize_json_len(combo, m))
+        .collect()
+}
+
+/// Refuses `config` when a reply to its largest draw, of prizes whose JSON
+/// lengths are among `entries`, could pass the message limit, naming how
+/// many prizes fit.
+fn check_reply_bound(config: &PoolConfig, entries: &[usize]) -> Result<(), String> {
     let limit = crate::messages::MAX_MESSAGE_BYTES;
     // A pool that allows big draws also answers small ones, whose prizes
     // are listed one by one.
     let list_max = crate::messages::PRIZE_LIST_MAX as u32;
-    let worst =
-        |count: u32| max_reply_len(config, count).max(max_reply_len(config, count.min(list_max)));
+    let worst = |count: u32| {
+        reply_len(config, entries, count).max(reply_len(config, entries, count.min(list_max)))
+    };
     let reply = worst(config.max_count);
     if reply > limit {
         // The worst reply grows with the count, so the largest count that
@@ -44,21 +83,21 @@ pub(super) fn check_draw_bounds(config: &PoolConfig) -> Result<(), (&'static str
                 over = mid;
             }
         }
-        return Err((
-            "max_count",
-            format!(
-                "a reply to a draw of {} prizes could take {reply} bytes, above the {limit} byte message limit; at most {fits} prizes of this pool fit",
-                config.max_count
-            ),
+        return Err(format!(
+            "a reply to a draw of {} prizes could take {reply} bytes, above the {limit} byte message limit; at most {fits} prizes of this pool fit",
+            config.max_count
         ));
     }
     Ok(())
 }
 
 /// Bytes of the fairness record per run of positions and revealed seed,
-/// with generations of up to 10 digits and positions of 8
-/// (a batch holds at most [`MAX_BATCH_SIZE`](super::MAX_BATCH_SIZE) prizes).
-const RUN_JSON_BYTES: usize = r#"{"generation":,"position":,"count":},"#.len() + 10 + 8 + 5;
+/// with generations of up to 10 digits, and positions, counts and
+/// held-back counts of 8 (a batch holds at most
+/// [`MAX_BATCH_SIZE`](super::MAX_BATCH_SIZE) prizes, and a run of a draw
+/// that held jackpots back covers what it read, held back or not).
+const RUN_JSON_BYTES: usize =
+    r#"{"generation":,"position":,"count":,"held_back":},"#.len() + 10 + 8 + 8 + 8;
 const REVEAL_JSON_BYTES: usize = r#"{"generation":,"version":,"seed":""},"#.len() + 10 + 10 + 64;
 /// Batches whose fairness record the load bound makes room for. A draw
 /// spans two batches when a batch holds at least `count` prizes; a pool of
@@ -67,8 +106,11 @@ const REVEAL_JSON_BYTES: usize = r#"{"generation":,"version":,"seed":""},"#.len(
 /// a draw that spans more than this is a pool of tiny batches answering a
 /// draw far bigger than them, and may answer past the bound.
 pub(super) const SPANNED_BATCHES: usize = 8;
-/// Field names and brackets of `positions`, `held_back` and `revealed`.
-const FAIRNESS_FRAME_BYTES: usize = r#","positions":[],"held_back":[],"revealed":[]"#.len();
+/// Field names and brackets of `positions`, `held_back` and `revealed`,
+/// and the rule a draw that held jackpots back names (a multiplier of at
+/// most [`MAX_MULTIPLIER`](super::MAX_MULTIPLIER), 7 digits).
+const FAIRNESS_FRAME_BYTES: usize =
+    r#","positions":[],"held_back":[],"held_back_min_multiplier":,"revealed":[]"#.len() + 7;
 
 /// The most bytes a reply (and its sealed `draw.completed` event) to a
 /// draw of `count` prizes of `config` can take: the fixed fields
@@ -77,31 +119,56 @@ const FAIRNESS_FRAME_BYTES: usize = r#","positions":[],"held_back":[],"revealed"
 /// compact form of [`crate::messages::prize_codes`]), and the fairness
 /// record of the batches a draw of `count` can touch (at most
 /// [`SPANNED_BATCHES`]): a run of positions and a revealed seed per batch.
-/// Jackpots are not counted: a gated draw that parks jackpots, or a draw
-/// that wins many parked ones at once, adds a position (and a run) per
-/// jackpot beyond this, so a pool dense in jackpots can answer past it; a
-/// bound that counted every jackpot a draw could meet would refuse such
-/// pools at any useful `max_count`. The fairness record written compactly
-/// is what would close this.
+///
+/// A draw that holds jackpots back names the rule, not each position
+/// (`docs/fairness.md`): its runs cover what it read, so its record grows
+/// with the batches it reads, however many jackpots it meets. A batch then
+/// gives the draw only its prizes below the rule, so the batches counted
+/// are those `count` such prizes can span. Prizes a draw takes from the
+/// parked ones are counted by [`HELD_RUNS`]: what it takes from `held` is
+/// kept to that many runs.
 pub fn max_reply_len(config: &PoolConfig, count: u32) -> usize {
+    let entries = entries_of(
+        config
+            .combos
+            .iter()
+            .flat_map(|c| c.stock.iter().map(|(m, _)| (c.id.as_str(), *m))),
+    );
+    reply_len(config, &entries, count)
+}
+
+/// [`max_reply_len`] for prizes whose JSON lengths are among `entries`.
+fn reply_len(config: &PoolConfig, entries: &[usize], count: u32) -> usize {
     use crate::messages::prize_codes;
     let count = count as usize;
-    let entries: Vec<usize> = config
-        .combos
-        .iter()
-        .flat_map(|c| {
-            c.stock
-                .iter()
-                .map(|(m, _)| prize_codes::prize_json_len(&c.id, *m))
-        })
-        .collect();
     let prizes = if count <= crate::messages::PRIZE_LIST_MAX {
         prize_codes::max_list_len(count, entries.iter().copied().max().unwrap_or(0))
     } else {
-        prize_codes::max_len(count, &entries)
+        prize_codes::max_len(count, entries)
     };
-    let size = config.batch_size().max(1) as usize;
-    let batches = (count.div_ceil(size) + 1).min(SPANNED_BATCHES);
-    let fairness = FAIRNESS_FRAME_BYTES + batches * (RUN_JSON_BYTES + REVEAL_JSON_BYTES);
+    let batches = (count.div_ceil(drawable_per_batch(config)) + 1).min(SPANNED_BATCHES);
+    let fairness = FAIRNESS_FRAME_BYTES
+        + batches * (RUN_JSON_BYTES + REVEAL_JSON_BYTES)
+        + HELD_RUNS * (RUN_JSON_BYTES + REVEAL_JSON_BYTES);
     REPLY_OVERHEAD_BYTES + prizes + fairness
 }
+
+/// Prizes of one batch of `config` a draw can win whatever the gate: those
+/// below the jackpot rule (the whole batch when the rule gates all of
+/// them, since a gated draw then wins nothing and only an open one draws).
+fn drawable_per_batch(config: &PoolConfig) -> usize {
+    let below: u64 = config
+        .combos
+        .iter()
+        .flat_map(|c| c.stock.iter())
+        .filter(|(m, _)| !config.is_jackpot(*m))
+        .map(|(_, n)| n)
+        .sum();
+    let size = config.batch_size();
+    (if below > 0 { below } else { size }).max(1) as usize
+}
+
+/// Runs of positions (each with its batch's reveal) the prizes a draw takes
+/// from `held` may form: a draw stops taking parked prizes where one more
+/// would start a run past this many (`lua/lib/jackpot.lua`).
+pub const HELD_RUNS: usize = 32;
