@@ -54,7 +54,7 @@ pub use consumer::{
     without_slot, Batch, BatchHandler, BatchLimits, Handler, Outcome, SpanFields,
 };
 pub use grouped::Group;
-pub use publish::{Outgoing, Publisher};
+pub use publish::{part_body, Outgoing, Publisher};
 pub use reply::{Replier, Sent};
 pub use transient::HandleError;
 

@@ -82,8 +82,10 @@ impl Outgoing {
 
     /// A dead letter for `route`'s DLQ made of one part of a request (an
     /// entry of a batch), with the reason headers and no reply address: the
-    /// rest of the request is answered as usual.
+    /// rest of the request is answered as usual. The part is cut to fit a
+    /// message ([`part_body`]).
     pub fn dead_letter_part(route: super::Route, body: Vec<u8>, code: &str, reason: &str) -> Self {
+        let body = part_body(body);
         let mut headers = lapin::types::FieldTable::default();
         for (name, value) in [
             (super::ERROR_CODE_HEADER, code),
@@ -343,9 +345,57 @@ pub(crate) fn without_expiration(properties: &BasicProperties) -> BasicPropertie
     out
 }
 
+/// The body a dead letter keeps of one part of a request (an entry of a
+/// batch, written again from its parsed value): the part as written, or,
+/// when writing it again made it larger than a message (numbers such as
+/// `1e15` come back as `1000000000000000.0`), its first 4 KiB as text in
+/// `{"cut":{"bytes":N,"head":"…"}}`. Only an entry refused as bad input can
+/// be that large; the batch it came in is never kept whole by the fleet, so
+/// the cut keeps every dead letter within the message limit.
+pub fn part_body(body: Vec<u8>) -> Vec<u8> {
+    if body.len() <= crate::messages::MAX_MESSAGE_BYTES {
+        return body;
+    }
+    let mut end = 4096;
+    let text = String::from_utf8_lossy(&body);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    serde_json::to_vec(&serde_json::json!({"cut": {"bytes": body.len(), "head": &text[..end]}}))
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An entry of 13,000 numbers written `1e15` (65 KB) comes back from
+    /// its parsed value as 247 KB; its dead letter keeps its head, within
+    /// the limit. A part that fits is kept as it is.
+    #[test]
+    fn a_dead_letter_part_fits_a_message() {
+        let numbers = vec!["1e15"; 13_000].join(",");
+        let entry = format!(r#"{{"request_id":"r","x":[{numbers}]}}"#);
+        assert!(entry.len() <= crate::messages::MAX_MESSAGE_BYTES);
+        let value: serde_json::Value = serde_json::from_str(&entry).unwrap();
+        let written = serde_json::to_vec(&value).unwrap();
+        assert!(written.len() > 3 * crate::messages::MAX_MESSAGE_BYTES);
+        let letter = Outgoing::dead_letter_part(
+            super::super::DRAW,
+            written.clone(),
+            "invalid_request",
+            "why",
+        );
+        assert!(letter.body.len() <= 5000, "{}", letter.body.len());
+        let cut: serde_json::Value = serde_json::from_slice(&letter.body).unwrap();
+        assert_eq!(cut["cut"]["bytes"], written.len());
+        assert!(cut["cut"]["head"]
+            .as_str()
+            .unwrap()
+            .starts_with(r#"{"request_id":"r""#));
+        let small = br#"{"request_id":"r"}"#.to_vec();
+        assert_eq!(part_body(small.clone()), small);
+    }
 
     #[test]
     fn without_expiration_keeps_every_other_property() {

@@ -365,7 +365,7 @@ fn refusals(
         match read.kinds[o.at] {
             Kind::Batch => {
                 if dead {
-                    let body = serde_json::to_vec(&o.entry)?;
+                    let body = amqp::part_body(serde_json::to_vec(&o.entry)?);
                     out.push(dead_letter_copy(delivery, body, code, &why, false));
                 }
                 read.refused_in[o.at].push(SettleRefusal {
@@ -537,7 +537,7 @@ async fn dead_letter_entry(
     entry: &impl serde::Serialize,
     invalid: &Invalid,
 ) -> anyhow::Result<()> {
-    let body = serde_json::to_vec(entry)?;
+    let body = amqp::part_body(serde_json::to_vec(entry)?);
     publish_dead_letter_part(publisher, delivery, body, amqp::SETTLE, invalid).await?;
     Ok(())
 }

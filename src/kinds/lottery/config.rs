@@ -195,7 +195,39 @@ fn activity(raw: RawActivity) -> Result<ActivityConfig, ConfigError> {
     strategy
         .validate(&config)
         .map_err(|m| err(&id, "strategy", m))?;
+    let reply = max_reply_len(&config);
+    if reply > crate::messages::MAX_MESSAGE_BYTES {
+        return Err(err(
+            &id,
+            "prizes",
+            format!(
+                "a draw's reply lists every prize in stock with its weight and could take {reply} bytes, above the {} byte message limit; use fewer prizes or shorter prize ids",
+                crate::messages::MAX_MESSAGE_BYTES
+            ),
+        ));
+    }
     Ok(config)
+}
+
+/// The most bytes a reply to one draw of `config` (and its sealed
+/// `draw.completed` event) can take: a fixed part (type, request id and
+/// activity of at most 128 bytes each as JSON escapes them, status, user,
+/// serial, the event's seal), the prize won three times over (the prize,
+/// its asset, its entry), and the pick: every prize with its weight.
+pub fn max_reply_len(config: &ActivityConfig) -> usize {
+    const FIXED: usize = 1024 + 2 * 2 * crate::messages::MAX_ID_LEN;
+    let written = |id: &str| serde_json::to_string(id).map_or(usize::MAX / 4, |s| s.len());
+    let ids = || {
+        config
+            .prizes
+            .iter()
+            .map(|p| p.id.as_str())
+            .chain(config.consolation.iter().map(|c| c.id.as_str()))
+    };
+    let candidate = r#"{"prize":,"weight":1000000000},"#.len();
+    let pick: usize = ids().map(|id| written(id) + candidate).sum();
+    let won = ids().map(written).max().unwrap_or(0);
+    FIXED + 3 * won + pick
 }
 
 /// Checks one prize of activity `id`: an id that fits an asset name and is
@@ -249,6 +281,41 @@ mod tests {
         assert!(parse_file(&activity(&longest)).is_ok());
         let err = parse_file(&activity(&format!("{longest}z"))).unwrap_err();
         assert!(err.to_string().contains("123 bytes at most"), "{err}");
+    }
+
+    /// A reply lists every prize in stock: an activity of 1,000 prizes
+    /// with 60-byte ids of `"` (doubled once written) is refused, one of
+    /// 1,000 short ids loads, and the bound is above what such a reply
+    /// really takes.
+    #[test]
+    fn a_draws_reply_fits_a_message() {
+        let wheel = |n: usize, id: &dyn Fn(usize) -> String| {
+            let prizes: Vec<String> = (0..n)
+                .map(|i| format!("{{ id = \"{}\", weight = 1000000000, stock = 5 }}", id(i)))
+                .collect();
+            format!(
+                "[[activities]]\nid = \"act\"\nstrategy = \"wheel\"\nstarts_at = \"2026-01-01T00:00:00Z\"\nends_at = \"2027-01-01T00:00:00Z\"\nprizes = [ {} ]\n",
+                prizes.join(", ")
+            )
+        };
+        let quoted = |i: usize| format!("{i:04}{}", "\\\"".repeat(56));
+        let e = parse_file(&wheel(1000, &quoted)).unwrap_err().to_string();
+        assert!(e.contains("message limit"), "{e}");
+        let short = parse_file(&wheel(1000, &|i| format!("p{i}"))).unwrap();
+        let bound = max_reply_len(&short[0]);
+        assert!(bound <= crate::messages::MAX_MESSAGE_BYTES, "{bound}");
+        let pick = crate::messages::LotteryPick {
+            value: u64::MAX,
+            weights: short[0]
+                .prizes
+                .iter()
+                .map(|p| crate::messages::PrizeWeight {
+                    prize: p.id.clone(),
+                    weight: 1_000_000_000,
+                })
+                .collect(),
+        };
+        assert!(serde_json::to_vec(&pick).unwrap().len() < bound);
     }
 
     #[test]

@@ -251,6 +251,35 @@ stock = { "0" = 29994, "10" = 293, "50" = 139, "500" = 27, "5000" = 1 }
         parse_file(text).unwrap_err().to_string()
     }
 
+    /// A batch's `pool.refilled` event lists the pool's composition: a
+    /// pool whose composition could not fit a message is refused, one
+    /// that just fits is loaded, and its event's bound holds.
+    #[test]
+    fn the_batch_event_of_a_loaded_pool_fits_a_message() {
+        let pool = |combos: usize, quotes: usize| {
+            let mut text = String::from(
+                "[[pools]]\nid = \"p\"\nkind = \"lucky_gift\"\nunit_price = 1\nmax_count = 1\n",
+            );
+            for c in 0..combos {
+                // A combo id of `"`s, which double when the event is written.
+                let id = format!("{c:04}{}", "\\\"".repeat(quotes));
+                text.push_str(&format!(
+                    "[[pools.combos]]\nid = \"{id}\"\nstock = {{ \"0\" = 1, \"1\" = 1 }}\n"
+                ));
+            }
+            text
+        };
+        let e = parse_file(&pool(300, 120)).unwrap_err().to_string();
+        assert!(
+            e.contains("pool.refilled") && e.contains("300 combos"),
+            "{e}"
+        );
+        let fits = parse_file(&pool(100, 120)).unwrap();
+        let bound = super::super::batches::max_refilled_len(&fits[0]);
+        assert!(bound <= crate::messages::MAX_MESSAGE_BYTES, "{bound}");
+        assert!(bound > 100 * 240, "{bound}");
+    }
+
     #[test]
     fn errors_name_pool_combo_and_field() {
         let e = error_of(&GOOD.replace("\"10\" = 293", "\"10\" = -3"));

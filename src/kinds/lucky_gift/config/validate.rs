@@ -108,6 +108,18 @@ pub(super) fn validate(raw: RawPool) -> Result<PoolConfig, ConfigError> {
         ));
     }
     check_draw_bounds(&config).map_err(|(field, message)| at.err(field, message))?;
+    let refilled = super::super::batches::max_refilled_len(&config);
+    if refilled > crate::messages::MAX_MESSAGE_BYTES {
+        return Err(at.err(
+            "combos",
+            format!(
+                "the pool.refilled event of a batch could take {refilled} bytes (its composition lists {} combos and {} multipliers), above the {} byte message limit; use fewer combos, fewer multipliers or shorter combo ids",
+                config.combos.len(),
+                config.combos.iter().map(|c| c.stock.len()).sum::<usize>(),
+                crate::messages::MAX_MESSAGE_BYTES
+            ),
+        ));
+    }
     super::super::economics::check_max_rtp(&config)
         .map_err(|(field, message)| at.err(field, message))?;
     Ok(config)
