@@ -31,6 +31,7 @@ mod dead_letters;
 mod deploy;
 mod digests;
 mod draw_shards;
+mod economics;
 mod fair_outages;
 mod fair_vectors;
 mod fairness;
