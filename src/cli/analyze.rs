@@ -1,25 +1,49 @@
 //! `prizepool pool analyze FILE`: what each pool of a pool file pays, from
 //! the file alone ([`crate::kinds::lucky_gift::economics`]), as text, as
-//! JSON (`--json`) or as a picture of the payout per combo (`--svg FILE`).
+//! JSON (`--json`) or as a picture of the payout per combo (`--svg FILE`);
+//! for an activity file what a chance costs and how the stock runs out
+//! ([`crate::kinds::lottery::economics`]); with `--red-packet` the bounds
+//! of a red packet's share.
 
 use std::fmt::Write as _;
 
 use anyhow::Context;
 
-use crate::kinds::lucky_gift::{
-    self,
-    economics::{analyze, Analysis, Figures},
-    PoolConfig,
+use crate::kinds::{
+    lottery,
+    lucky_gift::{
+        self,
+        economics::{analyze, Analysis, Figures},
+        PoolConfig,
+    },
 };
 
+/// What `pool analyze` was asked.
+pub(super) struct Asked<'a> {
+    pub(super) file: Option<&'a std::path::Path>,
+    pub(super) json: bool,
+    pub(super) svg: Option<&'a std::path::Path>,
+    pub(super) draws_per_second: f64,
+    /// `TOTAL,COUNT,MIN` of a red packet.
+    pub(super) red_packet: Option<&'a str>,
+}
+
 /// Runs `pool analyze`.
-pub(super) fn run(
-    file: &std::path::Path,
-    json: bool,
-    svg: Option<&std::path::Path>,
-) -> anyhow::Result<()> {
+pub(super) fn run(asked: &Asked<'_>) -> anyhow::Result<()> {
+    if let Some(spec) = asked.red_packet {
+        return red_packet(spec, asked.json);
+    }
+    let file = asked
+        .file
+        .context("name a pool or activity file, or give --red-packet TOTAL,COUNT,MIN")?;
+    let (json, svg) = (asked.json, asked.svg);
     let text =
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let table: toml::Table = toml::from_str(&text)
+        .with_context(|| format!("{} is not a TOML file", file.display()))?;
+    if table.contains_key("activities") {
+        return activities(file, &text, asked.draws_per_second, json);
+    }
     let configs = lucky_gift::parse_file(&text)
         .with_context(|| format!("{} is not a valid pool file", file.display()))?;
     let analyses: Vec<(Analysis, Vec<Analysis>)> =
@@ -45,6 +69,105 @@ pub(super) fn run(
         print!("{}", report(a, subs));
     }
     Ok(())
+}
+
+/// `--red-packet TOTAL,COUNT,MIN`.
+fn red_packet(spec: &str, json: bool) -> anyhow::Result<()> {
+    let numbers: Vec<i64> = spec
+        .split(',')
+        .map(|n| n.trim().parse::<i64>())
+        .collect::<Result<_, _>>()
+        .ok()
+        .filter(|n: &Vec<i64>| n.len() == 2 || n.len() == 3)
+        .with_context(|| format!("--red-packet {spec:?}: expected TOTAL,COUNT[,MIN]"))?;
+    let min = numbers.get(2).copied().unwrap_or(0);
+    let b = lottery::economics::share_bounds(numbers[0], numbers[1], min)
+        .map_err(|e| anyhow::anyhow!("--red-packet {spec:?}: {e}"))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&b)?);
+    } else {
+        println!(
+            "red packet of {} in {} shares of at least {}: every share is at least {}, {} on average, the first at most {}, any at most {} (the last, when every earlier share was the least)",
+            grouped(i128::from(b.total)),
+            b.count,
+            b.min,
+            grouped(i128::from(b.least)),
+            grouped(i128::from(b.mean)),
+            grouped(i128::from(b.first_at_most)),
+            grouped(i128::from(b.at_most))
+        );
+    }
+    Ok(())
+}
+
+/// An activity file's analyses.
+fn activities(
+    file: &std::path::Path,
+    text: &str,
+    draws_per_second: f64,
+    json: bool,
+) -> anyhow::Result<()> {
+    let configs = lottery::parse_file(text)
+        .with_context(|| format!("{} is not a valid activity file", file.display()))?;
+    let analyses: Vec<lottery::economics::Analysis> = configs
+        .iter()
+        .map(|c| lottery::economics::analyze(c, draws_per_second))
+        .collect();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&analyses)?);
+        return Ok(());
+    }
+    for a in &analyses {
+        print!("{}", activity_report(a));
+    }
+    Ok(())
+}
+
+/// The text report of one activity.
+fn activity_report(a: &lottery::economics::Analysis) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "activity {} — a chance costs {:.4} on average while every prize is in stock{}; the finite stock is worth {}",
+        a.activity,
+        a.cost_per_chance,
+        a.max_cost_per_chance
+            .map_or_else(String::new, |m| format!(" (max_cost_per_chance {m})")),
+        grouped(i128::try_from(a.stock_value).unwrap_or(i128::MAX))
+    );
+    if !a.without_value.is_empty() {
+        let _ = writeln!(
+            out,
+            "  prizes without a declared value (counted as 0): {}",
+            a.without_value.join(", ")
+        );
+    }
+    for phase in &a.phases {
+        let odds: Vec<String> = phase
+            .odds
+            .iter()
+            .map(|o| format!("{} {}", o.prize, percent(o.probability)))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  from draw {:.0} ({:.0} s at {} draws/s): {}; a chance costs {:.4}; {}",
+            phase.from_draw,
+            phase.from_second,
+            a.draws_per_second,
+            if odds.is_empty() {
+                "nothing left".to_owned()
+            } else {
+                odds.join(", ")
+            },
+            phase.cost_per_chance,
+            match &phase.ends_with {
+                Some(p) => format!("until {p} runs out"),
+                None if phase.odds.is_empty() => "draws answer sold_out".to_owned(),
+                None => "for good".to_owned(),
+            }
+        );
+    }
+    out
 }
 
 /// The analyses of a sharded pool's sub-pools (none for a pool of one).

@@ -136,14 +136,24 @@ enum PoolCommand {
     /// What each pool of a pool file pays, from the file alone (no server):
     /// return to player, hit rate, spread per draw size, the most a batch
     /// pays, the jackpot rule's effect.
+    /// An activity file: each prize's odds, the expected cost of a chance
+    /// and how the stock runs out. `--red-packet`: a share's bounds.
     Analyze {
-        file: PathBuf,
+        /// A pool file or an activity file.
+        file: Option<PathBuf>,
         /// Print the figures as JSON.
         #[arg(long)]
         json: bool,
         /// Also write a picture of each combo's payout to this SVG file.
         #[arg(long, value_name = "FILE")]
         svg: Option<PathBuf>,
+        /// The draw rate an activity's stock is run out at.
+        #[arg(long, value_name = "RATE", default_value_t = 100.0)]
+        draws_per_second: f64,
+        /// The bounds of one share of a red packet of TOTAL in COUNT shares
+        /// of at least MIN (0 when left out).
+        #[arg(long, value_name = "TOTAL,COUNT[,MIN]")]
+        red_packet: Option<String>,
     },
     /// Show a pool's counters.
     Status {
@@ -315,7 +325,19 @@ async fn pool(config: &Config, command: PoolCommand) -> anyhow::Result<()> {
             };
             pool_load(config, &file, change).await
         }
-        PoolCommand::Analyze { file, json, svg } => analyze::run(&file, json, svg.as_deref()),
+        PoolCommand::Analyze {
+            file,
+            json,
+            svg,
+            draws_per_second,
+            red_packet,
+        } => analyze::run(&analyze::Asked {
+            file: file.as_deref(),
+            json,
+            svg: svg.as_deref(),
+            draws_per_second,
+            red_packet: red_packet.as_deref(),
+        }),
         PoolCommand::Status { id, json } => pool_status(config, &id, json).await,
         PoolCommand::Refill { id } => pool_refill(config, &id).await,
     }

@@ -24,6 +24,7 @@ struct RawActivity {
     #[serde(default)]
     prizes: Vec<RawPrize>,
     consolation: Option<RawConsolation>,
+    max_cost_per_chance: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -32,6 +33,7 @@ struct RawPrize {
     id: String,
     weight: i64,
     stock: i64,
+    value: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -39,6 +41,7 @@ struct RawPrize {
 struct RawConsolation {
     id: String,
     weight: i64,
+    value: Option<i64>,
 }
 
 /// A prize with finite stock.
@@ -47,6 +50,11 @@ pub struct Prize {
     pub id: String,
     pub weight: u32,
     pub stock: u64,
+    /// What one of it costs the operator, in a unit of the operator's
+    /// choosing (for `pool analyze` and `max_cost_per_chance`; the ledger
+    /// pays the prize itself, as one unit of asset `item:<id>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<u64>,
 }
 
 /// The prize every draw can fall back on: unlimited stock.
@@ -54,6 +62,9 @@ pub struct Prize {
 pub struct Consolation {
     pub id: String,
     pub weight: u32,
+    /// What one of it costs the operator (see [`Prize::value`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<u64>,
 }
 
 /// A validated activity.
@@ -65,6 +76,10 @@ pub struct ActivityConfig {
     pub ends_at: DateTime<Utc>,
     pub prizes: Vec<Prize>,
     pub consolation: Option<Consolation>,
+    /// The highest expected cost of one chance (while every prize is in
+    /// stock) the activity may be loaded with; absent when not declared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost_per_chance: Option<f64>,
 }
 
 /// A prize is paid as one unit of asset `item:<prize id>`.
@@ -169,6 +184,7 @@ fn activity(raw: RawActivity) -> Result<ActivityConfig, ConfigError> {
             }
             Some(Consolation {
                 weight: weight(&id, "consolation.weight", c.weight)?,
+                value: value(&id, "consolation.value", c.value)?,
                 id: c.id,
             })
         }
@@ -180,7 +196,9 @@ fn activity(raw: RawActivity) -> Result<ActivityConfig, ConfigError> {
         ends_at,
         prizes,
         consolation,
+        max_cost_per_chance: raw.max_cost_per_chance,
     };
+    super::economics::check_max_cost(&config).map_err(|m| err(&id, "max_cost_per_chance", m))?;
     let strategy = super::strategy(&config.strategy).ok_or_else(|| {
         err(
             &id,
@@ -261,8 +279,26 @@ fn prize(id: &str, p: RawPrize, prize_ids: &mut HashSet<String>) -> Result<Prize
     Ok(Prize {
         weight: weight(id, &format!("{field}.weight"), p.weight)?,
         stock: p.stock.unsigned_abs(),
+        value: value(id, &format!("{field}.value"), p.value)?,
         id: p.id,
     })
+}
+
+/// A prize's declared value: 0 to [`MAX_STOCK`].
+fn value(activity: &str, field: &str, v: Option<i64>) -> Result<Option<u64>, ConfigError> {
+    v.map(|v| {
+        u64::try_from(v)
+            .ok()
+            .filter(|v| *v <= MAX_STOCK.unsigned_abs())
+            .ok_or_else(|| {
+                err(
+                    activity,
+                    field,
+                    format!("value must be between 0 and {MAX_STOCK}, got {v}"),
+                )
+            })
+    })
+    .transpose()
 }
 
 #[cfg(test)]

@@ -38,6 +38,7 @@
 //!   holds across versions.
 
 pub mod config;
+pub mod economics;
 mod counters;
 mod kind;
 mod ladder;
