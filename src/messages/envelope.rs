@@ -218,13 +218,32 @@ pub fn rejected_reply(request: Option<&Value>, code: ErrorCode, message: &str) -
     }
     reply.insert(
         "error".into(),
-        serde_json::json!({ "code": code, "message": message }),
+        serde_json::json!({ "code": code, "message": bounded_reason(message) }),
     );
     if reply_type == "draw_result.batch" {
         // A batch refused whole answers none of its requests.
         reply.insert("results".into(), Value::Array(Vec::new()));
     }
     Value::Object(reply)
+}
+
+/// Longest reason a rejected reply carries, in bytes. A reason may quote
+/// the request (serde names an unknown field, whatever its length), and a
+/// reply must stay well within [`MAX_MESSAGE_BYTES`] whatever the request
+/// held; the dead letter keeps the whole reason in its header.
+pub const MAX_REASON_BYTES: usize = 1024;
+
+/// `message`, cut to [`MAX_REASON_BYTES`] (at a character boundary, marked
+/// with `…`) when longer.
+fn bounded_reason(message: &str) -> std::borrow::Cow<'_, str> {
+    if message.len() <= MAX_REASON_BYTES {
+        return message.into();
+    }
+    let mut end = MAX_REASON_BYTES;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &message[..end]).into()
 }
 
 /// Field `field` of `request` when it holds a value a reply may repeat:
@@ -366,6 +385,28 @@ mod tests {
         assert_eq!(reply["type"], "grant_result");
         // Only top-level ids count.
         assert!(reply.get("request_id").is_none(), "{reply}");
+    }
+
+    /// A reason that quotes the request (an unknown field's name) is cut,
+    /// so the reply stays small whatever the request held.
+    #[test]
+    fn a_reply_to_a_field_name_as_long_as_the_limit_allows_stays_small() {
+        let name = "x".repeat(MAX_MESSAGE_BYTES - 60);
+        let body = format!(r#"{{"type":"draw","request_id":"r-long","{name}":1}}"#);
+        assert!(body.len() <= MAX_MESSAGE_BYTES);
+        let reply = serde_json::to_vec(&reply_for(body.as_bytes())).unwrap();
+        assert!(
+            reply.len() < MAX_REASON_BYTES + 200,
+            "{} bytes",
+            reply.len()
+        );
+        let reply: Value = serde_json::from_slice(&reply).unwrap();
+        assert_eq!(reply["request_id"], "r-long");
+        let reason = reply["error"]["message"].as_str().unwrap();
+        assert!(
+            reason.starts_with("unknown field") && reason.ends_with('…'),
+            "{reason}"
+        );
     }
 
     #[test]
