@@ -646,3 +646,55 @@ fn every_request_the_contract_calls_valid_fits_its_request_schema() {
         assert!(problems.is_empty(), "{shown}:\n{}", problems.join("\n"));
     }
 }
+
+/// Every `(path, value)` of `doc` whose key is `key`.
+fn find_key<'a>(doc: &'a Value, key: &str, path: &str, out: &mut Vec<(String, &'a Value)>) {
+    match doc {
+        Value::Object(map) => {
+            for (k, v) in map {
+                let here = format!("{path}/{k}");
+                if k == key {
+                    out.push((here.clone(), v));
+                }
+                find_key(v, key, &here, out);
+            }
+        }
+        Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                find_key(v, key, &format!("{path}/{i}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The AsyncAPI document names the fleet's vhost as the server's variable
+/// (the fleet runs in whichever vhost `AMQP_URL` names), and locates no
+/// correlation id in the application headers: the AMQP `correlation_id` is
+/// a message property, which AsyncAPI's `correlationId` cannot locate.
+#[test]
+fn the_asyncapi_document_pins_no_vhost_and_puts_no_correlation_id_in_headers() {
+    let text = std::fs::read_to_string(Path::new(ROOT).join("docs/asyncapi.json")).unwrap();
+    let doc: Value = serde_json::from_str(&text).unwrap();
+    let mut found = Vec::new();
+    find_key(&doc, "vhost", "", &mut found);
+    let pinned: Vec<_> = found
+        .iter()
+        .filter(|(path, _)| path.contains("/bindings/"))
+        .collect();
+    assert!(pinned.is_empty(), "vhost pinned at {pinned:?}");
+    let server = &doc["servers"]["rabbitmq"];
+    assert!(
+        server["url"].as_str().unwrap().contains("{vhost}")
+            && server["variables"]["vhost"].is_object(),
+        "{server}"
+    );
+    let mut found = Vec::new();
+    find_key(&doc, "correlationId", "", &mut found);
+    assert!(found.is_empty(), "correlationId at {found:?}");
+    let reply = &doc["components"]["messages"]["draw_result"]["description"];
+    assert!(
+        reply.as_str().unwrap().contains("correlation_id"),
+        "{reply}"
+    );
+}
