@@ -96,6 +96,7 @@ fn reply<T: JsonSchema>(generator: &mut SchemaGenerator, name: &str) -> Value {
     let (always, when_ok): (Vec<Value>, Vec<Value>) = match object.get_mut("required") {
         Some(Value::Array(list)) => std::mem::take(list)
             .into_iter()
+            .filter(|field| field != "error")
             .partition(|field| field == "type" || field == "status"),
         _ => (Vec::new(), Vec::new()),
     };
@@ -103,11 +104,15 @@ fn reply<T: JsonSchema>(generator: &mut SchemaGenerator, name: &str) -> Value {
     let has_error = object
         .get("properties")
         .is_some_and(|p| p.get("error").is_some());
-    object.insert(
-        "if".into(),
-        json!({"properties": {"status": {"const": "ok"}}}),
-    );
-    object.insert("then".into(), json!({ "required": when_ok }));
+    if !when_ok.is_empty() || has_error {
+        object.insert(
+            "if".into(),
+            json!({"properties": {"status": {"const": "ok"}}}),
+        );
+    }
+    if !when_ok.is_empty() {
+        object.insert("then".into(), json!({ "required": when_ok }));
+    }
     if has_error {
         object.insert("else".into(), json!({"required": ["error"]}));
     }
@@ -119,6 +124,20 @@ fn reply<T: JsonSchema>(generator: &mut SchemaGenerator, name: &str) -> Value {
                 "description": format!("A rejected reply to a message of a missing or unknown `type` repeats its `{id}`.")
             }));
         }
+    }
+    root
+}
+
+/// The schema of `T`, a reply that is always a refusal, of type `name`: as
+/// [`typed`], with `status` the constant `rejected` (so it is told apart
+/// from the other shapes of its type) and the request's id required only
+/// when the request had a usable one, as for [`reply`].
+fn refusal<T: JsonSchema>(generator: &mut SchemaGenerator, name: &str) -> Value {
+    let mut root = typed::<T>(generator, name);
+    root["properties"]["status"] = json!({"const": "rejected"});
+    let (ids, _) = super::echoed_fields(name);
+    if let Some(Value::Array(required)) = root.get_mut("required") {
+        required.retain(|field| !ids.iter().any(|id| field == id));
     }
     root
 }
@@ -272,7 +291,7 @@ const SPECS: &[Spec] = &[
         summary: "The answer to a redpacket.create (created or rejected) or a redpacket.expire.",
         build: |g| json!({"oneOf": [
             typed::<CreatedReply>(g, "redpacket_result"),
-            reply::<RejectedReply>(g, "redpacket_result"),
+            refusal::<RejectedReply>(g, "redpacket_result"),
             typed::<ExpireReply>(g, "redpacket_result"),
         ]}) },
     Spec { name: "settle_result", role: Role::Reply, routing_key: "", reply: None,

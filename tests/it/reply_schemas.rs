@@ -54,8 +54,8 @@ fn closed(schema: &Value) -> Value {
     }
 }
 
-/// The published schema of message type `name`, closed.
-fn strict_schema(name: &str) -> jsonschema::Validator {
+/// The published schema of message type `name`, as published and closed.
+fn schemas(name: &str) -> [(&'static str, jsonschema::Validator); 2] {
     let path = Path::new(ROOT).join(format!("docs/schema/{name}.json"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
         panic!(
@@ -64,17 +64,30 @@ fn strict_schema(name: &str) -> jsonschema::Validator {
         )
     });
     let schema: Value = serde_json::from_str(&text).unwrap();
-    jsonschema::draft202012::new(&closed(&schema)).unwrap()
+    [
+        ("", jsonschema::draft202012::new(&schema).unwrap()),
+        (
+            " (closed)",
+            jsonschema::draft202012::new(&closed(&schema)).unwrap(),
+        ),
+    ]
 }
 
-/// The schema violations of `message` (by its `type`), each a line.
+/// The schema violations of `message` (by its `type`), each a line: it
+/// must fit the schema as published (as a consumer validates it) and
+/// closed to unknown fields.
 pub(crate) fn violations(message: &Value) -> Vec<String> {
     let Some(kind) = message["type"].as_str() else {
         return vec![format!("no string type: {message}")];
     };
-    strict_schema(kind)
-        .iter_errors(message)
-        .map(|e| format!("{kind}: {e} at {}", e.instance_path()))
+    schemas(kind)
+        .iter()
+        .flat_map(|(how, schema)| {
+            schema
+                .iter_errors(message)
+                .map(move |e| format!("{kind}{how}: {e} at {}", e.instance_path()))
+                .collect::<Vec<_>>()
+        })
         .collect()
 }
 
