@@ -80,7 +80,7 @@ pub(crate) fn decode_reply(
     } else {
         let batch: DrawResultBatch = serde_json::from_slice(body)
             .map_err(|e| ReplyError::Protocol(format!("not a draw_result.batch: {e}")))?;
-        if batch.status == Some(Status::Rejected) {
+        if batch.status == Status::Rejected {
             let message = batch
                 .error
                 .map_or_else(|| "no reason given".to_owned(), |e| e.message);

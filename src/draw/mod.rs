@@ -11,10 +11,12 @@
 //! and step again with jittered backoff; when `SHORT_POOL_WAIT_MS` is over
 //! the seam stores `pool_exhausted`, unless a concurrent copy of the
 //! request drew meanwhile (then that award is the answer). A draw waiting
-//! for a refill holds no worker slot ([`amqp::without_slot`]), and at most
-//! half of `CONCURRENCY` draws wait at once: past that, a short draw is
-//! answered at once as its wait would end, so requests for a pool that
-//! stays short cannot hold the deliveries of every other pool. The reply is
+//! for a refill holds no worker slot ([`amqp::without_slot`]), so requests
+//! for a pool that stays short cannot take the slots of every other pool's
+//! draws. Each still holds a delivery of the prefetch, so at most
+//! `PREFETCH − CONCURRENCY` (at least half of `CONCURRENCY`) wait without a
+//! slot at once; past that a draw waits in its slot, as every draw did
+//! before: what a draw is answered never depends on how many wait. The reply is
 //! published last, after the broker confirmed the settlement, the refill
 //! and the event it causes (see [`crate::amqp`]).
 
@@ -52,8 +54,10 @@ pub struct DrawWorker {
     urgent: Mutex<HashMap<String, (u64, Instant)>>,
     /// Seals the entries this worker sends to the ledger.
     sealer: crate::ledger::FleetSealer,
-    /// Draws that may wait for a refill at once (half of `CONCURRENCY`):
-    /// each holds a delivery of the prefetch while it waits.
+    /// Draws that may wait for a refill without a worker slot at once
+    /// (`PREFETCH − CONCURRENCY`, at least half of `CONCURRENCY`): each
+    /// holds a delivery of the prefetch while it waits, and the rest of the
+    /// prefetch is left to the draws that work.
     waits: Arc<tokio::sync::Semaphore>,
 }
 
@@ -66,7 +70,11 @@ impl DrawWorker {
     /// Builds the worker from its connections.
     pub fn new(config: Config, redis: RedisConn) -> Self {
         let kinds = Kinds::new(redis, &config.redis_prefix);
-        let waits = Arc::new(tokio::sync::Semaphore::new((config.concurrency / 2).max(1)));
+        let budget = usize::from(config.prefetch)
+            .saturating_sub(config.concurrency)
+            .max(config.concurrency / 2)
+            .max(1);
+        let waits = Arc::new(tokio::sync::Semaphore::new(budget));
         Self {
             config,
             kinds,
@@ -136,17 +144,19 @@ impl DrawWorker {
             }
             if waiting.is_none() {
                 waiting = self.waits.clone().try_acquire_owned().ok();
-                if waiting.is_none() {
-                    metrics::counter!("prizepool_short_waits_refused_total").increment(1);
-                }
             }
-            match delays.next().filter(|_| waiting.is_some()) {
-                Some(delay) => amqp::without_slot(tokio::time::sleep(delay)).await,
+            match delays.next() {
+                Some(delay) if waiting.is_some() => {
+                    amqp::without_slot(tokio::time::sleep(delay)).await
+                }
+                Some(delay) => {
+                    metrics::counter!("prizepool_short_waits_in_slot_total").increment(1);
+                    tokio::time::sleep(delay).await
+                }
                 None => {
                     tracing::debug!(
                         in_pool,
                         count = draw.request().count,
-                        waited = waiting.is_some(),
                         "no refill arrived in time"
                     );
                     metrics::counter!("prizepool_pool_exhausted_total").increment(1);

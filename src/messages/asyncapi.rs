@@ -10,9 +10,17 @@ use crate::amqp;
 
 const REPLY_CONVENTION: &str = "A request that carries the AMQP properties reply_to and correlation_id gets exactly one reply, published to the default exchange with routing key = reply_to and the same correlation_id. Direct reply-to works: consume amq.rabbitmq.reply-to (no_ack) on the channel BEFORE publishing the request with reply_to = amq.rabbitmq.reply-to. Publish with publisher confirms and mandatory = true: a confirm with a returned message means the request was unroutable (no queue), which is a failure. A request without reply_to gets no reply. Unknown fields are refused (invalid_request).";
 
+/// An exchange as the AMQP channel binding describes it. No `vhost`: the
+/// fleet declares its topology in the vhost `AMQP_URL` names (the server's
+/// `vhost` variable), whichever it is.
 fn amqp_exchange(name: &str, kind: &str) -> Value {
-    json!({"name": name, "type": kind, "durable": true, "autoDelete": false, "vhost": "/"})
+    json!({"name": name, "type": kind, "durable": true, "autoDelete": false})
 }
+
+/// How a reply finds its request. AsyncAPI's `correlationId` locates a
+/// field of the application headers or of the payload; the AMQP
+/// `correlation_id` is a message property, neither, so it is said here.
+const CORRELATION: &str = "Correlated by the AMQP message property correlation_id (a property, like reply_to; not an application header nor a payload field): the reply carries the request's.";
 
 fn message_ref(m: &Message) -> Value {
     json!({"$ref": format!("#/components/messages/{}", m.name)})
@@ -114,10 +122,9 @@ pub fn document() -> Value {
             "bindings": {"amqp": {"contentEncoding": "utf-8", "bindingVersion": "0.3.0"}}
         });
         if let Some(reply) = m.reply {
-            message["description"] = json!(format!("Answered with `{reply}` when the request carries reply_to and correlation_id. At most 64 KiB."));
-        }
-        if matches!(m.role, Role::Request | Role::Internal | Role::Reply) {
-            message["correlationId"] = json!({"location": "$message.header#/correlation_id"});
+            message["description"] = json!(format!("Answered with `{reply}` when the request carries reply_to and correlation_id. At most 64 KiB. {CORRELATION}"));
+        } else if m.role == Role::Reply {
+            message["description"] = json!(format!("At most 64 KiB. {CORRELATION}"));
         }
         if m.role == Role::Internal {
             message["tags"] = json!([{"name": "internal"}]);
@@ -132,7 +139,17 @@ pub fn document() -> Value {
             "description": format!("Prize draws over RabbitMQ: lucky-gift draws, red packets and lottery activities. {REPLY_CONVENTION} JSON bodies are UTF-8, content_type application/json, at most 64 KiB. Numbers: user ids are 0 to 2^63-1, but JavaScript numbers are exact only up to 2^53-1 (Number.MAX_SAFE_INTEGER): keep user_id and amounts below 2^53 from JavaScript. Full rules: docs/protocol.md.")
         },
         "defaultContentType": "application/json",
-        "servers": {"rabbitmq": {"url": "127.0.0.1:5672", "protocol": "amqp", "protocolVersion": "0.9.1", "description": "Set AMQP_URL; amqps:// for TLS."}},
+        "servers": {"rabbitmq": {
+            "url": "{host}:{port}/{vhost}",
+            "protocol": "amqp",
+            "protocolVersion": "0.9.1",
+            "description": "The broker and vhost AMQP_URL names (amqps:// for TLS); every worker declares the whole topology in that vhost.",
+            "variables": {
+                "host": {"default": "127.0.0.1"},
+                "port": {"default": "5672", "description": "5671 for amqps"},
+                "vhost": {"default": "%2F", "description": "the vhost, URL-encoded (%2F is the default vhost /)"}
+            }
+        }},
         "channels": Value::Object(channels),
         "components": {"messages": Value::Object(components)}
     })

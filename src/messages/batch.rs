@@ -102,25 +102,31 @@ impl DrawBatch {
     }
 }
 
-/// `{"type":"draw_result.batch","results":[...]}`: the reply to a
-/// `draw.batch`, one `draw_result` per request in request order. A batch
-/// whose envelope is bad is answered `rejected` with its `error` and no
-/// results.
+/// `{"type":"draw_result.batch","status":"ok","results":[...]}`: the reply
+/// to a `draw.batch`, one `draw_result` per request in request order (each
+/// with its own `status`). A batch whose envelope is bad is answered
+/// `rejected` with its `error` and no results.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct DrawResultBatch {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<Status>,
+    /// `ok` when the batch was taken (its entries say how each went),
+    /// `rejected` when it was refused whole. (Read as `ok` when absent, as
+    /// in replies of versions that wrote it only for a refusal.)
+    #[serde(default)]
+    pub status: Status,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorBody>,
     pub results: Vec<Value>,
 }
+
+/// How every taken batch's reply begins; its results follow.
+const BATCH_REPLY_HEAD: &[u8] = br#"{"type":"draw_result.batch","status":"ok","results":["#;
 
 /// The `draw_result.batch` reply made of `results`, each one entry's
 /// serialised `draw_result`.
 pub fn batch_reply(results: &[Vec<u8>]) -> Vec<u8> {
     let len = results.iter().map(|r| r.len() + 1).sum::<usize>();
     let mut out = Vec::with_capacity(len + 48);
-    out.extend_from_slice(br#"{"type":"draw_result.batch","results":["#);
+    out.extend_from_slice(BATCH_REPLY_HEAD);
     for (i, r) in results.iter().enumerate() {
         if i > 0 {
             out.push(b',');
@@ -176,7 +182,7 @@ fn shorten(result: &[u8], how: Shorten) -> Vec<u8> {
 
 /// Bytes [`batch_reply`] makes of results of `bytes` bytes in all.
 fn batch_reply_len(results: usize, bytes: usize) -> usize {
-    r#"{"type":"draw_result.batch","results":[]}"#.len() + bytes + results.saturating_sub(1)
+    BATCH_REPLY_HEAD.len() + "]}".len() + bytes + results.saturating_sub(1)
 }
 
 /// The `draw_result.batch` reply made of `results` (each one entry's

@@ -100,8 +100,9 @@ pub struct DrawResult {
     pub error: Option<ErrorBody>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous: Option<Prize>,
-    /// Lucky gift: the pool's draw counter after this draw (the serial of
-    /// its ledger entry id); names the draw for ever.
+    /// Lucky gift: how many prizes the pool (or its sub-pool) has given
+    /// out, this draw's included: it counts prizes, not draws. The serial
+    /// of the draw's ledger entry id; names the draw for ever.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serial: Option<i64>,
     /// Lucky gift: the config version the draw used.

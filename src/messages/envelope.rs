@@ -98,27 +98,32 @@ pub const MAX_ID_SCAN_BYTES: usize = 4 * 1024 * 1024;
 /// string of at most [`MAX_ID_LEN`] bytes counts: anything else could not
 /// name a request, and echoing it would only make the reply bigger.
 pub fn idempotency_id(value: &Value) -> Option<(&'static str, String)> {
-    ID_FIELDS
-        .into_iter()
-        .find_map(|field| match value.get(field) {
-            Some(Value::String(s))
-                if s.len()
-                    <= if field == "entry_id" {
-                        MAX_ENTRY_ID_LEN
-                    } else {
-                        MAX_ID_LEN
-                    } =>
-            {
-                Some((field, s.clone()))
-            }
-            _ => None,
-        })
+    id_among(value, &ID_FIELDS)
+}
+
+/// The first of `fields` that `value` holds as a usable id (see
+/// [`idempotency_id`]).
+fn id_among(value: &Value, fields: &[&'static str]) -> Option<(&'static str, String)> {
+    fields.iter().find_map(|&field| match value.get(field) {
+        Some(Value::String(s))
+            if s.len()
+                <= if field == "entry_id" {
+                    MAX_ENTRY_ID_LEN
+                } else {
+                    MAX_ID_LEN
+                } =>
+        {
+            Some((field, s.clone()))
+        }
+        _ => None,
+    })
 }
 
 /// What a reply to bad input can still learn from `body` when the envelope
 /// does not decode (no `type`, a `type` that is not a string, oversize, not
 /// an object for the typed decoder): a JSON object holding only the request's
-/// string `type` and its id fields, if the body is a JSON object of at most
+/// string `type`, id fields and `pool`, and its integer `user_id` (what
+/// [`rejected_reply`] may repeat), if the body is a JSON object of at most
 /// [`MAX_ID_SCAN_BYTES`]. The body is scanned without building it: every
 /// other field is skipped.
 pub fn request_ids(body: &[u8]) -> Option<Value> {
@@ -129,8 +134,8 @@ pub fn request_ids(body: &[u8]) -> Option<Value> {
     Some(Value::Object(fields))
 }
 
-/// The `type` and id fields of a JSON object, others skipped (see
-/// [`request_ids`]).
+/// The `type`, id fields, `pool` and `user_id` of a JSON object, others
+/// skipped (see [`request_ids`]).
 struct IdFields(serde_json::Map<String, Value>);
 
 impl<'de> Deserialize<'de> for IdFields {
@@ -149,11 +154,15 @@ impl<'de> Deserialize<'de> for IdFields {
             ) -> Result<IdFields, A::Error> {
                 let mut fields = serde_json::Map::new();
                 while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                    if key == "type" || ID_FIELDS.contains(&key.as_ref()) {
+                    if key == "type" || key == "pool" || ID_FIELDS.contains(&key.as_ref()) {
                         // Only strings are kept: a number where an id
                         // belongs names nothing.
                         if let Value::String(s) = map.next_value::<Value>()? {
                             fields.insert(key.into_owned(), Value::String(s));
+                        }
+                    } else if key == "user_id" {
+                        if let Value::Number(n) = map.next_value::<Value>()? {
+                            fields.insert(key.into_owned(), Value::Number(n));
                         }
                     } else {
                         map.next_value::<serde::de::IgnoredAny>()?;
@@ -182,25 +191,85 @@ pub fn reply_type(request_type: Option<&str>) -> &'static str {
     }
 }
 
+/// What a `rejected` reply of type `reply_type` repeats of the request it
+/// answers: the id fields it looks for (the first one found is echoed) and
+/// the other fields its business refusals carry too, so that a refusal of
+/// bad input reads like the other refusals of its type. A `draw_result`
+/// also answers messages of a missing or unknown type, so it looks for
+/// every id field; a `draw_result.batch` has no id.
+pub fn echoed_fields(reply_type: &str) -> (&'static [&'static str], &'static [&'static str]) {
+    match reply_type {
+        "draw_result" => (&ID_FIELDS, &["pool", "user_id"]),
+        "draw_result.batch" => (&[], &[]),
+        "grant_result" => (&["grant_id"], &[]),
+        "redpacket_result" => (&["packet_id"], &[]),
+        "settle_result" => (&["entry_id"], &[]),
+        "refill_result" => (&[], &["pool"]),
+        _ => (&ID_FIELDS, &[]),
+    }
+}
+
 /// Builds a `rejected` reply for a request that could not be processed.
 /// `request` is the decoded envelope, or what [`request_ids`] found in a
-/// body that did not decode: the reply carries the request's id whenever it
-/// had a usable one, and its `type` follows the request's.
+/// body that did not decode. Its `type` follows the request's; it carries
+/// the request's id whenever it had a usable one, and the other fields
+/// [`echoed_fields`] names when the request had them in their wire types
+/// (`pool` a string of at most [`MAX_ID_LEN`] bytes, `user_id` an integer
+/// in `i64`), so the reply validates against its type's schema.
 pub fn rejected_reply(request: Option<&Value>, code: ErrorCode, message: &str) -> Value {
     let request_type = request.and_then(|v| v.get("type")).and_then(Value::as_str);
-    let mut reply = serde_json::json!({
-        "type": reply_type(request_type),
-        "status": "rejected",
-        "error": { "code": code, "message": message },
-    });
-    if let Some((field, id)) = request.and_then(idempotency_id) {
-        reply[field] = Value::String(id);
+    let reply_type = reply_type(request_type);
+    let (ids, context) = echoed_fields(reply_type);
+    let mut reply = serde_json::Map::new();
+    reply.insert("type".into(), Value::String(reply_type.into()));
+    if let Some((field, id)) = request.and_then(|r| id_among(r, ids)) {
+        reply.insert(field.into(), Value::String(id));
     }
-    if request_type == Some("draw.batch") {
+    reply.insert("status".into(), Value::String("rejected".into()));
+    for &field in context {
+        if let Some(value) = request.and_then(|r| echoable(r, field)) {
+            reply.insert(field.into(), value);
+        }
+    }
+    reply.insert(
+        "error".into(),
+        serde_json::json!({ "code": code, "message": bounded_reason(message) }),
+    );
+    if reply_type == "draw_result.batch" {
         // A batch refused whole answers none of its requests.
-        reply["results"] = Value::Array(Vec::new());
+        reply.insert("results".into(), Value::Array(Vec::new()));
     }
-    reply
+    Value::Object(reply)
+}
+
+/// Longest reason a rejected reply carries, in bytes. A reason may quote
+/// the request (serde names an unknown field, whatever its length), and a
+/// reply must stay well within [`MAX_MESSAGE_BYTES`] whatever the request
+/// held; the dead letter keeps the whole reason in its header.
+pub const MAX_REASON_BYTES: usize = 1024;
+
+/// `message`, cut to [`MAX_REASON_BYTES`] (at a character boundary, marked
+/// with `…`) when longer.
+fn bounded_reason(message: &str) -> std::borrow::Cow<'_, str> {
+    if message.len() <= MAX_REASON_BYTES {
+        return message.into();
+    }
+    let mut end = MAX_REASON_BYTES;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &message[..end]).into()
+}
+
+/// Field `field` of `request` when it holds a value a reply may repeat:
+/// `pool` a string of at most [`MAX_ID_LEN`] bytes, `user_id` an integer
+/// that fits an `i64`.
+fn echoable(request: &Value, field: &str) -> Option<Value> {
+    match (field, request.get(field)?) {
+        ("pool", Value::String(s)) if s.len() <= MAX_ID_LEN => Some(Value::String(s.clone())),
+        ("user_id", Value::Number(n)) => n.as_i64().map(Value::from),
+        _ => None,
+    }
 }
 
 /// The rejected reply to the raw `body` of a request: its envelope when it
@@ -369,6 +438,28 @@ mod tests {
         assert_eq!(reply["type"], "grant_result");
         // Only top-level ids count.
         assert!(reply.get("request_id").is_none(), "{reply}");
+    }
+
+    /// A reason that quotes the request (an unknown field's name) is cut,
+    /// so the reply stays small whatever the request held.
+    #[test]
+    fn a_reply_to_a_field_name_as_long_as_the_limit_allows_stays_small() {
+        let name = "x".repeat(MAX_MESSAGE_BYTES - 60);
+        let body = format!(r#"{{"type":"draw","request_id":"r-long","{name}":1}}"#);
+        assert!(body.len() <= MAX_MESSAGE_BYTES);
+        let reply = serde_json::to_vec(&reply_for(body.as_bytes())).unwrap();
+        assert!(
+            reply.len() < MAX_REASON_BYTES + 200,
+            "{} bytes",
+            reply.len()
+        );
+        let reply: Value = serde_json::from_slice(&reply).unwrap();
+        assert_eq!(reply["request_id"], "r-long");
+        let reason = reply["error"]["message"].as_str().unwrap();
+        assert!(
+            reason.starts_with("unknown field") && reason.ends_with('…'),
+            "{reason}"
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_id, Invalid, Status};
+use super::{check_id, ErrorBody, Invalid, Status};
 
 /// `{"type":"refill_result", ...}`: the reply to a `refill`: the batch
 /// after the trigger exists (stocked now or before).
@@ -15,6 +15,10 @@ pub struct RefillResult {
     pub pool: String,
     /// The pool's batch generation now.
     pub generation: u64,
+    /// Why the refill was refused (then `generation` is left out, and
+    /// `pool` too when the request had no usable one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
 }
 
 /// `{"type":"pool.refilled", ...}` (event): batch `generation` of `pool`,

@@ -81,6 +81,67 @@ fn typed<T: JsonSchema>(generator: &mut SchemaGenerator, name: &str) -> Value {
     root
 }
 
+/// The schema of reply `T` of type `name`, as [`typed`], with its fields
+/// required of an `ok` reply only: a `rejected` one carries `type`,
+/// `status` and `error`, and the request's id and the other fields its
+/// refusals repeat only when the request had them in their wire types
+/// ([`super::rejected_reply`]: a message that is not JSON, or has no usable
+/// id, is answered without one). A `draw_result` also answers messages of a
+/// missing or unknown type, so it may repeat any of their id fields.
+fn reply<T: JsonSchema>(generator: &mut SchemaGenerator, name: &str) -> Value {
+    let mut root = typed::<T>(generator, name);
+    let Some(object) = root.as_object_mut() else {
+        return root;
+    };
+    let (always, when_ok): (Vec<Value>, Vec<Value>) = match object.get_mut("required") {
+        Some(Value::Array(list)) => std::mem::take(list)
+            .into_iter()
+            .filter(|field| field != "error")
+            .partition(|field| field == "type" || field == "status"),
+        _ => (Vec::new(), Vec::new()),
+    };
+    object.insert("required".into(), Value::Array(always));
+    let has_error = object
+        .get("properties")
+        .is_some_and(|p| p.get("error").is_some());
+    if !when_ok.is_empty() || has_error {
+        object.insert(
+            "if".into(),
+            json!({"properties": {"status": {"const": "ok"}}}),
+        );
+    }
+    if !when_ok.is_empty() {
+        object.insert("then".into(), json!({ "required": when_ok }));
+    }
+    if has_error {
+        object.insert("else".into(), json!({"required": ["error"]}));
+    }
+    let (ids, _) = super::echoed_fields(name);
+    if let Some(Value::Object(properties)) = object.get_mut("properties") {
+        for &id in ids {
+            properties.entry(id).or_insert_with(|| json!({
+                "type": "string",
+                "description": format!("A rejected reply to a message of a missing or unknown `type` repeats its `{id}`.")
+            }));
+        }
+    }
+    root
+}
+
+/// The schema of `T`, a reply that is always a refusal, of type `name`: as
+/// [`typed`], with `status` the constant `rejected` (so it is told apart
+/// from the other shapes of its type) and the request's id required only
+/// when the request had a usable one, as for [`reply`].
+fn refusal<T: JsonSchema>(generator: &mut SchemaGenerator, name: &str) -> Value {
+    let mut root = typed::<T>(generator, name);
+    root["properties"]["status"] = json!({"const": "rejected"});
+    let (ids, _) = super::echoed_fields(name);
+    if let Some(Value::Array(required)) = root.get_mut("required") {
+        required.retain(|field| !ids.iter().any(|id| field == id));
+    }
+    root
+}
+
 /// The definition a `{"$ref": "#/$defs/X"}` points at (or the schema itself).
 fn resolve(generator: &SchemaGenerator, schema: &Value) -> Value {
     schema
@@ -137,8 +198,8 @@ fn document(generator: &SchemaGenerator, name: &str, summary: &str, mut root: Va
     out.insert("title".into(), json!(name));
     out.insert("description".into(), json!(summary));
     if let Some(object) = root.as_object_mut() {
-        object.remove("description");
-        object.remove("title");
+        object.shift_remove("description");
+        object.shift_remove("title");
         out.extend(std::mem::take(object));
     }
     if !defs.is_empty() {
@@ -215,30 +276,30 @@ const SPECS: &[Spec] = &[
         build: |g| typed::<RedPacketExpire>(g, "redpacket.expire") },
     Spec { name: "draw_result", role: Role::Reply, routing_key: "", reply: None,
         summary: "The answer to a draw: status ok with the prizes, or rejected with an error.",
-        build: |g| typed::<DrawResult>(g, "draw_result") },
+        build: |g| reply::<DrawResult>(g, "draw_result") },
     Spec { name: "draw_result.batch", role: Role::Reply, routing_key: "", reply: None,
         summary: "The answer to a draw.batch: one draw_result per request, in request order.",
         build: |g| {
-            let mut root = typed::<DrawResultBatch>(g, "draw_result.batch");
-            root["properties"]["results"]["items"] = typed::<DrawResult>(g, "draw_result");
+            let mut root = reply::<DrawResultBatch>(g, "draw_result.batch");
+            root["properties"]["results"]["items"] = reply::<DrawResult>(g, "draw_result");
             root
         } },
     Spec { name: "grant_result", role: Role::Reply, routing_key: "", reply: None,
         summary: "The answer to a lottery.grant.",
-        build: |g| typed::<GrantResult>(g, "grant_result") },
+        build: |g| reply::<GrantResult>(g, "grant_result") },
     Spec { name: "redpacket_result", role: Role::Reply, routing_key: "", reply: None,
         summary: "The answer to a redpacket.create (created or rejected) or a redpacket.expire.",
         build: |g| json!({"oneOf": [
             typed::<CreatedReply>(g, "redpacket_result"),
-            typed::<RejectedReply>(g, "redpacket_result"),
+            refusal::<RejectedReply>(g, "redpacket_result"),
             typed::<ExpireReply>(g, "redpacket_result"),
         ]}) },
     Spec { name: "settle_result", role: Role::Reply, routing_key: "", reply: None,
         summary: "The answer to a settle (its entry_id) or a settle.batch (entries and refused).",
-        build: |g| typed::<SettleResult>(g, "settle_result") },
+        build: |g| reply::<SettleResult>(g, "settle_result") },
     Spec { name: "refill_result", role: Role::Reply, routing_key: "", reply: None,
         summary: "The answer to a refill.",
-        build: |g| typed::<RefillResult>(g, "refill_result") },
+        build: |g| reply::<RefillResult>(g, "refill_result") },
     Spec { name: "draw.completed", role: Role::Event, routing_key: "draw.completed", reply: None,
         summary: "A completed draw: its draw_result with type draw.completed and the fleet's seal.",
         build: sealed_event },
@@ -251,7 +312,11 @@ const SPECS: &[Spec] = &[
         } },
     Spec { name: "pool.refilled", role: Role::Event, routing_key: "pool.refilled", reply: None,
         summary: "A lucky-gift batch became drawable; its commitment and composition.",
-        build: |g| typed::<PoolRefilled>(g, "pool.refilled") },
+        build: |g| {
+            let mut root = typed::<PoolRefilled>(g, "pool.refilled");
+            add_seal(&mut root, "the event's other fields");
+            root
+        } },
     Spec { name: "redpacket.created", role: Role::Event, routing_key: "redpacket.created", reply: None,
         summary: "A red packet was created.",
         build: |g| typed::<CreatedReply>(g, "redpacket.created") },
@@ -299,13 +364,19 @@ fn batch_entry(generator: &mut SchemaGenerator) -> Value {
 /// A `draw.completed` event: a `draw_result` with its required `seal`.
 fn sealed_event(generator: &mut SchemaGenerator) -> Value {
     let mut schema = typed::<DrawResult>(generator, "draw.completed");
+    add_seal(&mut schema, "the result");
+    schema
+}
+
+/// Adds the required last field `seal` the fleet puts on the events the
+/// audit records (`crate::audit`): HMAC-SHA256 of `what` as serialised.
+fn add_seal(schema: &mut Value, what: &str) {
     schema["properties"]["seal"] = json!({
         "type": "string",
         "pattern": "^[0-9a-f]{64}$",
-        "description": "HMAC-SHA256 under the fleet's key of the result as serialised (docs/fairness.md)"
+        "description": format!("HMAC-SHA256 under the fleet's key of {what} as serialised (docs/fairness.md)")
     });
     if let Some(Value::Array(required)) = schema.get_mut("required") {
         required.push(json!("seal"));
     }
-    schema
 }

@@ -6,12 +6,13 @@ use serde_json::Value;
 
 use super::{
     check_account, check_entry_id, check_id, decode_envelope, decode_typed, shallow_envelope,
-    ErrorCode, Invalid, Status,
+    ErrorBody, ErrorCode, Invalid, Status,
 };
 
 /// `{"type":"settle_result", ...}`: the reply to a `settle` (with its
 /// `entry_id`) or to a `settle.batch` (with the number of `entries` that are
-/// in the ledger and the `refused` ones).
+/// in the ledger and the `refused` ones). A refused `settle`, and a
+/// `settle.batch` refused whole, are answered `rejected` with an `error`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SettleResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -21,6 +22,9 @@ pub struct SettleResult {
     pub entries: Option<usize>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub refused: Vec<SettleRefusal>,
+    /// Why the `settle` (or the whole `settle.batch`) was refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
 }
 
 /// One entry of a `settle.batch` the ledger refused.

@@ -1,7 +1,6 @@
 //! A pool that stays short does not hold the draws of other pools: a draw
-//! waiting for its pool's refill holds no worker slot, and at most half of
-//! `CONCURRENCY` draws wait at once (past that a short draw is answered at
-//! once, as its wait would end). Over the wire, through a draw worker.
+//! waiting for its pool's refill holds no worker slot. Over the wire,
+//! through a draw worker.
 #![allow(clippy::unwrap_used)]
 
 use crate::common;

@@ -437,6 +437,7 @@ fn refilled(pool: &str, generation: u64) -> Vec<u8> {
             status: Status::Ok,
             pool: pool.to_owned(),
             generation,
+            error: None,
         },
     )
 }

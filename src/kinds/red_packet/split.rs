@@ -16,8 +16,8 @@ use rand::Rng;
 
 /// Most shares one packet may have.
 pub const MAX_SHARES: u32 = 5_000;
-/// Largest packet total, in cents: 10^12, far below 2^53 (≈ 9.007 × 10^15),
-/// so sums of shares stay exact in Lua.
+/// Largest packet total, in the smallest unit of the packet's asset: 10^12,
+/// far below 2^53 (≈ 9.007 × 10^15), so sums of shares stay exact in Lua.
 pub const MAX_TOTAL: i64 = 1_000_000_000_000;
 
 /// Why a packet cannot be split.
@@ -97,7 +97,7 @@ mod tests {
         for (i, s) in shares.iter().enumerate() {
             prop_assert!(*s >= floor(min), "share {} = {} below min {}", i, s, min);
             let remaining = i128::from(count) - i as i128;
-            // No share above twice the mean of what remained (integer cents).
+            // No share above twice the mean of what remained (whole units).
             prop_assert!(
                 i128::from(*s) * remaining <= 2 * left,
                 "share {} = {} above twice the mean of {} over {}",
