@@ -87,7 +87,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 const CHECK_EVERY: Duration = Duration::from_millis(100);
 
 /// The least time between two replacements of a cluster connection.
-const RENEW_AT_MOST_EVERY: Duration = Duration::from_secs(2);
+const RENEW_AT_MOST_EVERY: Duration = Duration::from_secs(1);
 
 /// A Redis Cluster connection that replaces itself when it stops answering.
 ///

@@ -44,9 +44,9 @@ const GIFT: &[(&str, &[(u64, u64)])] = &[
 /// every worker is busy throughout.
 const RATE: usize = 1_000;
 /// How long each fault's draws are published.
-const FLOW: Duration = Duration::from_secs(6);
+const FLOW: Duration = Duration::from_secs(5);
 /// When the node is killed, from the start of the flow.
-const KILL_AT: Duration = Duration::from_millis(1_500);
+const KILL_AT: Duration = Duration::from_secs(1);
 /// When a killed replica is started again, from its kill. A killed master
 /// is started again once its replica took over.
 const RESTART_AFTER: Duration = Duration::from_secs(3);
