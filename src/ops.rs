@@ -247,7 +247,7 @@ pub const METRIC_HELP: &[(&str, &str)] = &[
     ("prizepool_pool_exhausted_total", "Draws answered pool_exhausted after an urgent refill and the bounded wait"),
     ("prizepool_prizes_drawn_total", "Prizes drawn (a draw of count N draws N)"),
     ("prizepool_queue_messages", "Messages ready in a queue, read by the refill worker every 5 s, by queue"),
-    ("prizepool_ready", "1 while the worker consumes and its last pings of Redis and Postgres succeeded, else 0"),
+    ("prizepool_ready", "1 while the worker consumes, its last pings of Redis and Postgres succeeded and it is not stalled, else 0"),
     ("prizepool_red_packets_lost_total", "Red packets whose stock was found missing in Redis at expiry"),
     ("prizepool_refill_seconds", "Seconds from a refill request to the batch drawable"),
     ("prizepool_redis_connections_replaced_total", "Redis Cluster connections replaced after a call timed out while a new connection answered"),

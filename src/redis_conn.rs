@@ -94,8 +94,9 @@ const RENEW_AT_MOST_EVERY: Duration = Duration::from_secs(1);
 /// redis-rs's cluster connection runs every call through one task, which
 /// also refreshes the slot map after a node fails; while it refreshes it
 /// sends no call. Under load, a refresh begun during a failover can wait
-/// for ever for the lock on the client's map of connections (`beginning
-/// slot refresh` logged, `slot refresh complete` never), and from then on
+/// for ever (`beginning slot refresh` logged, `slot refresh complete`
+/// never: every network step of a refresh has a timeout, its wait for the
+/// lock on the client's map of connections has none), and from then on
 /// every call times out, while every node answers.
 ///
 /// So a task beside the connection watches it: when calls are in flight
