@@ -2,14 +2,16 @@
 //! log the configuration, bind the ops endpoint, wait for every dependency,
 //! then consume), the endpoint itself — `/metrics` (Prometheus), `/healthz`
 //! (the process is alive) and `/readyz` (it is consuming and its servers
-//! answer) — and the periodic pings that keep `/readyz` honest.
+//! answer) — the periodic pings that keep `/readyz` honest, and the stall
+//! check that makes both endpoints fail when a worker holds deliveries and
+//! answers none while its servers answer (see [`Health`]).
 
 use std::{
     future::Future,
     process::ExitCode,
     sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+        Arc, OnceLock,
     },
     time::Duration,
 };
@@ -44,9 +46,23 @@ impl Dependency {
 }
 
 /// Readiness shared between a worker, its dependency pings and its ops
-/// endpoint. Ready means: the consumer runs, and no pinged server is down.
-/// A fresh `Health` is not ready (nothing consumes yet) and counts every
-/// server as up until a ping says otherwise.
+/// endpoint. Ready means: the consumer runs, no pinged server is down, and
+/// the worker is not stalled. A fresh `Health` is not ready (nothing
+/// consumes yet) and counts every server as up until a ping says otherwise.
+///
+/// # Stalls
+///
+/// The consume loop tells `Health` which deliveries it holds
+/// ([`Health::taken`]) and when it answers one ([`Health::answered`]: a
+/// reply, a dead letter, anything but a hand-back). A worker that has held
+/// deliveries for [`Config::stall_after`] without answering any, while
+/// Redis and Postgres answer its pings, is stalled: something inside it
+/// stopped making progress that no server outage explains (a client
+/// connection that stopped answering, a deadlock). [`watch`] checks for it;
+/// a stalled worker fails `/readyz` and `/healthz` alike, so the
+/// orchestrator takes it out of rotation and restarts it, logs why once,
+/// and sets `prizepool_stalled` to 1 (and counts `prizepool_stalls_total`).
+/// It recovers by itself if it answers again before it is restarted.
 #[derive(Clone, Debug, Default)]
 pub struct Health {
     inner: Arc<HealthFlags>,
@@ -57,6 +73,34 @@ struct HealthFlags {
     consuming: AtomicBool,
     redis_down: AtomicBool,
     postgres_down: AtomicBool,
+    /// Deliveries the consume loop holds.
+    in_hand: AtomicUsize,
+    /// Milliseconds since [`epoch`] of the last answer, or of the moment
+    /// the worker took a delivery while it held none, whichever is later.
+    progress_at: AtomicU64,
+    stalled: AtomicBool,
+}
+
+/// The origin of [`HealthFlags::progress_at`].
+fn epoch() -> tokio::time::Instant {
+    static EPOCH: OnceLock<tokio::time::Instant> = OnceLock::new();
+    *EPOCH.get_or_init(tokio::time::Instant::now)
+}
+
+fn millis_now() -> u64 {
+    u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A delivery the consume loop holds ([`Health::taken`]), until dropped.
+#[derive(Debug)]
+pub struct InHand {
+    health: Health,
+}
+
+impl Drop for InHand {
+    fn drop(&mut self) {
+        self.health.inner.in_hand.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Health {
@@ -76,14 +120,17 @@ impl Health {
         flag.store(!up, Ordering::Relaxed);
     }
 
-    /// Whether the worker is consuming and every pinged server answers.
+    /// Whether the worker is consuming, every pinged server answers, and
+    /// it is not stalled.
     pub fn is_ready(&self) -> bool {
         self.not_ready_because().is_none()
     }
 
     /// What keeps the worker from being ready, if anything.
     pub fn not_ready_because(&self) -> Option<&'static str> {
-        if self.inner.redis_down.load(Ordering::Relaxed) {
+        if self.is_stalled() {
+            Some(STALLED)
+        } else if self.inner.redis_down.load(Ordering::Relaxed) {
             Some("redis unreachable")
         } else if self.inner.postgres_down.load(Ordering::Relaxed) {
             Some("postgres unreachable")
@@ -93,7 +140,73 @@ impl Health {
             None
         }
     }
+
+    /// Whether the last stall check found the worker stalled (see
+    /// [`Health`]); `/healthz` fails while it is.
+    pub fn is_stalled(&self) -> bool {
+        self.inner.stalled.load(Ordering::Relaxed)
+    }
+
+    /// Records that the consume loop took a delivery; it holds it until the
+    /// returned guard is dropped. A worker that held none starts its stall
+    /// clock now, not at its last answer (maybe hours ago).
+    pub fn taken(&self) -> InHand {
+        if self.inner.in_hand.fetch_add(1, Ordering::Relaxed) == 0 {
+            self.inner
+                .progress_at
+                .store(millis_now(), Ordering::Relaxed);
+        }
+        InHand {
+            health: self.clone(),
+        }
+    }
+
+    /// Records that a delivery was answered (replied, dead-lettered or
+    /// rejected: settled for good, not handed back for later).
+    pub fn answered(&self) {
+        self.inner
+            .progress_at
+            .store(millis_now(), Ordering::Relaxed);
+    }
+
+    /// How long the worker has held deliveries without answering any, or
+    /// `None` when it holds none.
+    pub fn unanswered_for(&self) -> Option<Duration> {
+        if self.inner.in_hand.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let since = self.inner.progress_at.load(Ordering::Relaxed);
+        Some(Duration::from_millis(millis_now().saturating_sub(since)))
+    }
+
+    /// One stall check: stalled when the worker has held deliveries for
+    /// `bound` without answering any while every pinged server answers.
+    /// Logs and counts a change; returns whether it is stalled now.
+    pub fn check_stall(&self, bound: Duration) -> bool {
+        let servers_up = !self.inner.redis_down.load(Ordering::Relaxed)
+            && !self.inner.postgres_down.load(Ordering::Relaxed);
+        let unanswered = self.unanswered_for();
+        let stalled = servers_up && unanswered.is_some_and(|d| d >= bound);
+        let was = self.inner.stalled.swap(stalled, Ordering::Relaxed);
+        if stalled && !was {
+            metrics::counter!("prizepool_stalls_total").increment(1);
+            tracing::error!(
+                in_hand = self.inner.in_hand.load(Ordering::Relaxed),
+                unanswered_for = ?unanswered.unwrap_or_default(),
+                ?bound,
+                "stalled: deliveries in hand and none answered while Redis and Postgres answer \
+                 their pings; /healthz and /readyz fail until one is answered"
+            );
+        } else if was && !stalled {
+            tracing::info!("answering again; no longer stalled");
+        }
+        metrics::gauge!("prizepool_stalled").set(if stalled { 1.0 } else { 0.0 });
+        stalled
+    }
 }
+
+/// What `/readyz` and `/healthz` say of a stalled worker.
+const STALLED: &str = "stalled: deliveries in hand, none answered while its servers answer";
 
 #[derive(Clone)]
 struct OpsState {
@@ -134,15 +247,18 @@ pub const METRIC_HELP: &[(&str, &str)] = &[
     ("prizepool_pool_exhausted_total", "Draws answered pool_exhausted after an urgent refill and the bounded wait"),
     ("prizepool_prizes_drawn_total", "Prizes drawn (a draw of count N draws N)"),
     ("prizepool_queue_messages", "Messages ready in a queue, read by the refill worker every 5 s, by queue"),
-    ("prizepool_ready", "1 while the worker consumes and its last pings of Redis and Postgres succeeded, else 0"),
+    ("prizepool_ready", "1 while the worker consumes, its last pings of Redis and Postgres succeeded and it is not stalled, else 0"),
     ("prizepool_red_packets_lost_total", "Red packets whose stock was found missing in Redis at expiry"),
     ("prizepool_refill_seconds", "Seconds from a refill request to the batch drawable"),
+    ("prizepool_redis_connections_replaced_total", "Redis Cluster connections replaced after a call timed out while a new connection answered"),
     ("prizepool_replies_given_up_total", "Replies given up after retries on fresh connections (the requester is gone)"),
     ("prizepool_retries_total", "Deliveries retried after a transient Redis or Postgres failure"),
     ("prizepool_settle_batch_entries", "Ledger entries per settle batch"),
     ("prizepool_settle_commit_seconds", "Seconds Postgres took to commit one settle batch"),
     ("prizepool_settle_entries_total", "Settle entries handled, by outcome and reason"),
     ("prizepool_settle_lag_seconds", "Age in seconds of the oldest message of the settle batch being booked, updated every second while it waits for the ledger; 0 once the queue is drained (nothing to take for 250 ms, no batch in hand)"),
+    ("prizepool_stalled", "1 while the worker holds deliveries and has answered none for STALL_AFTER_MS while Redis and Postgres answer its pings (/healthz and /readyz fail), else 0"),
+    ("prizepool_stalls_total", "Times the worker was found stalled (deliveries in hand, none answered for STALL_AFTER_MS, its servers up)"),
     ("prizepool_urgent_refills_total", "Urgent refills asked by draws that found their pool short"),
 ];
 
@@ -201,9 +317,11 @@ pub async fn serve(
         "prizepool_batches_stocked_total",
         "prizepool_prizes_drawn_total",
         "prizepool_ledger_entries_total",
+        "prizepool_stalls_total",
     ] {
         metrics::counter!(name).increment(0);
     }
+    metrics::gauge!("prizepool_stalled").set(0.0);
     let app = Router::new()
         .route(
             "/metrics",
@@ -213,7 +331,19 @@ pub async fn serve(
                 s.metrics.render()
             }),
         )
-        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/healthz",
+            get(|State(s): State<OpsState>| async move {
+                if s.health.is_stalled() {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("not live: {STALLED}"),
+                    )
+                } else {
+                    (StatusCode::OK, "ok".to_owned())
+                }
+            }),
+        )
         .route(
             "/readyz",
             get(|State(s): State<OpsState>| async move {
@@ -409,7 +539,7 @@ async fn ping_postgres(pool: &sqlx::PgPool) -> anyhow::Result<()> {
 /// Pings Redis and Postgres (those in `needs`) every
 /// `HEALTH_CHECK_INTERVAL_MS` until `shutdown`, recording each outcome in
 /// `health`: losing either makes `/readyz` not ready, as losing the broker
-/// does. The connections are the pinger's own, so a busy worker pool never
+/// does. Checks for a stall ([`Health::check_stall`]) at the same pace. The connections are the pinger's own, so a busy worker pool never
 /// delays a ping, and a ping never takes a worker's connection.
 pub async fn watch(
     config: &Config,
@@ -420,6 +550,19 @@ pub async fn watch(
     let interval = config.health_check_interval;
     // A ping slower than the interval counts as a failure.
     let limit = interval.max(Duration::from_millis(500));
+    {
+        let (health, shutdown, bound) = (health.clone(), shutdown.clone(), config.stall_after);
+        tokio::spawn(async move {
+            let mut timer = ticker(interval);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = timer.tick() => {}
+                }
+                health.check_stall(bound);
+            }
+        });
+    }
     if needs.contains(&Dependency::Redis) {
         let (url, tls) = (config.redis_url.clone(), config.tls.clone());
         let (health, shutdown) = (health.clone(), shutdown.clone());
@@ -542,5 +685,62 @@ mod tests {
         })
         .join()
         .expect("the checks passed");
+    }
+}
+
+#[cfg(test)]
+mod stall_tests {
+    use super::{Dependency, Health};
+    use std::time::Duration;
+
+    const LONG: Duration = Duration::from_secs(3600);
+
+    /// Waits until the clock has moved past `d` (the checks below only need
+    /// time to have passed, never to have not).
+    fn pass(d: Duration) {
+        std::thread::sleep(d + Duration::from_millis(2));
+    }
+
+    #[test]
+    fn a_stall_needs_deliveries_in_hand_no_answer_for_the_bound_and_servers_up() {
+        let bound = Duration::from_millis(20);
+        let health = Health::default();
+        health.set_ready(true);
+        // Idle past the bound: no stall, whatever the time since the last
+        // answer.
+        pass(bound);
+        assert!(!health.check_stall(bound));
+        assert_eq!(health.unanswered_for(), None);
+
+        // Holding a delivery: the clock starts when it was taken.
+        let held = health.taken();
+        assert!(!health.check_stall(LONG));
+        pass(bound);
+        assert!(health.check_stall(bound));
+        assert!(health.is_stalled() && !health.is_ready());
+        assert!(health.not_ready_because().unwrap().starts_with("stalled"));
+
+        // A server that does not answer explains the silence: not a stall.
+        health.set_up(Dependency::Redis, false);
+        assert!(!health.check_stall(bound));
+        health.set_up(Dependency::Redis, true);
+        health.set_up(Dependency::Postgres, false);
+        assert!(!health.check_stall(bound));
+        health.set_up(Dependency::Postgres, true);
+        assert!(health.check_stall(bound));
+
+        // An answer restarts the clock.
+        health.answered();
+        assert!(!health.check_stall(LONG));
+        assert!(health.is_ready());
+        pass(bound);
+        assert!(health.check_stall(bound));
+
+        // Nothing in hand: not stalled, however long ago the last answer.
+        drop(held);
+        assert!(!health.check_stall(bound));
+        let second = health.taken();
+        assert!(!health.check_stall(LONG), "a new delivery starts the clock");
+        drop(second);
     }
 }

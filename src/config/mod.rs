@@ -137,6 +137,10 @@ pub struct Config {
     /// `HEALTH_CHECK_INTERVAL_MS`: how often Redis and Postgres are pinged
     /// for `/readyz`.
     pub health_check_interval: Duration,
+    /// `STALL_AFTER_MS`: how long a worker with deliveries in hand may
+    /// answer none, while its servers answer its pings, before it reports
+    /// itself stalled (see [`crate::ops::Health`]).
+    pub stall_after: Duration,
     /// `TLS_CA_FILE`, `TLS_CERT_FILE`, `TLS_KEY_FILE`.
     pub tls: TlsFiles,
     /// `LEDGER_SEAL_KEY`: the key of the seals on the fleet's own ledger
@@ -230,6 +234,7 @@ impl Config {
             "sched_batch": self.sched_batch,
             "metrics_addr": self.metrics_addr,
             "health_check_interval_ms": self.health_check_interval.as_millis() as u64,
+            "stall_after_ms": self.stall_after.as_millis() as u64,
             "ledger_seal_key": if self.ledger_seal_key.is_some() { "set" } else { "unset: kept in Redis" },
             "tls": self.tls,
             "otel_exporter_otlp_endpoint": self.otel_endpoint.as_deref().map(redact),

@@ -124,6 +124,12 @@ struct Settings {
     #[arg(long, env = "HEALTH_CHECK_INTERVAL_MS", value_name = "MS", default_value_t = 2000,
           value_parser = clap::value_parser!(u64).range(100..))]
     health_check_interval_ms: u64,
+    /// How long a worker with deliveries in hand may answer none while Redis
+    /// and Postgres answer its pings before `/healthz` and `/readyz` report
+    /// it stalled (milliseconds, ≥ 1000).
+    #[arg(long, env = "STALL_AFTER_MS", value_name = "MS", default_value_t = 60_000,
+          value_parser = clap::value_parser!(u64).range(1000..))]
+    stall_after_ms: u64,
     /// Secret that seals the ledger entries the fleet publishes itself (the
     /// same for every worker); unset: a random key kept in Redis under
     /// `<REDIS_PREFIX>:ledger-seal-key`.
@@ -317,6 +323,7 @@ impl Settings {
             sched_batch: self.sched_batch,
             metrics_addr: (!self.metrics_addr.is_empty()).then_some(self.metrics_addr),
             health_check_interval: Duration::from_millis(self.health_check_interval_ms),
+            stall_after: Duration::from_millis(self.stall_after_ms),
             tls,
             ledger_seal_key: self.ledger_seal_key.filter(|k| !k.is_empty()).map(SealKey),
             otel_endpoint: self.otel_exporter_otlp_endpoint,

@@ -13,6 +13,9 @@ use super::{redis_server, KillOnDrop};
 pub struct Node {
     pub port: u16,
     pub process: Option<KillOnDrop>,
+    /// Its directory and options, to start it again after a kill.
+    dir: std::path::PathBuf,
+    options: Vec<String>,
 }
 
 /// Cluster-mode redis-servers, stopped when dropped (even on panic).
@@ -41,6 +44,11 @@ fn free_port() -> u16 {
     }
 }
 
+fn start_node(port: u16, dir: &std::path::Path, options: &[String]) -> KillOnDrop {
+    let options: Vec<&str> = options.iter().map(String::as_str).collect();
+    redis_server(port, dir, &options)
+}
+
 /// `redis-cli -p port args...`, its output as text.
 pub fn cli(port: u16, args: &[&str]) -> String {
     let out = Command::new("redis-cli")
@@ -65,35 +73,36 @@ impl RedisCluster {
             std::fs::create_dir_all(&node_dir).unwrap();
             // The bus port is named too, so it cannot land on a port taken meanwhile.
             let bus = super::free_port().to_string();
-            let process = redis_server(
-                *port,
-                &node_dir,
-                &[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-port",
-                    &bus,
-                    "--cluster-node-timeout",
-                    "2000",
-                    "--appendonly",
-                    "yes",
-                    "--appendfsync",
-                    "always",
-                    // A replica syncs at once, not 5 s after it asks: one
-                    // that has not synced cannot replace its master.
-                    "--repl-diskless-sync-delay",
-                    "0",
-                    // The masters that are up serve their slots while a
-                    // lost one is replaced (docs/operations.md).
-                    "--cluster-require-full-coverage",
-                    "no",
-                ],
-            );
+            let options: Vec<String> = [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-port",
+                bus.as_str(),
+                "--cluster-node-timeout",
+                "2000",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                // A replica syncs at once, not 5 s after it asks: one
+                // that has not synced cannot replace its master.
+                "--repl-diskless-sync-delay",
+                "0",
+                // The masters that are up serve their slots while a
+                // lost one is replaced (docs/operations.md).
+                "--cluster-require-full-coverage",
+                "no",
+            ]
+            .map(str::to_owned)
+            .to_vec();
+            let process = start_node(*port, &node_dir, &options);
             nodes.push(Node {
                 port: *port,
                 process: Some(process),
+                dir: node_dir,
+                options,
             });
         }
         for port in &ports {
@@ -132,7 +141,7 @@ impl RedisCluster {
 
     /// Waits until every live replica has synced with its master: a
     /// replica that has not cannot be promoted when its master dies.
-    async fn wait_synced(&self) {
+    pub async fn wait_synced(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         for node in self.nodes.iter().filter(|n| n.process.is_some()) {
             loop {
@@ -294,6 +303,21 @@ impl RedisCluster {
         while !cli(replica, &["role"]).starts_with("master") {
             assert!(Instant::now() < deadline, "{replica} did not take over");
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Starts the node on `port` again (after [`RedisCluster::kill`]) with
+    /// its files and options: it reloads its AOF and rejoins the cluster
+    /// with the identity in its `nodes.conf`, as a replica if its master
+    /// role was taken over meanwhile.
+    pub async fn restart(&mut self, port: u16) {
+        let node = self.nodes.iter_mut().find(|n| n.port == port).unwrap();
+        assert!(node.process.is_none(), "node {port} is running");
+        node.process = Some(start_node(port, &node.dir, &node.options));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "node {port} did not start again");
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 

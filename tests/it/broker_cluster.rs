@@ -160,14 +160,16 @@ async fn leader_loss(shards: u16) {
     }
 
     // Upstream senders run until told to stop, so the load covers the whole
-    // outage however fast the fleet is.
+    // outage however fast the fleet is. There are more of them than the
+    // draw worker has slots (`CONCURRENCY`, 128): every slot is busy when
+    // the node stops.
     let count = 3u32;
     let answered = Arc::new(AtomicUsize::new(0));
     let next = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicBool::new(false));
     let last_reply = Arc::new(Mutex::new((Instant::now(), Duration::ZERO)));
     let mut tasks = Vec::new();
-    for _ in 0..20 {
+    for _ in 0..160 {
         let (answered, next, done, config, last_reply) = (
             answered.clone(),
             next.clone(),

@@ -97,9 +97,10 @@ async fn assert_trail_whole(env: &TestEnv, pool: &str) {
     }
 }
 
-/// A Redis with `appendfsync always` killed with SIGKILL under load and
-/// restarted on its files: deliveries wait for it, nothing that was
-/// answered is lost, nothing is drawn twice.
+/// A Redis with `appendfsync always` killed with SIGKILL under a load that
+/// keeps every worker slot busy and restarted on its files: deliveries wait
+/// for it, no worker stays wedged (every request is answered), nothing that
+/// was answered is lost, nothing is drawn twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_killed_under_load_with_aof_loses_and_doubles_nothing() {
     let dir = tempdir("aof");
@@ -120,7 +121,10 @@ async fn a_redis_killed_under_load_with_aof_loses_and_doubles_nothing() {
     let mut env = TestEnv::new(&[("REDIS_URL", &url)]).await;
     env.load(&pool_toml("rf", "max_count = 100", GIFT)).await;
     env.start_fleet().await;
-    let (n, count) = (1_500, 5);
+    // More requests in flight than the draw worker has slots
+    // (`CONCURRENCY`, 128): every slot is busy when Redis dies, and a
+    // backlog waits in the queue.
+    let (n, count) = (3_000, 5);
     let replies = draws_through_a_fault(
         &env,
         Load {
@@ -128,8 +132,8 @@ async fn a_redis_killed_under_load_with_aof_loses_and_doubles_nothing() {
             pool: "rf",
             n,
             count,
-            in_flight: 30,
-            at: 300,
+            in_flight: 300,
+            at: 600,
         },
         || async {
             // SIGKILL, then the same files again a second later.

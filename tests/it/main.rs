@@ -26,6 +26,7 @@ mod cli_truth;
 mod client;
 mod cluster;
 mod cluster_changes;
+mod cluster_failover;
 mod contract;
 mod dead_letters;
 mod deploy;

@@ -21,7 +21,7 @@ const WORKERS: [&str; 3] = [
 ];
 
 /// Every variable a worker reads, as `--help` must list it.
-const VARIABLES: [&str; 27] = [
+const VARIABLES: [&str; 28] = [
     "AMQP_URL",
     "REDIS_URL",
     "DATABASE_URL",
@@ -43,6 +43,7 @@ const VARIABLES: [&str; 27] = [
     "SCHED_BATCH",
     "METRICS_ADDR",
     "HEALTH_CHECK_INTERVAL_MS",
+    "STALL_AFTER_MS",
     "LEDGER_SEAL_KEY",
     "TLS_CA_FILE",
     "TLS_CERT_FILE",
@@ -522,4 +523,127 @@ async fn a_delivery_limit_the_queues_contradict_stops_each_worker_naming_it() {
             "{bin}: {text}"
         );
     }
+}
+
+/// A draw-queue handler that answers nothing until it is let go: a worker
+/// stuck inside, as a client connection that stopped answering leaves it,
+/// while every server answers.
+struct Stuck {
+    go: std::sync::Arc<tokio::sync::Semaphore>,
+}
+
+impl prizepool::amqp::Handler for Stuck {
+    fn route(&self) -> prizepool::amqp::Route {
+        prizepool::amqp::DRAW
+    }
+
+    async fn handle(
+        &self,
+        envelope: &serde_json::Value,
+        _publisher: &prizepool::amqp::Publisher,
+    ) -> Result<prizepool::amqp::Outcome, prizepool::amqp::HandleError> {
+        let _go = self.go.acquire().await;
+        let id = envelope["request_id"].as_str().unwrap_or_default();
+        let reply = serde_json::json!({"type": "draw_result", "request_id": id, "status": "ok"});
+        Ok(prizepool::amqp::Outcome {
+            reply: Some(serde_json::to_vec(&reply).unwrap()),
+            ..Default::default()
+        })
+    }
+}
+
+/// A worker that holds deliveries and answers none for `STALL_AFTER_MS`
+/// while Redis and Postgres answer its pings reports itself stalled: not
+/// ready and not live (the endpoints the chart probes), so it is taken out
+/// and restarted. An idle worker never is, and one that answers again is
+/// not any more.
+#[tokio::test]
+async fn a_worker_that_answers_nothing_while_its_servers_answer_reports_itself_stalled() {
+    use prizepool::ops::{Dependency, Health};
+    let env = common::TestEnv::new(&[
+        ("STALL_AFTER_MS", "1000"),
+        ("HEALTH_CHECK_INTERVAL_MS", "100"),
+    ])
+    .await;
+    let go = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let (health, shutdown) = (
+        Health::default(),
+        tokio_util::sync::CancellationToken::new(),
+    );
+    let worker = {
+        let (config, handler) = (env.config.clone(), Stuck { go: go.clone() });
+        let (health, shutdown) = (health.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            prizepool::amqp::run(&config, std::sync::Arc::new(handler), health, shutdown).await
+        })
+    };
+    prizepool::ops::watch(
+        &env.config,
+        &[Dependency::Redis, Dependency::Postgres],
+        &health,
+        &shutdown,
+    )
+    .await;
+    let ready = common::eventually(Duration::from_secs(30), || {
+        let health = health.clone();
+        async move {
+            health
+                .is_ready()
+                .then_some(())
+                .ok_or_else(|| format!("not ready: {:?}", health.not_ready_because()))
+        }
+    });
+    ready.await;
+    // Idle for longer than the bound: not a stall.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(health.is_ready(), "{:?}", health.not_ready_because());
+
+    let raw = common::raw::Raw::new(&env).await;
+    let body = serde_json::json!({"type": "draw", "request_id": "stuck-1", "pool": "p", "user_id": 1, "count": 1});
+    raw.publish(
+        "draw",
+        &serde_json::to_vec(&body).unwrap(),
+        raw.props("stuck-1"),
+    )
+    .await;
+    let stalled_at = {
+        let health = health.clone();
+        common::eventually(Duration::from_secs(30), move || {
+            let health = health.clone();
+            async move {
+                health.is_stalled().then(Instant::now).ok_or_else(|| {
+                    format!(
+                        "not stalled: {:?} unanswered, {:?}",
+                        health.unanswered_for(),
+                        health.not_ready_because()
+                    )
+                })
+            }
+        })
+        .await
+    };
+    let why = health.not_ready_because().unwrap();
+    assert!(why.starts_with("stalled"), "{why}");
+    assert!(!health.is_ready());
+
+    // Let go: the delivery is answered and the stall is over.
+    go.add_permits(1_000);
+    assert_eq!(raw.reply("stuck-1").await["status"], "ok");
+    let health_now = health.clone();
+    common::eventually(Duration::from_secs(30), move || {
+        let health = health_now.clone();
+        async move {
+            (!health.is_stalled())
+                .then_some(())
+                .ok_or_else(|| "still stalled".to_owned())
+        }
+    })
+    .await;
+    assert!(health.is_ready(), "{:?}", health.not_ready_because());
+    eprintln!(
+        "stalled {:?} after the delivery arrived",
+        stalled_at.elapsed()
+    );
+    shutdown.cancel();
+    worker.await.unwrap().unwrap();
 }

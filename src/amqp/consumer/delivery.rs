@@ -86,6 +86,9 @@ async fn process<H: Handler>(
         };
         metrics::counter!("prizepool_messages_total", "queue" => route.queue, "outcome" => label)
             .increment(1);
+        if label != "handed_back" {
+            shared.health.answered();
+        }
         metrics::histogram!("prizepool_handle_seconds", "queue" => route.queue)
             .record(started.elapsed().as_secs_f64());
         Some((how, replied))

@@ -309,6 +309,7 @@ pub(super) async fn session<H: Handler>(
         groupers: groupers.clone(),
         slots: Arc::new(Semaphore::new(config.concurrency.max(1))),
         lanes: Lanes::new(config.concurrency),
+        health: health.clone(),
     });
     let result = loop {
         let delivery = match link.next(shutdown).await {
@@ -317,7 +318,10 @@ pub(super) async fn session<H: Handler>(
             Next::Lost(error) => break Err(error),
         };
         let (shared, acks, stop) = (shared.clone(), link.acks.clone(), shutdown.clone());
+        // Held until the delivery is settled: the stall check's count.
+        let in_hand = shared.health.taken();
         tracker.spawn(async move {
+            let _in_hand = in_hand;
             let tag = delivery.delivery_tag;
             // None: the worker stopped before the delivery had a slot; it
             // stays unsettled and the broker redelivers it.
@@ -407,6 +411,7 @@ pub(super) async fn batch_session<B: BatchHandler>(
             began,
         };
         let handler = handler.clone();
+        let in_hand = health.taken();
         let mut handling = tracker.spawn(async move { handler.handle_batch(batch).await });
         // One batch at a time; a link lost meanwhile ends the session at
         // once (the batch's own acks would go nowhere).
@@ -414,8 +419,9 @@ pub(super) async fn batch_session<B: BatchHandler>(
             handled = &mut handling => handled,
             error = link.lost_any() => break Err(error),
         };
+        drop(in_hand);
         match handled {
-            Ok(Ok(())) => {}
+            Ok(Ok(())) => health.answered(),
             Ok(Err(error)) => break Err(error),
             Err(join) => break Err(anyhow::anyhow!("the batch handler failed: {join}")),
         }

@@ -78,6 +78,9 @@ pub(super) struct Shared<H> {
     /// The worker's `CONCURRENCY` slots: one per delivery being handled.
     pub(super) slots: Arc<Semaphore>,
     pub(super) lanes: Lanes,
+    /// The worker's health: deliveries in hand and answers, for its stall
+    /// check.
+    pub(super) health: crate::ops::Health,
 }
 
 /// Held from a delivery's reply until its ack is handed on.
