@@ -39,8 +39,8 @@ pub(super) fn run(asked: &Asked<'_>) -> anyhow::Result<()> {
     let (json, svg) = (asked.json, asked.svg);
     let text =
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-    let table: toml::Table = toml::from_str(&text)
-        .with_context(|| format!("{} is not a TOML file", file.display()))?;
+    let table: toml::Table =
+        toml::from_str(&text).with_context(|| format!("{} is not a TOML file", file.display()))?;
     if table.contains_key("activities") {
         return activities(file, &text, asked.draws_per_second, json);
     }

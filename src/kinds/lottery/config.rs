@@ -68,7 +68,7 @@ pub struct Consolation {
 }
 
 /// A validated activity.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ActivityConfig {
     pub id: String,
     pub strategy: String,

@@ -192,13 +192,18 @@ pub(super) fn check_max_cost(config: &ActivityConfig) -> Result<(), String> {
     let costliest = config
         .prizes
         .iter()
-        .map(|p| (p.id.as_str(), f64::from(p.weight) * p.value.unwrap_or(0) as f64 / total))
-        .chain(
-            config
-                .consolation
-                .iter()
-                .map(|c| (c.id.as_str(), f64::from(c.weight) * c.value.unwrap_or(0) as f64 / total)),
-        )
+        .map(|p| {
+            (
+                p.id.as_str(),
+                f64::from(p.weight) * p.value.unwrap_or(0) as f64 / total,
+            )
+        })
+        .chain(config.consolation.iter().map(|c| {
+            (
+                c.id.as_str(),
+                f64::from(c.weight) * c.value.unwrap_or(0) as f64 / total,
+            )
+        }))
         .max_by(|a, b| a.1.total_cmp(&b.1));
     Err(format!(
         "a chance costs {:.4} on average, above max_cost_per_chance {max}{}",
@@ -293,13 +298,19 @@ mod tests {
         let e = super::super::config::parse_file(&text("100"))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("max_cost_per_chance") && e.contains("\"ipad\""), "{e}");
+        assert!(
+            e.contains("max_cost_per_chance") && e.contains("\"ipad\""),
+            "{e}"
+        );
     }
 
     #[test]
     fn share_bounds_are_those_of_the_split() {
         let b = share_bounds(10_000, 10, 1).unwrap();
-        assert_eq!((b.least, b.mean, b.first_at_most, b.at_most), (1, 1000, 2000, 9991));
+        assert_eq!(
+            (b.least, b.mean, b.first_at_most, b.at_most),
+            (1, 1000, 2000, 9991)
+        );
         assert_eq!(share_bounds(100, 1, 0).unwrap().at_most, 100);
         assert!(share_bounds(5, 10, 1).is_err());
     }

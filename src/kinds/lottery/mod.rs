@@ -38,8 +38,8 @@
 //!   holds across versions.
 
 pub mod config;
-pub mod economics;
 mod counters;
+pub mod economics;
 mod kind;
 mod ladder;
 pub mod reasons;

@@ -91,7 +91,7 @@ impl Recorder for () {
 /// sub-pools) can take, sealed: every field at its widest and the
 /// composition as it is. The loader refuses a pool past the message limit,
 /// so the audit never refuses the commitment of one of its batches.
-pub fn max_refilled_len(config: &PoolConfig) -> usize {
+pub(crate) fn max_refilled_len(config: &PoolConfig) -> usize {
     let widest = crate::messages::PoolRefilled {
         pool: super::config::sub_pool_id(&config.id, super::config::MAX_SHARDS - 1),
         generation: u64::MAX,
