@@ -245,6 +245,8 @@ pub const METRIC_HELP: &[(&str, &str)] = &[
     ("prizepool_pool_prizes_drawn_total", "Prizes drawn, by pool or activity (red packets under pool=\"red-packets\")"),
     ("prizepool_pool_stock", "Prizes in the pool now, by lucky-gift pool (every sub-pool of a sharded pool together), read by the refill worker every 5 s"),
     ("prizepool_pool_exhausted_total", "Draws answered pool_exhausted after an urgent refill and the bounded wait"),
+    ("prizepool_oversized_bodies_total", "Grouped bodies refused before publishing for being larger than a message (a producer's bug: its delivery fails)"),
+    ("prizepool_short_waits_in_slot_total", "Short draws that waited in their worker slot, because PREFETCH − CONCURRENCY draws already waited without one"),
     ("prizepool_prizes_drawn_total", "Prizes drawn (a draw of count N draws N)"),
     ("prizepool_queue_messages", "Messages ready in a queue, read by the refill worker every 5 s, by queue"),
     ("prizepool_ready", "1 while the worker consumes, its last pings of Redis and Postgres succeeded and it is not stalled, else 0"),

@@ -50,8 +50,8 @@ use lapin::{
 
 pub use acks::Settle;
 pub use consumer::{
-    publish_dead_letter, publish_dead_letter_as, publish_dead_letter_part, run, run_batches,
-    without_slot, Batch, BatchHandler, BatchLimits, Handler, Outcome, SpanFields,
+    publish_dead_letter, publish_dead_letter_as, publish_dead_letter_part, release_slot, run,
+    run_batches, Batch, BatchHandler, BatchLimits, Handler, Outcome, SpanFields,
 };
 pub use grouped::Group;
 pub use publish::{part_body, Outgoing, Publisher};

@@ -10,13 +10,15 @@
 //! pool and generation within the wait, however many draws find it short)
 //! and step again with jittered backoff; when `SHORT_POOL_WAIT_MS` is over
 //! the seam stores `pool_exhausted`, unless a concurrent copy of the
-//! request drew meanwhile (then that award is the answer). A draw waiting
-//! for a refill holds no worker slot ([`amqp::without_slot`]), so requests
-//! for a pool that stays short cannot take the slots of every other pool's
-//! draws. Each still holds a delivery of the prefetch, so at most
-//! `PREFETCH − CONCURRENCY` (at least half of `CONCURRENCY`) wait without a
-//! slot at once; past that a draw waits in its slot, as every draw did
-//! before: what a draw is answered never depends on how many wait. The reply is
+//! request drew meanwhile (then that award is the answer). A draw that
+//! waits for a refill gives its worker slot back ([`amqp::release_slot`]),
+//! so requests for a pool that stays short cannot take the slots of every
+//! other pool's draws; its later steps and its answer do not queue for a
+//! slot again (new deliveries would take the refill it waited for). Each
+//! still holds a delivery of the prefetch, so at most `PREFETCH −
+//! CONCURRENCY` (at least half of `CONCURRENCY`) wait without a slot at
+//! once; past that a draw waits in its slot, as every draw did before: what
+//! a draw is answered never depends on how many wait. The reply is
 //! published last, after the broker confirmed the settlement, the refill
 //! and the event it causes (see [`crate::amqp`]).
 
@@ -144,15 +146,14 @@ impl DrawWorker {
             }
             if waiting.is_none() {
                 waiting = self.waits.clone().try_acquire_owned().ok();
+                if waiting.is_some() {
+                    amqp::release_slot();
+                } else {
+                    metrics::counter!("prizepool_short_waits_in_slot_total").increment(1);
+                }
             }
             match delays.next() {
-                Some(delay) if waiting.is_some() => {
-                    amqp::without_slot(tokio::time::sleep(delay)).await
-                }
-                Some(delay) => {
-                    metrics::counter!("prizepool_short_waits_in_slot_total").increment(1);
-                    tokio::time::sleep(delay).await
-                }
+                Some(delay) => tokio::time::sleep(delay).await,
                 None => {
                     tracing::debug!(
                         in_pool,

@@ -57,6 +57,12 @@ const COUNT: u32 = 2;
 /// from the retry queue after `RETRY_DELAY`, and the cluster client learns
 /// the new master at its next slot refresh.
 const RESUME_WITHIN: Duration = Duration::from_secs(5);
+/// How much longer than the failover a pool whose master lives may pause:
+/// while the dead master is still in the slot map, a replaced connection
+/// can wedge again, and each replacement round takes about a second (a
+/// probe after 0.5 s of silence, a 0.5 s PING, at most one a second). Two
+/// rounds are allowed; on a busy machine one is often spent.
+const REPLACEMENT_ROUNDS: Duration = Duration::from_secs(2);
 /// The cluster's node timeout: a replica's loss must not pause draws for
 /// as long as a failover would.
 const NODE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -300,7 +306,7 @@ async fn redis_cluster_faults_under_a_saturating_load_wedge_no_worker() {
     all.extend(ids);
     for pool in both {
         assert!(
-            seen[pool].longest_pause < failover,
+            seen[pool].longest_pause < failover + REPLACEMENT_ROUNDS,
             "other: draws of {pool} (its master alive) paused {:?}, the failover took {failover:?}",
             seen[pool].longest_pause
         );
@@ -322,7 +328,7 @@ async fn redis_cluster_faults_under_a_saturating_load_wedge_no_worker() {
     .await;
     all.extend(ids);
     assert!(
-        seen[b].longest_pause < failover,
+        seen[b].longest_pause < failover + REPLACEMENT_ROUNDS,
         "home: draws of {b} (its master alive) paused {:?}, the failover took {failover:?}",
         seen[b].longest_pause
     );

@@ -161,12 +161,13 @@ async fn a_commitment_postgres_missed_is_recorded_from_the_outbox() {
         .query_async::<()>(&mut redis)
         .await
         .unwrap();
-    assert_eq!(
-        audit::drain_outbox(&env.db, &env.redis, &prefix)
+    let (db, outbox_redis, outbox_prefix) = (&env.db, &env.redis, prefix.as_str());
+    let drain = move || async move {
+        audit::drain_outbox(db, outbox_redis, outbox_prefix)
             .await
-            .unwrap(),
-        0
-    );
+            .unwrap()
+    };
+    assert_eq!(drain().await, 0);
     assert_eq!(kept().await, 1);
     let written = audit::sweep_outboxes(&env.db, &env.redis, &prefix)
         .await
@@ -180,12 +181,7 @@ async fn a_commitment_postgres_missed_is_recorded_from_the_outbox() {
         "{verdict:?}"
     );
     assert!(verdict.batches[0].complete, "{verdict:?}");
-    assert_eq!(
-        audit::drain_outbox(&env.db, &env.redis, &prefix)
-            .await
-            .unwrap(),
-        0
-    );
+    assert_eq!(drain().await, 0);
     // An outbox of an earlier version (one hash for every pool) is still
     // drained.
     let legacy = format!("{prefix}{}", audit::OUTBOX);
@@ -196,12 +192,7 @@ async fn a_commitment_postgres_missed_is_recorded_from_the_outbox() {
         .query_async::<()>(&mut redis)
         .await
         .unwrap();
-    assert_eq!(
-        audit::drain_outbox(&env.db, &env.redis, &prefix)
-            .await
-            .unwrap(),
-        1
-    );
+    assert_eq!(drain().await, 1);
     let left: u64 = redis::cmd("HLEN")
         .arg(&legacy)
         .query_async(&mut redis)

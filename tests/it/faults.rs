@@ -118,7 +118,10 @@ async fn a_redis_killed_under_load_with_aof_loses_and_doubles_nothing() {
         assert!(Instant::now() < deadline, "private redis did not start");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let mut env = TestEnv::new(&[("REDIS_URL", &url)]).await;
+    // Draws that find the pool short while Redis is away wait for the
+    // refill longer than the outage and its reconnection take: this test is
+    // about the outage, not about the wait's bound.
+    let mut env = TestEnv::new(&[("REDIS_URL", &url), ("SHORT_POOL_WAIT_MS", "15000")]).await;
     env.load(&pool_toml("rf", "max_count = 100", GIFT)).await;
     env.start_fleet().await;
     // More requests in flight than the draw worker has slots

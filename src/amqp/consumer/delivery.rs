@@ -165,7 +165,7 @@ async fn handled<H: Handler>(
             slot = shared.slots.clone().acquire_owned() => slot.ok()?,
         };
         first = false;
-        let held = super::lent::Held::new(shared.slots.clone(), slot);
+        let held = super::lent::Held::new(slot);
         let result = held
             .clone()
             .scope(handle_caught(

@@ -1,16 +1,19 @@
-//! A delivery's worker slot, lent back while its handler waits for
+//! A delivery's worker slot, given back while its handler waits for
 //! something other than a server (a draw waiting for its pool's refill).
 //!
 //! The slots bound the deliveries whose handlers work at once. A handler
 //! that sleeps (a short pool's wait, seconds at most) does no work, and
 //! holding its slot meanwhile would let a few requests for one short pool
-//! take every slot from the draws of every other pool. Inside
-//! [`without_slot`] the delivery holds no slot; it takes one again, in
-//! turn with the others, before the handler goes on.
+//! take every slot from the draws of every other pool. [`release_slot`]
+//! gives the slot back for the rest of the delivery: what the handler does
+//! after (a step of its pool once the refill came, its answer) is brief,
+//! and is not made to queue for a slot behind new deliveries, which would
+//! let them take the refill it waited for. The deliveries a worker holds
+//! stay bounded by its prefetch.
 
-use std::{future::Future, sync::Arc};
+use std::sync::Arc;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 
 tokio::task_local! {
     static HELD: Held;
@@ -18,99 +21,59 @@ tokio::task_local! {
 
 /// The slot of the delivery whose handler runs in this task.
 #[derive(Clone)]
-pub(super) struct Held(Arc<std::sync::Mutex<State>>);
-
-struct State {
-    slots: Arc<Semaphore>,
-    permit: Option<OwnedSemaphorePermit>,
-    /// How many of the handler's futures are inside [`without_slot`] (a
-    /// `draw.batch` waits for several pools at once): the slot is lent
-    /// while any is.
-    away: usize,
-}
+pub(super) struct Held(Arc<std::sync::Mutex<Option<OwnedSemaphorePermit>>>);
 
 impl Held {
-    pub(super) fn new(slots: Arc<Semaphore>, permit: OwnedSemaphorePermit) -> Self {
-        Self(Arc::new(std::sync::Mutex::new(State {
-            slots,
-            permit: Some(permit),
-            away: 0,
-        })))
+    pub(super) fn new(permit: OwnedSemaphorePermit) -> Self {
+        Self(Arc::new(std::sync::Mutex::new(Some(permit))))
     }
 
-    /// Runs `handler` with this slot lendable from inside it.
-    pub(super) async fn scope<F: Future>(self, handler: F) -> F::Output {
+    /// Runs `handler` with this slot releasable from inside it.
+    pub(super) async fn scope<F: std::future::Future>(self, handler: F) -> F::Output {
         HELD.scope(self, handler).await
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    fn holds(&self) -> bool {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).is_some()
     }
 }
 
-/// Runs `wait` without the current delivery's worker slot, and takes a
-/// slot again before returning. Outside a delivery's handler it only runs
-/// `wait`.
-pub async fn without_slot<F: Future>(wait: F) -> F::Output {
-    let Ok(held) = HELD.try_with(Held::clone) else {
-        return wait.await;
-    };
-    {
-        let mut state = held.state();
-        state.away += 1;
-        if state.away == 1 {
-            drop(state.permit.take());
-        }
+/// Gives the current delivery's worker slot back for the rest of its
+/// handling. Outside a delivery's handler, and once given back, it does
+/// nothing.
+pub fn release_slot() {
+    if let Ok(held) = HELD.try_with(Held::clone) {
+        drop(held.0.lock().unwrap_or_else(|e| e.into_inner()).take());
     }
-    let out = wait.await;
-    let slots = {
-        let mut state = held.state();
-        state.away -= 1;
-        (state.away == 0 && state.permit.is_none()).then(|| state.slots.clone())
-    };
-    if let Some(slots) = slots {
-        // The semaphore is never closed.
-        if let Ok(permit) = slots.acquire_owned().await {
-            let mut state = held.state();
-            // Another wait may have begun meanwhile: then the slot stays
-            // lent, and its end takes it again.
-            if state.away == 0 && state.permit.is_none() {
-                state.permit = Some(permit);
-            }
-        }
-    }
-    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::sync::Semaphore;
 
     #[tokio::test]
-    async fn a_wait_lends_the_slot_and_takes_one_again() {
+    async fn a_released_slot_is_free_for_the_next_delivery() {
         let slots = Arc::new(Semaphore::new(1));
-        let permit = slots.clone().acquire_owned().await.unwrap();
-        let held = Held::new(slots.clone(), permit);
+        let held = Held::new(slots.clone().acquire_owned().await.unwrap());
         let probe = slots.clone();
         held.clone()
             .scope(async move {
                 assert_eq!(probe.available_permits(), 0);
-                let (lent, ()) = tokio::join!(
-                    without_slot(async { probe.available_permits() }),
-                    without_slot(tokio::time::sleep(std::time::Duration::from_millis(20))),
-                );
-                // Lent while either waited, held again after both.
-                assert_eq!(lent, 1);
-                assert_eq!(probe.available_permits(), 0);
+                release_slot();
+                assert_eq!(probe.available_permits(), 1);
+                // Twice is once.
+                release_slot();
+                assert_eq!(probe.available_permits(), 1);
             })
             .await;
-        assert!(held.state().permit.is_some());
+        assert!(!held.holds());
         drop(held);
         assert_eq!(slots.available_permits(), 1);
     }
 
     #[tokio::test]
-    async fn outside_a_delivery_a_wait_only_waits() {
-        assert_eq!(without_slot(async { 7 }).await, 7);
+    async fn outside_a_delivery_nothing_is_released() {
+        release_slot();
     }
 }

@@ -36,7 +36,7 @@ mod session;
 mod shared;
 
 pub use finish::{publish_dead_letter, publish_dead_letter_as, publish_dead_letter_part};
-pub use lent::without_slot;
+pub use lent::release_slot;
 
 use super::{
     acks::{Acks, Settle},

@@ -220,7 +220,7 @@ pub fn parse_file(text: &str) -> Result<Vec<PoolConfig>, ConfigError> {
 
 #[cfg(test)]
 mod tests {
-    use super::bounds::SPANNED_BATCHES;
+    use super::bounds::spanned_batches;
     use super::*;
     use crate::kinds::lucky_gift::CodeTable;
 
@@ -484,7 +484,8 @@ stock = { "0" = 29994, "10" = 293, "50" = 139, "500" = 27, "5000" = 1 }
                 .map(|(_, n)| n)
                 .sum();
             let per_batch = if below > 0 { below } else { config.batch_size() };
-            let batches = (count.div_ceil(per_batch as usize) + 1).min(SPANNED_BATCHES);
+            let batches = count.div_ceil(per_batch as usize) + 1;
+            assert_eq!(batches, spanned_batches(&config, count));
             let big = 9_999_999_999u64;
             let run = crate::messages::PrizeRun {
                 held_back: 49_999_999,

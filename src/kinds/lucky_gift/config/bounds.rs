@@ -99,13 +99,15 @@ fn check_reply_bound(config: &PoolConfig, entries: &[usize]) -> Result<(), Strin
 const RUN_JSON_BYTES: usize =
     r#"{"generation":,"position":,"count":,"held_back":},"#.len() + 10 + 8 + 8 + 8;
 const REVEAL_JSON_BYTES: usize = r#"{"generation":,"version":,"seed":""},"#.len() + 10 + 10 + 64;
-/// Batches whose fairness record the load bound makes room for. A draw
-/// spans two batches when a batch holds at least `count` prizes; a pool of
-/// smaller batches has only the batches stocked so far to draw from, one
-/// more per refill request (a short draw waits for them a bounded time), so
-/// a draw that spans more than this is a pool of tiny batches answering a
-/// draw far bigger than them, and may answer past the bound.
-pub(super) const SPANNED_BATCHES: usize = 8;
+/// The batches a draw of `count` prizes of `config` can read: it starts
+/// anywhere in a batch, and each batch gives it at least its prizes below
+/// the jackpot rule ([`drawable_per_batch`]). Counted whole: a pool of
+/// small batches answering draws far bigger than them has a fairness
+/// record of a run and a reveal per batch, and the loader bounds
+/// `max_count` by it like any other.
+pub(super) fn spanned_batches(config: &PoolConfig, count: usize) -> usize {
+    count.div_ceil(drawable_per_batch(config)) + 1
+}
 /// Field names and brackets of `positions`, `held_back` and `revealed`,
 /// and the rule a draw that held jackpots back names (a multiplier of at
 /// most [`MAX_MULTIPLIER`](super::MAX_MULTIPLIER), 7 digits).
@@ -117,8 +119,8 @@ const FAIRNESS_FRAME_BYTES: usize =
 /// ([`REPLY_OVERHEAD_BYTES`]), the prizes (listed one by one up to
 /// [`PRIZE_LIST_MAX`](crate::messages::PRIZE_LIST_MAX), else in the
 /// compact form of [`crate::messages::prize_codes`]), and the fairness
-/// record of the batches a draw of `count` can touch (at most
-/// [`SPANNED_BATCHES`]): a run of positions and a revealed seed per batch.
+/// record of the batches a draw of `count` can touch
+/// ([`spanned_batches`]): a run of positions and a revealed seed per batch.
 ///
 /// A draw that holds jackpots back names the rule, not each position
 /// (`docs/fairness.md`): its runs cover what it read, so its record grows
@@ -146,7 +148,7 @@ fn reply_len(config: &PoolConfig, entries: &[usize], count: u32) -> usize {
     } else {
         prize_codes::max_len(count, entries)
     };
-    let batches = (count.div_ceil(drawable_per_batch(config)) + 1).min(SPANNED_BATCHES);
+    let batches = spanned_batches(config, count);
     let fairness = FAIRNESS_FRAME_BYTES
         + batches * (RUN_JSON_BYTES + REVEAL_JSON_BYTES)
         + HELD_RUNS * (RUN_JSON_BYTES + REVEAL_JSON_BYTES);
