@@ -82,6 +82,65 @@ pub struct ActivityConfig {
     pub max_cost_per_chance: Option<f64>,
 }
 
+impl ActivityConfig {
+    /// Each prize's (id, weight, declared value or 0), the consolation last.
+    fn weighed(&self) -> impl Iterator<Item = (&str, f64, f64)> {
+        self.prizes
+            .iter()
+            .map(|p| {
+                (
+                    p.id.as_str(),
+                    f64::from(p.weight),
+                    p.value.unwrap_or(0) as f64,
+                )
+            })
+            .chain(self.consolation.iter().map(|c| {
+                (
+                    c.id.as_str(),
+                    f64::from(c.weight),
+                    c.value.unwrap_or(0) as f64,
+                )
+            }))
+    }
+
+    /// The expected cost of one chance while every prize is in stock: each
+    /// prize's declared value (0 without one) by its odds.
+    pub fn cost_per_chance(&self) -> f64 {
+        let total: f64 = self.weighed().map(|(_, w, _)| w).sum();
+        if total == 0.0 {
+            return 0.0;
+        }
+        self.weighed().map(|(_, w, v)| w / total * v).sum()
+    }
+}
+
+/// Refuses an activity whose expected cost per chance (every prize in
+/// stock) is above its `max_cost_per_chance`, naming the prize that costs
+/// most per chance.
+fn check_max_cost(config: &ActivityConfig) -> Result<(), String> {
+    let Some(max) = config.max_cost_per_chance else {
+        return Ok(());
+    };
+    if !(max.is_finite() && max >= 0.0) {
+        return Err(format!("must be a finite number of at least 0, got {max}"));
+    }
+    let cost = config.cost_per_chance();
+    if cost <= max {
+        return Ok(());
+    }
+    let total: f64 = config.weighed().map(|(_, w, _)| w).sum();
+    let costliest = config
+        .weighed()
+        .map(|(id, w, v)| (id, w / total * v))
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    Err(format!(
+        "a chance costs {cost:.4} on average, above max_cost_per_chance {max}{}",
+        costliest.map_or_else(String::new, |(id, c)| format!(
+            "; prize {id:?} makes {c:.4} of it"
+        ))
+    ))
+}
+
 /// A prize is paid as one unit of asset `item:<prize id>`.
 pub const ASSET_PREFIX: &str = "item:";
 
@@ -198,7 +257,7 @@ fn activity(raw: RawActivity) -> Result<ActivityConfig, ConfigError> {
         consolation,
         max_cost_per_chance: raw.max_cost_per_chance,
     };
-    super::economics::check_max_cost(&config).map_err(|m| err(&id, "max_cost_per_chance", m))?;
+    check_max_cost(&config).map_err(|m| err(&id, "max_cost_per_chance", m))?;
     let strategy = super::strategy(&config.strategy).ok_or_else(|| {
         err(
             &id,

@@ -100,7 +100,7 @@ pub fn analyze(config: &ActivityConfig, draws_per_second: f64) -> Analysis {
             )
         }))
         .collect();
-    let (cost_per_chance, _) = cost_and_odds(&in_stock);
+    let cost_per_chance = config.cost_per_chance();
     let mut phases = Vec::new();
     let mut drawn = 0.0;
     loop {
@@ -167,51 +167,6 @@ pub fn analyze(config: &ActivityConfig, draws_per_second: f64) -> Analysis {
             .sum(),
         phases,
     }
-}
-
-/// Refuses an activity whose expected cost per chance (every prize in
-/// stock) is above its `max_cost_per_chance`, naming the prize that costs
-/// most per chance.
-pub(super) fn check_max_cost(config: &ActivityConfig) -> Result<(), String> {
-    let Some(max) = config.max_cost_per_chance else {
-        return Ok(());
-    };
-    if !(max.is_finite() && max >= 0.0) {
-        return Err(format!("must be a finite number of at least 0, got {max}"));
-    }
-    let a = analyze(config, 1.0);
-    if a.cost_per_chance <= max {
-        return Ok(());
-    }
-    let total: f64 = config
-        .prizes
-        .iter()
-        .map(|p| f64::from(p.weight))
-        .chain(config.consolation.iter().map(|c| f64::from(c.weight)))
-        .sum();
-    let costliest = config
-        .prizes
-        .iter()
-        .map(|p| {
-            (
-                p.id.as_str(),
-                f64::from(p.weight) * p.value.unwrap_or(0) as f64 / total,
-            )
-        })
-        .chain(config.consolation.iter().map(|c| {
-            (
-                c.id.as_str(),
-                f64::from(c.weight) * c.value.unwrap_or(0) as f64 / total,
-            )
-        }))
-        .max_by(|a, b| a.1.total_cmp(&b.1));
-    Err(format!(
-        "a chance costs {:.4} on average, above max_cost_per_chance {max}{}",
-        a.cost_per_chance,
-        costliest.map_or_else(String::new, |(id, c)| format!(
-            "; prize {id:?} makes {c:.4} of it"
-        ))
-    ))
 }
 
 /// The bounds of one share of a red packet of `total` split into `count`

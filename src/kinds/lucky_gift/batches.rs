@@ -87,34 +87,9 @@ impl Recorder for () {
     async fn record(&self, _: &Commitment) {}
 }
 
-/// The most bytes a `pool.refilled` event of `config` (or of one of its
-/// sub-pools) can take, sealed: every field at its widest and the
-/// composition as it is. The loader refuses a pool past the message limit,
-/// so the audit never refuses the commitment of one of its batches.
-pub(crate) fn max_refilled_len(config: &PoolConfig) -> usize {
-    let widest = crate::messages::PoolRefilled {
-        pool: super::config::sub_pool_id(&config.id, super::config::MAX_SHARDS - 1),
-        generation: u64::MAX,
-        size: usize::MAX,
-        version: i64::MAX,
-        urgent: false,
-        commitment: Some("0".repeat(64)),
-        composition: Some(composition(config)),
-    };
-    let fields = serde_json::to_vec(&widest).map_or(usize::MAX, |b| b.len());
-    fields + r#"{"type":"pool.refilled",,"seal":""}"#.len() + 64
-}
-
 /// The composition of `config`, as the derivation reads it.
 pub fn composition(config: &PoolConfig) -> Vec<ComboStock> {
-    config
-        .combos
-        .iter()
-        .map(|c| ComboStock {
-            combo: c.id.clone(),
-            stock: c.stock.clone(),
-        })
-        .collect()
+    config.composition()
 }
 
 /// The seed of batch `trigger + 1`: the one an earlier attempt chose, or a

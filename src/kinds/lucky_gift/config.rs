@@ -116,6 +116,18 @@ impl PoolConfig {
         self.combos.iter().map(Combo::size).sum()
     }
 
+    /// The combos in configuration order, each its (multiplier, count)
+    /// pairs: what a batch's commitment and its shuffle read.
+    pub fn composition(&self) -> Vec<crate::fairness::ComboStock> {
+        self.combos
+            .iter()
+            .map(|c| crate::fairness::ComboStock {
+                combo: c.id.clone(),
+                stock: c.stock.clone(),
+            })
+            .collect()
+    }
+
     /// Whether a prize of this multiplier is subject to the jackpot rule.
     pub fn is_jackpot(&self, multiplier: u64) -> bool {
         self.jackpot.as_ref().is_some_and(|j| j.gates(multiplier))
@@ -220,7 +232,7 @@ pub fn parse_file(text: &str) -> Result<Vec<PoolConfig>, ConfigError> {
 
 #[cfg(test)]
 mod tests {
-    use super::bounds::spanned_batches;
+    use super::bounds::{spanned_batches, SPANNED_BATCHES};
     use super::*;
     use crate::kinds::lucky_gift::CodeTable;
 
@@ -275,7 +287,7 @@ stock = { "0" = 29994, "10" = 293, "50" = 139, "500" = 27, "5000" = 1 }
             "{e}"
         );
         let fits = parse_file(&pool(100, 120)).unwrap();
-        let bound = super::super::batches::max_refilled_len(&fits[0]);
+        let bound = super::bounds::max_refilled_len(&fits[0]);
         assert!(bound <= crate::messages::MAX_MESSAGE_BYTES, "{bound}");
         assert!(bound > 100 * 240, "{bound}");
     }
@@ -484,7 +496,7 @@ stock = { "0" = 29994, "10" = 293, "50" = 139, "500" = 27, "5000" = 1 }
                 .map(|(_, n)| n)
                 .sum();
             let per_batch = if below > 0 { below } else { config.batch_size() };
-            let batches = count.div_ceil(per_batch as usize) + 1;
+            let batches = (count.div_ceil(per_batch as usize) + 1).min(SPANNED_BATCHES);
             assert_eq!(batches, spanned_batches(&config, count));
             let big = 9_999_999_999u64;
             let run = crate::messages::PrizeRun {

@@ -99,14 +99,20 @@ fn check_reply_bound(config: &PoolConfig, entries: &[usize]) -> Result<(), Strin
 const RUN_JSON_BYTES: usize =
     r#"{"generation":,"position":,"count":,"held_back":},"#.len() + 10 + 8 + 8 + 8;
 const REVEAL_JSON_BYTES: usize = r#"{"generation":,"version":,"seed":""},"#.len() + 10 + 10 + 64;
-/// The batches a draw of `count` prizes of `config` can read: it starts
-/// anywhere in a batch, and each batch gives it at least its prizes below
-/// the jackpot rule ([`drawable_per_batch`]). Counted whole: a pool of
-/// small batches answering draws far bigger than them has a fairness
-/// record of a run and a reveal per batch, and the loader bounds
-/// `max_count` by it like any other.
+/// Batches whose fairness record the load bound makes room for. A draw
+/// spans two batches when a batch holds at least `count` prizes; a pool of
+/// smaller batches has only the batches stocked so far to draw from, one
+/// more per refill request (a short draw waits for them a bounded time), so
+/// a draw that spans more than this is a pool of tiny batches answering a
+/// draw far bigger than them, and may answer past the bound.
+pub(super) const SPANNED_BATCHES: usize = 8;
+
+/// The batches a draw of `count` prizes of `config` can read, as the load
+/// bound counts them: it starts anywhere in a batch, and each batch gives
+/// it at least its prizes below the jackpot rule ([`drawable_per_batch`]);
+/// at most [`SPANNED_BATCHES`].
 pub(super) fn spanned_batches(config: &PoolConfig, count: usize) -> usize {
-    count.div_ceil(drawable_per_batch(config)) + 1
+    (count.div_ceil(drawable_per_batch(config)) + 1).min(SPANNED_BATCHES)
 }
 /// Field names and brackets of `positions`, `held_back` and `revealed`,
 /// and the rule a draw that held jackpots back names (a multiplier of at
@@ -119,8 +125,8 @@ const FAIRNESS_FRAME_BYTES: usize =
 /// ([`REPLY_OVERHEAD_BYTES`]), the prizes (listed one by one up to
 /// [`PRIZE_LIST_MAX`](crate::messages::PRIZE_LIST_MAX), else in the
 /// compact form of [`crate::messages::prize_codes`]), and the fairness
-/// record of the batches a draw of `count` can touch
-/// ([`spanned_batches`]): a run of positions and a revealed seed per batch.
+/// record of the batches a draw of `count` can touch (at most
+/// [`SPANNED_BATCHES`]): a run of positions and a revealed seed per batch.
 ///
 /// A draw that holds jackpots back names the rule, not each position
 /// (`docs/fairness.md`): its runs cover what it read, so its record grows
@@ -174,3 +180,21 @@ fn drawable_per_batch(config: &PoolConfig) -> usize {
 /// from `held` may form: a draw stops taking parked prizes where one more
 /// would start a run past this many (`lua/lib/jackpot.lua`).
 pub const HELD_RUNS: usize = 32;
+
+/// The most bytes a `pool.refilled` event of `config` (or of one of its
+/// sub-pools) can take, sealed: every field at its widest and the
+/// composition as it is. The loader refuses a pool past the message limit,
+/// so the audit never refuses the commitment of one of its batches.
+pub(crate) fn max_refilled_len(config: &PoolConfig) -> usize {
+    let widest = crate::messages::PoolRefilled {
+        pool: super::sub_pool_id(&config.id, super::MAX_SHARDS - 1),
+        generation: u64::MAX,
+        size: usize::MAX,
+        version: i64::MAX,
+        urgent: false,
+        commitment: Some("0".repeat(64)),
+        composition: Some(config.composition()),
+    };
+    let fields = serde_json::to_vec(&widest).map_or(usize::MAX, |b| b.len());
+    fields + r#"{"type":"pool.refilled",,"seal":""}"#.len() + 64
+}

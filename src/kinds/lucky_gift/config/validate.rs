@@ -108,7 +108,7 @@ pub(super) fn validate(raw: RawPool) -> Result<PoolConfig, ConfigError> {
         ));
     }
     check_draw_bounds(&config).map_err(|(field, message)| at.err(field, message))?;
-    let refilled = super::super::batches::max_refilled_len(&config);
+    let refilled = super::bounds::max_refilled_len(&config);
     if refilled > crate::messages::MAX_MESSAGE_BYTES {
         return Err(at.err(
             "combos",
