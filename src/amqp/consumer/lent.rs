@@ -33,6 +33,7 @@ impl Held {
         HELD.scope(self, handler).await
     }
 
+    #[cfg(test)]
     fn holds(&self) -> bool {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).is_some()
     }

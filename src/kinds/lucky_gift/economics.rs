@@ -310,9 +310,9 @@ stock = { "0" = 950, "2" = 50 }
             (293 + 139 + 27 + 1 + 50) as f64 / prizes as f64
         );
         assert_eq!(a.combos[1].1.rtp, 0.1);
-        // The most one user can take: a draw of 1,000 prizes, the highest.
-        let top =
-            5000 + 27 * 500 + 139 * 50 + 293 * 10 + 50 * 2 + (1000 - 1 - 27 - 139 - 293 - 50) * 0;
+        // The most one user can take: a draw of 1,000 prizes, the highest
+        // (the 510 that pay, then zeros).
+        let top = 5000 + 27 * 500 + 139 * 50 + 293 * 10 + 50 * 2;
         assert_eq!(a.batch_max_to_one_user, i128::from(top) * 100);
         assert_eq!(
             a.draws.iter().map(|d| d.count).collect::<Vec<_>>(),
