@@ -14,26 +14,22 @@ pub struct Invalid {
     pub message: String,
 }
 
-/// The longest description of bad input, in bytes. A description may quote
-/// the input it refuses (serde quotes an offending value, escaped), and it
-/// travels in the `rejected` reply and the dead letter's reason header:
-/// longer ones are cut (ending in `…`), so a refusal never outgrows the
-/// 64 KiB every message is held to, whatever the request held.
-pub const MAX_INVALID_MESSAGE_BYTES: usize = 1024;
+/// The longest reason a refusal carries, in bytes. A reason may quote the
+/// input it refuses (serde quotes an offending value or an unknown field,
+/// escaped), and it travels in the `rejected` reply and the dead letter's
+/// reason header: longer ones are cut ([`bounded_reason`]), so a refusal
+/// never outgrows the 64 KiB every message is held to, whatever the
+/// request held.
+pub const MAX_REASON_BYTES: usize = 1024;
 
 impl Invalid {
-    /// Bad input described by `message`, cut to
-    /// [`MAX_INVALID_MESSAGE_BYTES`].
+    /// Bad input described by `message`, cut to [`MAX_REASON_BYTES`].
     pub fn new(message: impl Into<String>) -> Self {
-        let mut message = message.into();
-        if message.len() > MAX_INVALID_MESSAGE_BYTES {
-            let mut end = MAX_INVALID_MESSAGE_BYTES - '…'.len_utf8();
-            while !message.is_char_boundary(end) {
-                end -= 1;
-            }
-            message.truncate(end);
-            message.push('…');
-        }
+        let message = message.into();
+        let message = match bounded_reason(&message) {
+            std::borrow::Cow::Borrowed(_) => message,
+            std::borrow::Cow::Owned(cut) => cut,
+        };
         Self { message }
     }
 }
@@ -242,19 +238,15 @@ pub fn rejected_reply(request: Option<&Value>, code: ErrorCode, message: &str) -
     Value::Object(reply)
 }
 
-/// Longest reason a rejected reply carries, in bytes. A reason may quote
-/// the request (serde names an unknown field, whatever its length), and a
-/// reply must stay well within [`MAX_MESSAGE_BYTES`] whatever the request
-/// held; the dead letter keeps the whole reason in its header.
-pub const MAX_REASON_BYTES: usize = 1024;
-
-/// `message`, cut to [`MAX_REASON_BYTES`] (at a character boundary, marked
-/// with `…`) when longer.
-fn bounded_reason(message: &str) -> std::borrow::Cow<'_, str> {
+/// `message`, cut to at most [`MAX_REASON_BYTES`] (at a character
+/// boundary, ending in `…`) when longer. Bad input is cut where it is
+/// described ([`Invalid::new`]); a rejected reply cuts whatever reason it
+/// is given (an internal failure's too).
+pub fn bounded_reason(message: &str) -> std::borrow::Cow<'_, str> {
     if message.len() <= MAX_REASON_BYTES {
         return message.into();
     }
-    let mut end = MAX_REASON_BYTES;
+    let mut end = MAX_REASON_BYTES - '…'.len_utf8();
     while !message.is_char_boundary(end) {
         end -= 1;
     }
@@ -331,7 +323,7 @@ mod tests {
             let value = decode_envelope(body.as_bytes()).unwrap();
             let invalid = decode_typed::<DrawQueueMessage>(&value).unwrap_err();
             assert!(
-                invalid.message.len() <= MAX_INVALID_MESSAGE_BYTES,
+                invalid.message.len() <= MAX_REASON_BYTES,
                 "{}",
                 invalid.message.len()
             );
@@ -348,11 +340,7 @@ mod tests {
                 &invalid.message,
             ))
             .unwrap();
-            assert!(
-                reply.len() < 8 * MAX_INVALID_MESSAGE_BYTES,
-                "{}",
-                reply.len()
-            );
+            assert!(reply.len() < 8 * MAX_REASON_BYTES, "{}", reply.len());
         }
     }
 
