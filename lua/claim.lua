@@ -14,41 +14,32 @@
 --          claimed by more than one copy
 --
 -- A claim found again for the same content (a second copy of the request:
--- a redelivery, a retry) is marked shared (claim_mark in lib/answer.lua,
--- holding the same fingerprint). A shared claim is never released: the
--- copy refused as invalid cannot know whether another copy, claimed under
--- the same binding, has drawn since (its pool may have changed meanwhile),
--- and freeing the id would let other content take it and draw too. When it
--- is marked, the claim moves to the newest epoch with its mark, so the two
--- expire together (whatever TTL each copy had) and a mark never outlives
--- its claim to hold a later binding of the id.
+-- a redelivery, a retry) is marked shared: its record gets an `s` after the
+-- fingerprint, in place. A shared claim is never released: the copy refused
+-- as invalid cannot know whether another copy, claimed under the same
+-- binding, has drawn since (its pool may have changed meanwhile), and
+-- freeing the id would let other content take it and draw too. (A claim of
+-- the earlier layout is never released either: it is only read.)
 
 local s = store_open(KEYS[1], ARGV[1])
-local prev = store_find(s)
+local held, bucket = store_find(s)
 
 if ARGV[2] == 'release' then
-  -- A mark of another binding (other content) is no mark of this one.
-  if prev == s.fp and store_find(claim_mark(s)) ~= s.fp then
-    store_drop(s)
+  if held == s.fp and bucket then
+    store_drop(s, bucket, held)
     return {1, s.now}
   end
   return {0, s.now}
 end
-if prev then
-  if prev ~= s.fp then return {0, s.now} end
-  local m = claim_mark(s)
-  local mark = store_find(m)
-  if mark ~= s.fp then
-    if mark then store_drop(m) end
-    store_drop(s)
-    -- One store opened for both: one `now` and the epochs the first put
-    -- left, so the claim and its mark land in the same epoch even when the
-    -- clock ticks past an epoch's end between them.
-    local c = store_open(KEYS[1], ARGV[1])
-    store_put(c, s.fp)
-    store_put(claim_mark(c), s.fp)
+if not held then
+  store_put(s, s.fp)
+elseif string.sub(held, 1, 8) ~= s.fp then
+  return {0, s.now}
+elseif held == s.fp then
+  if bucket then
+    redis.call('HSET', bucket, s.d, s.fp .. 's')
+  else
+    store_put(s, s.fp .. 's')
   end
-  return {1, s.now}
 end
-store_put(s, s.fp)
 return {1, s.now}

@@ -27,12 +27,12 @@ for _, share in ipairs(left) do sum = sum + tonumber(string.match(share, ':(%d+)
 redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[1], 'closed', 1, 'refunded', sum)
 local retention = tonumber(ARGV[2])
--- The meta hash also keeps the epochs of the packet's answer store
--- (lib/answer.lua): it stays until their buckets are gone.
+-- The meta hash also keeps the epochs of the packet's answer store in
+-- the layout before this one (`r.e`, lib/answer.lua reads them): it stays
+-- until their buckets are gone.
 local until_s = math.floor(tonumber(ARGV[1]) / 1000) + retention
--- (`r.e`, read as lib/answer.lua writes it.)
 for t, l in string.gmatch(redis.call('HGET', KEYS[1], 'r.e') or '', '(%d+):(%d+):%d+') do
-  until_s = math.max(until_s, expiry_of(tonumber(t), tonumber(l)))
+  until_s = math.max(until_s, tonumber(t) + 5 * tonumber(l) + SKEW)
 end
 redis.call('EXPIREAT', KEYS[1], until_s)
 redis.call('EXPIRE', KEYS[3], retention)

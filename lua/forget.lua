@@ -7,14 +7,11 @@
 -- ARGV[2]: "answer" or "claim": which kind of store and token (both are
 --          read alike)
 -- ARGV[3]: "peek" or "forget"
--- Returns: the stored value (the content fingerprint for a claim, the body
---          for an answer), or false when there is none
+-- Returns: the stored record (the content fingerprint for a claim, followed
+--          by `s` once shared; the body for an answer), or false when there
+--          is none. A record of the earlier layout is read, not forgotten.
 
 local s = store_open(KEYS[1], ARGV[1])
-local value = store_find(s)
-if value and ARGV[3] == 'forget' then
-  store_drop(s)
-  -- A claim's shared mark (claim.lua) goes with it.
-  if ARGV[2] == 'claim' then store_drop(claim_mark(s)) end
-end
+local value, bucket = store_find(s)
+if value and bucket and ARGV[3] == 'forget' then store_drop(s, bucket, value) end
 return value

@@ -14,14 +14,10 @@ the cost of everything up to that line; `-` runs the whole step:
 
     python3 scripts/lua-cost.py - "local plan, in_pool = jackpot_pick"
 
-With ANSWER_BUCKETS=hashes the draws' tokens ask for hash buckets in the
-answer store (lib/answer.lua), as a worker with that setting does.
-
 FILL=N first stores N refusals in the pool's answer store (as many
 requests answered before), so the buckets the draws read and write are as
 full as a busy store's. `claim` as the argument counts one claim of a new
-request id instead of a draw step (claim.lua, after FILL claims; with
-ANSWER_BUCKETS=hashes, in a hash-bucket epoch):
+request id instead of a draw step (claim.lua, after FILL claims):
 
     FILL=3000 python3 scripts/lua-cost.py claim
 
@@ -40,6 +36,7 @@ import glob
 import os
 import random
 import re
+import struct
 import subprocess
 import sys
 import time
@@ -60,9 +57,6 @@ LUA = os.path.join(ROOT, "lua")
 PRIZEPOOL = os.environ.get("PRIZEPOOL", os.path.join(ROOT, "target", "release", "prizepool"))
 PORT = int(os.environ.get("LUA_COST_PORT", "6399"))
 CALLS = 250
-# ANSWER_BUCKETS=hashes: the answer store's epochs as hash buckets
-# (lib/answer.lua), as a worker with that setting asks in its tokens.
-MARK = b"h" if os.environ.get("ANSWER_BUCKETS") == "hashes" else b""
 
 
 def read(path):
@@ -109,7 +103,7 @@ DIGESTS = random.Random(7)
 
 def token():
     """A new request's token, as src/kinds/answer.rs builds it."""
-    return b"90000%s:%d:" % (MARK, int(time.time())) + DIGESTS.randbytes(24)
+    return DIGESTS.randbytes(24) + struct.pack(">II", 90000, int(time.time()))
 
 
 def measure(cut):

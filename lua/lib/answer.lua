@@ -1,111 +1,97 @@
--- Prelude of every script that answers a request (the prelude of its scripts' function libraries, src/scripts/).
+-- Prelude of every script that answers a request (the prelude of its
+-- scripts' function libraries, src/scripts/).
 --
 -- Every final answer is remembered, refusals included, so a request once
 -- told "no" never draws later; and every answer is bound to what its request
 -- asked, so an id reused with other content is refused instead of replaying
--- or drawing.
+-- or drawing. Two layers: the store (records kept for a TTL, found in O(1))
+-- and, at the end, the request rules on top of it (claim.lua, replay,
+-- remember, refuse).
 --
--- Records. A request is known by a 16-byte digest (SHA-256, computed by
+-- ## The store
+--
+-- A request is known by a 16-byte digest (SHA-256, computed by
 -- src/kinds/answer.rs): of its id in a claim store, of its content
--- fingerprint and id in an answer store. A claim's record is the digest and
--- the 8-byte content fingerprint; an answer's is the digest, one length
--- byte and the answer's body (a kind's award, or "!<code>[:<detail>]"
--- for a refusal). A body longer than INLINE bytes lives in a key of its own
--- (`<store>:x:<hex digest>`, same expiry) and the record holds length 0.
--- Digests are compared in full: two requests share an answer only if their
--- ids (and contents) agree on 128 bits of SHA-256.
+-- fingerprint and id in an answer store. One record per fact: a field of a
+-- hash named by the digest, holding
+--   - in a claim store, the 8-byte content fingerprint, and an `s` after it
+--     once a second copy of the request claimed it (shared, claim.lua);
+--   - in an answer store, the answer's body (a kind's award, or
+--     "!<code>[:<detail>]" for a refusal); a body longer than INLINE bytes
+--     lives in a key of its own (`<store>:x:<hex digest>`, same expiry) and
+--     the field holds ''.
+-- Digests and fingerprints are compared in full. Redis finds the field
+-- (HGET, HSET): no bucket enters Lua, so a lookup moves the digest and its
+-- record and a write the same, whatever the store holds.
 --
 -- Buckets. Millions of records are kept for a day, so a record is not a key
--- of its own: records live in "buckets" that expire whole, so a record
--- costs its bytes and little else. An epoch's buckets may be hashes (flag
--- `h` in `r.e`): a record is a field named by the digest holding the value,
--- read with one HGET and written with one HSET, kept by Redis as a compact
--- listpack while the bucket has at most 128 fields of at most 64 bytes
--- (Redis's defaults, hash-max-listpack-entries and -value); every bucket
--- also holds the field '' (no digest), so it is never emptied and made
--- again without its expiry. Other epochs (the default, ANSWER_BUCKETS=
--- strings) have string buckets: records concatenated, read with one MGET
--- for all such epochs and rewritten whole with one SET. A new epoch gets
--- hashes when its opener's token asks (a token "<ttl>h:..."); both are
--- read, whichever the token asks.
+-- of its own: records live in hashes ("buckets") that expire whole. A
+-- bucket of up to 128 fields of up to 64 bytes (Redis's defaults,
+-- hash-max-listpack-entries and -value) is a listpack: each record costs
+-- its bytes and two framing bytes a field and a value. A bucket holds the
+-- field '' (no digest) from its first record on: HSET answers 2 when it
+-- made the bucket, which then gets its expiry, and a bucket is never
+-- emptied and made again without one. A bucket that ids aimed at one place
+-- push past 128 fields becomes a hash table: each write still costs one
+-- HSET, and only the aimer's own records cost more bytes.
 --
--- Epochs. Time is cut into epochs whose geometry is kept in the store's
--- meta hash, never derived from a setting: field `r.e` lists the live
--- epochs, newest first, as "<start>:<length>:<buckets>[o][h];..." (o: an
--- epoch whose full string buckets gave records keys of their own; the start also
--- names the epoch's buckets; the length is a quarter of the answer TTL of
--- the writer that opened it and of SKEW). A write at or after start +
--- length opens a new epoch; an epoch's buckets expire 5 lengths (and SKEW)
--- after it starts, and a lookup reads the current epoch and the EPOCHS - 1
--- before it (one HGET per hash epoch), so a record is kept at least 4
--- lengths (its opener's TTL and SKEW) and at most a quarter more. The SKEW
--- in the length keeps the TTL whole for a record whose `now` is behind the
--- time it is written (a step run a few seconds after its claim read the
--- clock, in the last seconds of an epoch) and for a reader whose clock runs
--- ahead. A fleet whose workers disagree on the TTL keeps every answer at
--- least the shorter of the two; changing the TTL changes the length of the
--- next epoch and loses nothing.
+-- Epochs. Buckets belong to an epoch. An epoch lasts its opener's TTL and
+-- the clock SKEW (`l`); its buckets expire 2 l after it starts, so a record
+-- written in it is kept at least l (the TTL and the skew) and at most 2 l.
+-- A lookup reads the current epoch and the ones before it whose records
+-- may still be kept (LIVE at most: one HGET each, usually two). An epoch
+-- is planned: it has `n` buckets, enough for the volume the epoch before
+-- it saw and half as much again at PER records a bucket, the volume
+-- counted by sampling (one new record in SAMPLE is counted, chosen by a
+-- byte of its digest, so without a counter per write). A store's first
+-- epoch has FIRST buckets. When an epoch has taken PER records a bucket,
+-- the next epoch opens at once with GROW times its buckets (growth), as
+-- long as a lookup then reads at most LIVE epochs; past that, buckets grow
+-- beyond 128 fields and stay correct. No record ever moves.
 --
--- Growth. An epoch starts with one bucket and grows by linear hashing, so a
--- lookup reads exactly one bucket per epoch: with n buckets (2^L <= n <
--- 2^(L+1)) a record whose hash is h lives in bucket h mod 2^(L+1), or
--- h mod 2^L when that is n or more. One new record in PER_BUCKET
--- (PER_CLAIM_BUCKET in a claim store, PER_HASH in a hash epoch; chosen by
--- other bits of its digest, so without a counter) splits bucket n - 2^L
--- into itself and a new bucket n, which keeps about that many records a
--- bucket.
---
--- Keys (`<store>` is KEYS[n] of the script). A pool's answer store
--- (`<pool keys>rs`) keeps its epochs in the pool's meta hash
--- (`<pool keys>meta`), which its draw step reads anyway, so a draw reads
--- its pool and its answer store's geometry in one HMGET; a claim store keeps
--- them in its own hash:
---   <meta>                      hash: r.e
---   <store>:<epoch start>:<i>   hash: digest -> value (string: records)
---   <store>:x:<hex digest>      string: a long body
--- A meta hash that holds only a store's fields (a refusal remembered for a
--- pool that does not exist) expires with the store; loading the pool keeps
--- it for good (PERSIST in the loaders).
+-- The epochs are kept in a string of their own (`<store>:ep`), newest
+-- first, each as four big-endian 32-bit numbers (struct '>I4I4I4I4'):
+-- its start `t` (unix seconds), its length `l` (seconds), its buckets `n`
+-- and the new records counted since the last epoch its time opened `c`
+-- (an epoch opened by growth counts on).
+-- Binary, so a step reads it in one C call (struct.unpack): parsing a
+-- text form with Lua patterns cost more than the lookups themselves. It
+-- expires with the store's last bucket. Keys (`<store>` is KEYS[n] of the
+-- script: a pool's answer store `<pool keys>rs`, a claim store
+-- `<prefix>:<space>:{<group>}`):
+--   <store>:ep                    string: the epochs
+--   <store>:e<epoch start>:<i>    hash: digest -> record, and '' -> ''
+--   <store>:x:<hex digest>        string: a long body
 --
 -- A request comes as a token built by the Rust side (src/kinds/answer.rs):
---   "<ttl s>[h]:<now s, or empty>:" .. digest (16 bytes) .. fingerprint (8 bytes)
--- (`h`: new epochs get hash buckets).
--- `now` is the Redis time the request's claim read (so the pool step needs
--- no TIME of its own); empty, the script reads TIME.
+-- its digest (16 bytes), its fingerprint (8 bytes), then the TTL and `now`
+-- as big-endian 32-bit numbers (struct 'c16c8>I4I4'). `now` is the Redis
+-- time the request's claim read (so the pool step needs no TIME of its
+-- own); 0, the script reads TIME. The TTL's top bit (EARLIER) asks to read
+-- the earlier layout too (below).
 
--- Records a bucket holds on average: a string bucket of answers
--- PER_BUCKET, of claims PER_CLAIM_BUCKET, a hash bucket PER_HASH. A string
--- bucket enters Lua whole on every lookup and is rebuilt on every write
--- (Redis's Lua hashes each byte of a string it takes in), so it costs its
--- size twice a request; a bucket's key costs about 130 bytes however full
--- it is. Claims (24-byte records) take the smaller buckets, which cut a
--- claim's instructions by a seventh to a third (docs/performance.md) for
--- under 2 bytes a result; answers keep 128. A hash bucket stays a
--- listpack up to hash-max-listpack-entries (128 by default) fields; with
--- linear hashing a bucket not yet split holds up to twice the average, so
--- 40 on average keeps every bucket below 128 but at five standard
--- deviations.
-local PER_BUCKET = 128
-local PER_CLAIM_BUCKET = 64
-local PER_HASH = 40
--- A record's hash has 24 bits: an epoch has at most this many buckets.
-local MAX_BUCKETS = 16777216
--- Longer bodies are stored in a key of their own: in a string bucket, and
--- in a hash bucket, where a longer value would turn the hash from Redis's
--- compact listpack into a table (hash-max-listpack-value, 64 by default).
-local INLINE = 200
-local HASH_INLINE = 64
--- A string bucket holds at most this many bytes (about 16 times its
--- share); a record for a full bucket gets a key of its own, so ids crafted
--- to land in one bucket cannot make every write to it cost its size. (A
--- hash bucket they aim at becomes a hash table: a write costs the same.)
-local FULL = 32768
 -- Clock skew tolerated between the nodes whose TIME names `now`.
 local SKEW = 300
--- Epochs a lookup reads: the current one and those before it.
-local EPOCHS = 5
--- The fields of a store's meta hash, in the order store_open reads them.
-local STORE_FIELDS = {'r.e'}
+-- Records a bucket is planned to hold: at 80 on average, a bucket passes
+-- Redis's 128 listpack fields at more than five standard deviations.
+local PER = 80
+-- Buckets of a store's first epoch, and the most an epoch has.
+local FIRST = 16
+local MAX_BUCKETS = 16777216
+-- One new record in SAMPLE is counted.
+local SAMPLE = 16
+-- Epochs a lookup reads at most (growth opens no epoch past it), and
+-- how much larger an epoch opened by growth is.
+local LIVE = 4
+local GROW = 8
+-- The TTL's flag in a token: read the earlier layout too.
+local EARLIER = 2147483648
+-- Longer bodies get a key of their own: a longer value would turn the
+-- bucket from a listpack into a table (hash-max-listpack-value, 64).
+local INLINE = 64
+-- The fields of a pool's meta hash a draw step reads for its answer store
+-- (none: the store keeps its epochs in a key of its own).
+local STORE_FIELDS = {}
 
 -- An integer as decimal digits. Lua's tostring writes 1e+14 and above in
 -- exponent notation, which neither Redis nor the Rust side read as an integer.
@@ -135,43 +121,195 @@ local function hex(bytes)
   return (string.gsub(bytes, '.', function(c) return string.format('%02x', string.byte(c)) end))
 end
 
--- Where a record lives among an epoch's buckets: bytes 4-6 of its digest
--- (bytes 1-2 pick a claim's store among the id groups).
-local function hash_at(b, at)
-  local x, y, z = string.byte(b, at + 3, at + 5)
-  return (x * 256 + y) * 256 + z
+-- The meta hash of store `key`: the pool's meta hash for a pool's answer
+-- store, the store itself for a claim store (where the earlier layout kept
+-- its epochs).
+local function meta_of(key)
+  if string.sub(key, -3) == ':rs' then return string.sub(key, 1, -3) .. 'meta' end
+  return key
 end
 
--- 2^L for an epoch of n buckets (2^L <= n < 2^(L+1)).
-local function level_of(n)
+-- The epochs of a store: `s.ep` holds their numbers as the field stores
+-- them, so epoch i's start is s.ep[4 * i - 3] (EP_T), its length, buckets
+-- and count the next three; `s.k` epochs.
+local EP_T, EP_L, EP_N, EP_C = -3, -2, -1, 0
+-- The struct format of `ep` strings of `bytes` bytes. (Filled as they are
+-- met: a library's load may not call `string`.)
+local EP_FORMATS = {}
+local function ep_format(bytes)
+  local f = EP_FORMATS[bytes]
+  if not f then
+    f = '>' .. string.rep('I4', math.floor(bytes / 4))
+    EP_FORMATS[bytes] = f
+  end
+  return f
+end
+
+-- When the buckets of the epoch that starts at `t` and lasts `l` expire.
+local function expiry_of(t, l)
+  return t + 2 * l
+end
+
+-- Whether the records of the store's epoch `i` (1: the newest) may still
+-- be kept: an epoch takes writes until the next one starts (or its length
+-- is over) and keeps them its length after.
+local function readable(s, i)
+  local ep, at = s.ep, 4 * i
+  local stop = ep[at + EP_T] + ep[at + EP_L]
+  if i > 1 and ep[at - 4 + EP_T] < stop then stop = ep[at - 4 + EP_T] end
+  return s.now < stop + ep[at + EP_L]
+end
+
+-- Writes the store's epochs, to expire with its last bucket.
+local function epochs_save(s)
+  local ep, n, exp = s.ep, 4 * s.k, 0
+  for i = 1, s.k do exp = math.max(exp, expiry_of(ep[4 * i + EP_T], ep[4 * i + EP_L])) end
+  redis.call('SET', s.key .. ':ep', struct.pack(ep_format(4 * n), unpack(ep, 1, n)), 'EXAT', exp)
+end
+
+-- The name of bucket `i` of epoch `t`. (The middle of the names of recent
+-- epochs is kept: string.format costs more than the rest of the name.)
+local EPOCH_NAMES, epoch_names = {}, 0
+local function bucket_of(s, t, i)
+  local middle = EPOCH_NAMES[t]
+  if not middle then
+    if epoch_names >= 1024 then EPOCH_NAMES, epoch_names = {}, 0 end
+    middle = ':e' .. string.format('%d', t) .. ':'
+    EPOCH_NAMES[t], epoch_names = middle, epoch_names + 1
+  end
+  return s.key .. middle .. int(i)
+end
+
+local legacy_open, legacy_find
+
+-- Opens the store `key` for the request of `token`.
+local function store_open(key, token)
+  local d, fp, ttl, now = struct.unpack('c16c8>I4I4', token)
+  if now == 0 then now = tonumber(redis.call('TIME')[1]) end
+  local earlier = ttl >= EARLIER
+  if earlier then ttl = ttl - EARLIER end
+  local field = redis.call('GET', key .. ':ep') or ''
+  -- Where the record lives among an epoch's buckets: bytes 4-6 of its
+  -- digest (bytes 1-2 pick a claim's store among the id groups); byte 7
+  -- says whether it is counted.
+  local x, y, z, w = string.byte(d, 4, 7)
+  local s = {key = key, meta = meta_of(key), now = now, len = ttl + SKEW, d = d, fp = fp,
+    h = (x * 256 + y) * 256 + z, counted = w % SAMPLE == 0,
+    ep = {struct.unpack(ep_format(#field), field)}, k = math.floor(#field / 16)}
+  if earlier then legacy_open(s) end
+  return s
+end
+
+local function long_body(s, v)
+  if v == '' then return redis.call('GET', s.key .. ':x:' .. hex(s.d)) or nil end
+  return v
+end
+
+-- The record stored for the store's request and the bucket that holds it
+-- (false for a record of the earlier layout), or nil.
+local function store_find(s)
+  local ep = s.ep
+  for i = 1, s.k do
+    if readable(s, i) then
+      local bucket = bucket_of(s, ep[4 * i + EP_T], s.h % ep[4 * i + EP_N])
+      local v = redis.call('HGET', bucket, s.d)
+      if v then return long_body(s, v), bucket end
+    end
+  end
+  if s.old then
+    local v = legacy_find(s)
+    if v then return v, false end
+  end
+  return nil
+end
+
+-- Opens a new epoch of `n` buckets before the others, its count starting
+-- at `counted`, and forgets those whose records are all expired.
+local function open_epoch(s, n, counted)
+  local ep, t = s.ep, s.now
+  -- Two epochs opened in one second (growth) keep names of their own.
+  if s.k > 0 and t <= ep[1] then t = ep[1] + 1 end
+  for j = 4 * s.k, 1, -1 do ep[j + 4] = ep[j] end
+  ep[1], ep[2], ep[3], ep[4] = t, s.len, n, counted
+  s.k = s.k + 1
+  while s.k > 1 and not readable(s, s.k) do s.k = s.k - 1 end
+end
+
+-- The buckets of the next epoch: those the volume counted in the current
+-- one and half as much again need over the new epoch's length, or FIRST
+-- for a new store.
+local function planned(s)
+  if s.k == 0 then return FIRST end
+  local n = math.ceil(1.5 * s.ep[4] * SAMPLE * s.len / s.ep[2] / PER)
+  return math.max(1, math.min(n, MAX_BUCKETS))
+end
+
+local function live(s)
+  local k = 0
+  for i = 1, s.k do if readable(s, i) then k = k + 1 end end
+  return k
+end
+
+-- Stores `value` as the store's new record, in the current epoch; opens a
+-- new epoch when the current one is over or full.
+local function store_put(s, value)
+  local ep = s.ep
+  local changed = false
+  if s.k == 0 or s.now >= ep[1] + ep[2] then
+    open_epoch(s, planned(s), 0)
+    changed = true
+  elseif ep[4] * SAMPLE >= ep[3] * PER and ep[3] < MAX_BUCKETS and live(s) < LIVE then
+    -- The new epoch counts on from the one it relieves: its count is the
+    -- period's, which plans the next period.
+    open_epoch(s, math.min(GROW * ep[3], MAX_BUCKETS), ep[4])
+    changed = true
+  end
+  local exp = expiry_of(ep[1], ep[2])
+  if #value > INLINE then
+    redis.call('SET', s.key .. ':x:' .. hex(s.d), value, 'EXAT', exp)
+    value = ''
+  end
+  local bucket = bucket_of(s, ep[1], s.h % ep[3])
+  if redis.call('HSET', bucket, '', '', s.d, value) == 2 then redis.call('EXPIREAT', bucket, exp) end
+  if s.counted then
+    ep[4] = ep[4] + 1
+    changed = true
+  end
+  if changed then epochs_save(s) end
+end
+
+-- Removes the record store_find found in `bucket`.
+local function store_drop(s, bucket, value)
+  redis.call('HDEL', bucket, s.d)
+  if value and #value > INLINE then redis.call('DEL', s.key .. ':x:' .. hex(s.d)) end
+end
+
+-- ## The earlier layout, read until its last epoch ends
+--
+-- Versions before this one kept records in string buckets (records
+-- concatenated) or hash buckets, in epochs listed in the meta hash's `r.e`
+-- ("<start>:<length>:<buckets>[o][h];...", newest first), a lookup reading
+-- the bucket of each of the 5 live epochs (linear hashing over bytes 4-6 of
+-- the digest). This layout reads them while the workers ask it to
+-- (EARLIER in the token: for two TTLs after the first worker of this
+-- layout started, src/kinds/answer.rs), a worker of the earlier version
+-- still running meanwhile included. Records found there are never
+-- rewritten; a claim found there and claimed again is stored again here,
+-- shared. Remove this section once no store holds `r.e`.
+
+local function legacy_bucket(s, e, h)
   local p = 1
-  while p * 2 <= n do p = p * 2 end
-  return p
-end
-
--- The bucket of hash h among n.
-local function index_of(h, n)
-  local p = level_of(n)
+  while p * 2 <= e[3] do p = p * 2 end
   local i = h % (2 * p)
-  if i >= n then i = h % p end
-  return i
+  if i >= e[3] then i = h % p end
+  return s.key .. ':' .. e[1] .. ':' .. i
 end
 
--- Where the record that starts at `pos` of bucket `b` ends, and where its
--- value starts: a claim store's records are 24 bytes (digest and
--- fingerprint, no length byte), an answer store's say their length.
-local function record_at(b, pos, fixed)
-  if fixed then return pos + 23, pos + 16 end
-  return pos + 16 + string.byte(b, pos + 16), pos + 17
-end
-
--- The record of digest `d` in bucket string `b`: its value, its first and
--- its last byte; nil when there is none. The digest is searched with a
--- plain find; a hit counts only where a record starts.
-local function record_in(b, d, fixed)
-  if not b or b == '' then return nil end
+-- The record of digest `d` in string bucket `b`: a claim store's records
+-- are 24 bytes, an answer store's say their length after the digest.
+local function legacy_record(b, d, fixed)
   local from = 1
-  while true do
+  while b do
     local at = string.find(b, d, from, true)
     if not at then return nil end
     local pos = 1
@@ -181,283 +319,53 @@ local function record_in(b, d, fixed)
       while pos < at do pos = pos + 17 + string.byte(b, pos + 16) end
     end
     if pos == at then
-      local last, value = record_at(b, at, fixed)
-      return string.sub(b, value, last), at, last
+      if fixed then return string.sub(b, at + 16, at + 23) end
+      return string.sub(b, at + 17, at + 16 + string.byte(b, at + 16))
     end
     from = at + 1
   end
+  return nil
 end
 
--- The meta hash of store `key`: the pool's meta hash for a pool's answer
--- store, the store itself for a claim store.
-local function meta_of(key)
-  if string.sub(key, -3) == ':rs' then return string.sub(key, 1, -3) .. 'meta' end
-  return key
-end
-
--- When the buckets of an epoch that starts at `t` and lasts `l` expire.
-local function expiry_of(t, l)
-  return t + EPOCHS * l + SKEW
-end
-
--- Opens the store `key` for the request of `token`. `pre`, when given,
--- holds the STORE_FIELDS values the caller read from the store's meta hash
--- already (from index `at` on). `s.epochs` lists the live epochs, newest
--- first, each {start, length, buckets}.
-local function store_open(key, token, pre, at)
-  local ttl, hashes, now, rest = string.match(token, '^(%d+)(h?):(%d*):(.*)$')
-  if now == '' then now = tonumber(redis.call('TIME')[1]) else now = tonumber(now) end
-  local s = {key = key, meta = meta_of(key), len = math.ceil((tonumber(ttl) + SKEW) / (EPOCHS - 1)),
-    now = now, d = string.sub(rest, 1, 16), fp = string.sub(rest, 17, 24), epochs = {},
-    hashes = hashes == 'h'}
-  -- A claim store's records are all 24 bytes.
-  s.fixed = s.meta == key
-  s.h = hash_at(s.d, 1)
-  local a, b = string.byte(s.d, 7, 8)
-  s.split_at = a * 256 + b
-  local field
-  if pre then field = pre[at or 1] else field = redis.call('HGET', s.meta, 'r.e') end
-  for t, l, n, o, h in string.gmatch(field or '', '(%d+):(%d+):(%d+)(o?)(h?)') do
-    t, l, n = tonumber(t), tonumber(l), tonumber(n)
-    -- An epoch is read until EPOCHS lengths from its start (its buckets
-    -- stay SKEW longer, for a node whose clock runs behind).
-    if now < t + EPOCHS * l and #s.epochs < EPOCHS then
-      s.epochs[#s.epochs + 1] = {t, l, n, o == 'o', h == 'h'}
-    end
+legacy_open = function(s)
+  local field = redis.call('HGET', s.meta, 'r.e')
+  if not field then return end
+  s.old = {}
+  for t, l, n, o, h in string.gmatch(field, '(%d+):(%d+):(%d+)(o?)(h?)') do
+    local e = {t, tonumber(l), tonumber(n), o == 'o', h == 'h'}
+    if s.now < tonumber(t) + 5 * e[2] and #s.old < 5 then s.old[#s.old + 1] = e end
   end
-  return s
 end
 
--- The key of a record that found its bucket full, in epoch `t`.
-local function overflow_of(s, t)
-  return s.key .. ':' .. int(t) .. ':o:' .. hex(s.d)
-end
-
-local function bucket_of(s, t, i)
-  return s.key .. ':' .. int(t) .. ':' .. int(i)
-end
-
--- A value as a record holds it: '' stands for a body in a key of its own.
-local function long_body(s, v)
-  if v == '' then return redis.call('GET', s.key .. ':x:' .. hex(s.d)) or nil end
-  return v
-end
-
--- The value stored for the store's request, or nil. Keeps the current
--- bucket's content for store_put when that bucket is a string.
-local function store_find(s)
-  local names, strings = {}, {}
-  s.cur = ''
-  for k, e in ipairs(s.epochs) do
-    local name = bucket_of(s, e[1], index_of(s.h, e[3]))
+legacy_find = function(s)
+  local fixed = s.meta == s.key
+  local x, y, z = string.byte(s.d, 4, 6)
+  local h = (x * 256 + y) * 256 + z
+  for _, e in ipairs(s.old) do
+    local bucket = legacy_bucket(s, e, h)
+    local v
     if e[5] then
-      local v = redis.call('HGET', name, s.d)
-      if v then return long_body(s, v) end
+      v = redis.call('HGET', bucket, s.d)
     else
-      names[#names + 1] = name
-      strings[#strings + 1] = k
-    end
-  end
-  if #names == 0 then return nil end
-  local got = redis.call('MGET', unpack(names))
-  if strings[1] == 1 then s.cur = got[1] or '' end
-  for j = 1, #names do
-    local e = s.epochs[strings[j]]
-    local v = record_in(got[j] or '', s.d, s.fixed)
-    if not v and e[4] then
-      -- An epoch with full buckets: the record may have a key of its own.
-      v = redis.call('GET', overflow_of(s, e[1]))
-      if v then return v end
+      v = legacy_record(redis.call('GET', bucket), s.d, fixed)
+      if not v and e[4] then v = redis.call('GET', s.key .. ':' .. e[1] .. ':o:' .. hex(s.d)) end
     end
     if v then return long_body(s, v) end
   end
   return nil
 end
 
--- The `r.e` field of the store's epochs.
-local function epochs_text(s)
-  local out = {}
-  for _, e in ipairs(s.epochs) do
-    out[#out + 1] = int(e[1]) .. ':' .. int(e[2]) .. ':' .. int(e[3]) .. (e[4] and 'o' or '')
-      .. (e[5] and 'h' or '')
-  end
-  return table.concat(out, ';')
-end
-
--- Splits bucket n - 2^L of the current epoch (of n buckets) into itself
--- and a new bucket n.
-local function split(s)
-  local e = s.epochs[1]
-  local n = e[3]
-  local p = level_of(n)
-  local from = bucket_of(s, e[1], n - p)
-  local exp = expiry_of(e[1], e[2])
-  if e[5] then
-    local to = bucket_of(s, e[1], n)
-    local all = redis.call('HGETALL', from)
-    local move = {}
-    for i = 1, #all, 2 do
-      local d = all[i]
-      if #d == 16 and hash_at(d, 1) % (2 * p) == n then
-        move[#move + 1] = d
-        move[#move + 1] = all[i + 1]
-      end
-    end
-    -- The new bucket exists from now on, with its epoch's expiry, even
-    -- before its first record: the placeholder field '' is no digest.
-    move[#move + 1] = ''
-    move[#move + 1] = ''
-    redis.call('HSET', to, unpack(move))
-    redis.call('EXPIREAT', to, exp)
-    if #move > 2 then
-      local gone = {}
-      for i = 1, #move - 2, 2 do gone[#gone + 1] = move[i] end
-      redis.call('HDEL', from, unpack(gone))
-    end
-    e[3] = n + 1
-    redis.call('HSET', s.meta, 'r.e', epochs_text(s))
-    return
-  end
-  local b = redis.call('GET', from) or ''
-  local keep, move = {}, {}
-  local pos = 1
-  while pos <= #b do
-    local last = record_at(b, pos, s.fixed)
-    local rec = string.sub(b, pos, last)
-    if hash_at(b, pos) % (2 * p) == n then move[#move + 1] = rec else keep[#keep + 1] = rec end
-    pos = last + 1
-  end
-  redis.call('SET', from, table.concat(keep), 'EXAT', exp)
-  redis.call('SET', bucket_of(s, e[1], n), table.concat(move), 'EXAT', exp)
-  e[3] = n + 1
-  redis.call('HSET', s.meta, 'r.e', epochs_text(s))
-end
-
--- Stores `value` as the store's record, after store_find (which read the
--- current bucket). Opens a new epoch when the current one is over.
-local function store_put(s, value)
-  if s.cur == nil then store_find(s) end
-  local e = s.epochs[1]
-  local opened = false
-  if not e or s.now >= e[1] + e[2] then
-    opened = true
-    -- A new epoch, before the others; the oldest beyond EPOCHS is dropped
-    -- (its buckets expire on their own).
-    e = {s.now, s.len, 1, false, s.hashes}
-    table.insert(s.epochs, 1, e)
-    s.epochs[EPOCHS + 1] = nil
-    s.cur = ''
-    redis.call('HSET', s.meta, 'r.e', epochs_text(s))
-    local exp = 0
-    for _, x in ipairs(s.epochs) do exp = math.max(exp, expiry_of(x[1], x[2])) end
-    if s.meta == s.key or s.ephemeral then
-      redis.call('EXPIREAT', s.meta, exp)
-    else
-      -- A meta hash that expires (a red packet's, kept a while after it
-      -- closed) lives at least as long as the epochs it lists, so answers
-      -- stored after it was given its expiry keep their retention. GT
-      -- leaves a hash kept for good (a loaded pool's) as it is.
-      redis.call('EXPIREAT', s.meta, exp, 'GT')
-    end
-  end
-  local exp = expiry_of(e[1], e[2])
-  if e[5] then
-    local name = bucket_of(s, e[1], index_of(s.h, e[3]))
-    if #value > HASH_INLINE then
-      redis.call('SET', s.key .. ':x:' .. hex(s.d), value, 'EXAT', exp)
-      value = ''
-    end
-    s.cur = nil
-    if opened then
-      -- An epoch's first bucket is made by its first record, with the
-      -- placeholder every bucket keeps ('' is no digest), so no bucket is
-      -- ever emptied and made again without its expiry.
-      redis.call('HSET', name, s.d, value, '', '')
-      redis.call('EXPIREAT', name, exp)
-    else
-      redis.call('HSET', name, s.d, value)
-    end
-    if s.split_at % PER_HASH == 0 and e[3] < MAX_BUCKETS then split(s) end
-    return
-  end
-  if #s.cur >= FULL then
-    redis.call('SET', overflow_of(s, e[1]), value, 'EXAT', exp)
-    if not e[4] then
-      e[4] = true
-      redis.call('HSET', s.meta, 'r.e', epochs_text(s))
-    end
-    s.cur = nil
-    return
-  end
-  local rec
-  if s.fixed then
-    rec = s.d .. value
-  elseif #value > INLINE then
-    redis.call('SET', s.key .. ':x:' .. hex(s.d), value, 'EXAT', exp)
-    rec = s.d .. '\0'
-  else
-    rec = s.d .. string.char(#value) .. value
-  end
-  -- The bucket is written whole with SET, not grown with APPEND: Redis
-  -- grows an appended string to twice its length, which would double what
-  -- a remembered result costs.
-  redis.call('SET', bucket_of(s, e[1], index_of(s.h, e[3])), s.cur .. rec, 'EXAT', exp)
-  s.cur = nil
-  local per = PER_BUCKET
-  if s.fixed then per = PER_CLAIM_BUCKET end
-  if s.split_at % per == 0 and e[3] < MAX_BUCKETS then split(s) end
-end
-
--- The shared mark of a claim (claim.lua), opened like the claim's store
--- `s`: a claim record under the id's digest with its last byte flipped, so
--- in the same bucket of every epoch (a record's bucket follows bytes 4-6 of
--- its digest). No id's digest is the flipped one short of breaking SHA-256.
-local function claim_mark(s)
-  local m = {}
-  for k, v in pairs(s) do m[k] = v end
-  m.epochs = {}
-  for i, e in ipairs(s.epochs) do m.epochs[i] = {e[1], e[2], e[3], e[4], e[5]} end
-  m.d = string.sub(s.d, 1, 15) .. string.char(255 - string.byte(s.d, 16))
-  m.cur = nil
-  return m
-end
-
--- Removes the store's record, wherever it is; says whether there was one.
-local function store_drop(s)
-  for _, e in ipairs(s.epochs) do
-    if e[5] then
-      local name = bucket_of(s, e[1], index_of(s.h, e[3]))
-      local v = redis.call('HGET', name, s.d)
-      if v then
-        redis.call('HDEL', name, s.d)
-        if v == '' then redis.call('DEL', s.key .. ':x:' .. hex(s.d)) end
-        return true
-      end
-    end
-    if not e[5] then
-      if e[4] and redis.call('DEL', overflow_of(s, e[1])) == 1 then return true end
-      local name = bucket_of(s, e[1], index_of(s.h, e[3]))
-      local b = redis.call('GET', name)
-      local v, first, last = record_in(b, s.d, s.fixed)
-      if v then
-        redis.call('SET', name, string.sub(b, 1, first - 1) .. string.sub(b, last + 1), 'KEEPTTL')
-        if v == '' then redis.call('DEL', s.key .. ':x:' .. hex(s.d)) end
-        return true
-      end
-    end
-  end
-  return false
-end
+-- ## The request rules
 
 -- The answer store of the step now running, kept between replay() and
--- remember() of one request so its bucket is read once.
+-- remember() of one request so its epochs are read once.
 local OPEN = {}
 
 -- The first answer of a request, if it has one: {"dup", body, 0}. `key` is
--- the pool's answer store, `token` the request's; `pre` and `at` as for
--- store_open.
-local function replay(key, token, pre, at)
-  local s = store_open(key, token, pre, at)
+-- the pool's answer store, `token` the request's. (The scripts pass their
+-- read of the pool's meta hash too, for STORE_FIELDS: none now.)
+local function replay(key, token)
+  local s = store_open(key, token)
   local body = store_find(s)
   OPEN[key .. token] = s
   if body then return {'dup', body, 0} end
@@ -481,11 +389,9 @@ local function refuse(key, token, ttl, code)
 end
 
 -- The refusal of a request naming a pool that is not there (`kind` is the
--- kind its meta hash names, nil when there is none): if storing it creates
--- the meta hash, that hash expires with the store.
+-- kind its meta hash names, nil when there is none). The store keeps it
+-- in keys of its own: no meta hash is made for the missing pool.
 local function refuse_unknown(key, token, ttl, kind)
-  local s = OPEN[key .. token]
-  if s and not kind then s.ephemeral = true end
   return refuse(key, token, ttl, 'unknown_pool')
 end
 
@@ -504,4 +410,3 @@ end
 -- Consumption counters saturate here, far above any jackpot threshold, so
 -- they never overflow nor lose exactness (2^52 < 2^53).
 local SPENT_CAP = 4503599627370496
-

@@ -22,7 +22,7 @@ local LOTTERY_FIELDS = {'kind', 'starts_at', 'ends_at', 'prizes', 'consolation',
   'pv', 'c'}
 local LOTTERY_STORE_AT = 10
 -- Then the user's `u:<user>`.
-local LOTTERY_USER_AT = 11
+local LOTTERY_USER_AT = LOTTERY_STORE_AT + #STORE_FIELDS
 
 -- Meta's `c` as a table: `left` and `awarded` by prize id, `order` the ids
 -- in the field's order.

@@ -32,20 +32,6 @@ pub const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:9100";
 /// Shortest `RESULT_TTL_S`: draw results are kept at least a day (SPEC §7).
 pub const MIN_RESULT_TTL_S: u64 = 86_400;
 
-/// Whether this process opens new epochs of its answer and claim stores as
-/// hash buckets (`ANSWER_BUCKETS=hashes`) rather than string buckets, the
-/// default and the layout of earlier versions. Every version since reads
-/// both. Process-wide: set when the settings are read.
-static HASH_BUCKETS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// See [`HASH_BUCKETS`].
-pub fn hash_buckets() -> bool {
-    HASH_BUCKETS.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-fn use_hash_buckets(on: bool) {
-    HASH_BUCKETS.store(on, std::sync::atomic::Ordering::Relaxed);
-}
 /// Largest `REFILL_CHUNK`: one Lua step `unpack`s a chunk, and Lua's stack
 /// refuses somewhat under 8,000 values; half of that leaves a margin.
 pub const MAX_REFILL_CHUNK: u64 = 4_000;
@@ -118,9 +104,6 @@ pub struct Config {
     pub max_batch: usize,
     /// `RESULT_TTL_S`: how long draw results are kept for idempotent replays.
     pub result_ttl: Duration,
-    /// `ANSWER_BUCKETS=hashes`: new epochs of remembered answers are hash
-    /// buckets (see [`hash_buckets`]).
-    pub hash_buckets: bool,
     /// `TRANSIENT_RETRY_MS`: how long transient failures are retried quietly before each retry is logged as an error.
     pub transient_retry: Duration,
     /// `SHUTDOWN_GRACE_MS`: how long in-flight work may take after SIGTERM.
@@ -227,7 +210,6 @@ impl Config {
             "short_pool_wait_ms": self.short_pool_wait.as_millis() as u64,
             "max_batch": self.max_batch,
             "result_ttl_s": self.result_ttl.as_secs(),
-            "answer_buckets": if self.hash_buckets { "hashes" } else { "strings" },
             "transient_retry_ms": self.transient_retry.as_millis() as u64,
             "shutdown_grace_ms": self.shutdown_grace.as_millis() as u64,
             "draw_events": self.draw_events,

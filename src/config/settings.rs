@@ -89,10 +89,6 @@ struct Settings {
     #[arg(long, env = "RESULT_TTL_S", value_name = "SECONDS", default_value_t = 90_000,
           value_parser = clap::value_parser!(u64).range(MIN_RESULT_TTL_S..))]
     result_ttl_s: u64,
-    /// How answering scripts store new epochs of remembered answers and claims: `strings` (records packed in strings, the most compact), or `hashes` (a hash field per record: fewer Redis instructions per draw, more bytes per result; see docs/operations.md).
-    #[arg(long, env = "ANSWER_BUCKETS", value_name = "LAYOUT", default_value = "strings",
-          value_parser = ["hashes", "strings"])]
-    answer_buckets: String,
     /// How long a message may fail for a transient cause (a server away) before each hand-back to its retry queue is logged as an error instead of a warning; the message is retried until the server is back (milliseconds).
     #[arg(
         long,
@@ -312,11 +308,6 @@ impl Settings {
             short_pool_wait: Duration::from_millis(self.short_pool_wait_ms),
             max_batch: usize_of("MAX_BATCH", self.max_batch)?,
             result_ttl: Duration::from_secs(self.result_ttl_s),
-            hash_buckets: {
-                let hashes = self.answer_buckets == "hashes";
-                super::use_hash_buckets(hashes);
-                hashes
-            },
             transient_retry: Duration::from_millis(self.transient_retry_ms),
             shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
             draw_events: self.draw_events,

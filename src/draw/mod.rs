@@ -338,6 +338,12 @@ pub async fn run(
     shutdown: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<()> {
     let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
+    crate::kinds::answer::start_layout(
+        &mut redis,
+        &config.redis_prefix,
+        config.result_ttl.as_secs(),
+    )
+    .await?;
     match crate::redis_conn::persistence(&mut redis).await {
         crate::redis_conn::Persistence::Durable => {
             tracing::info!("Redis persists every step before answering")

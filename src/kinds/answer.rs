@@ -1,9 +1,9 @@
 //! The Rust side of `lua/lib/answer.lua`: request fingerprints, id claims,
 //! stored answers and the replies every answering script gives.
 //!
-//! A request's answer is stored in its pool's answer store (records packed
-//! in string buckets that expire whole, so a remembered answer costs a few
-//! dozen bytes, not a key of its own; the layout is in `lua/lib/answer.lua`):
+//! A request's answer is stored in its pool's answer store (a field of a
+//! hash bucket that expires whole, so a remembered answer costs a few dozen
+//! bytes, not a key of its own; the layout is in `lua/lib/answer.lua`):
 //! the body is the kind's award or `"!<code>[:<detail>]"` for a refusal.
 //! The fingerprint binds the id to the content it first asked for (Stripe's
 //! rule): the same id with other content is refused and moves nothing.
@@ -42,7 +42,10 @@
 //!   lucky-gift or lottery draw, paid under a new entry id; a red-packet
 //!   grab that finds the user's share already taken).
 
-use std::fmt::Display;
+use std::{
+    fmt::Display,
+    sync::atomic::{AtomicU64, Ordering},
+};
 
 use redis::aio::ConnectionLike;
 use sha2::{Digest, Sha256};
@@ -109,34 +112,93 @@ pub const DIGEST_BYTES: usize = 16;
 pub const CLOCK_SKEW_S: u64 = 300;
 
 /// When the last answer of a store can expire, unix seconds, from its
-/// epochs (`r.e`, "<start>:<length>:<buckets>[o];…"): an epoch's buckets
-/// expire five lengths and [`CLOCK_SKEW_S`] after it starts
-/// (`expiry_of` in `lua/lib/answer.lua`); 0 for a field that names none.
-pub fn epochs_end(field: &str) -> u64 {
-    field
-        .split(';')
-        .filter_map(|epoch| {
-            let mut parts = epoch.split(':');
-            let start: u64 = parts.next()?.parse().ok()?;
-            let length: u64 = parts.next()?.parse().ok()?;
-            Some(
-                start
-                    .saturating_add(length.saturating_mul(5))
-                    .saturating_add(CLOCK_SKEW_S),
-            )
-        })
+/// epochs (`<store>:ep`: per epoch four big-endian u32, start, length,
+/// buckets and count) and `r.e` (the earlier layout's epochs in the meta
+/// hash, "<start>:<length>:<buckets>…;…"): an epoch's buckets expire two
+/// lengths after it starts (`expiry_of` in `lua/lib/answer.lua`), an
+/// earlier epoch's five lengths and [`CLOCK_SKEW_S`] after; 0 when neither
+/// names one.
+pub fn store_end(epochs: Option<&[u8]>, earlier: Option<&str>) -> u64 {
+    let numbers: Vec<u64> = epochs
+        .unwrap_or_default()
+        .chunks_exact(4)
+        .map(|b| u64::from(u32::from_be_bytes([b[0], b[1], b[2], b[3]])))
+        .collect();
+    let mut end = numbers
+        .chunks_exact(4)
+        .map(|e| e[0] + 2 * e[1])
         .max()
-        .unwrap_or(0)
+        .unwrap_or(0);
+    for epoch in earlier.unwrap_or("").split(';') {
+        let mut parts = epoch.split(':');
+        let (Some(t), Some(l)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        if let (Ok(t), Ok(l)) = (t.parse::<u64>(), l.parse::<u64>()) {
+            end = end.max(
+                t.saturating_add(l.saturating_mul(5))
+                    .saturating_add(CLOCK_SKEW_S),
+            );
+        }
+    }
+    end
 }
 
-/// The token's mark of the layout of the epochs its script opens: `h` for
-/// hash buckets, nothing for string buckets.
-fn layout(hashes: bool) -> &'static str {
-    if hashes {
-        "h"
-    } else {
-        ""
+/// Until when (unix seconds) this process's tokens ask the scripts to read
+/// the answer store's earlier layout too (`EARLIER` in `lua/lib/answer.lua`):
+/// always, until [`start_layout`] sets it.
+static EARLIER_UNTIL: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// The token's flag on the TTL: read the earlier layout too.
+const EARLIER: u32 = 1 << 31;
+
+/// Notes, once per deployment (`<prefix>:store:since`, kept a year), when
+/// the first worker of this layout started, and has this process read the
+/// earlier layout for two TTLs and skews after it: records stored by the
+/// earlier version before the upgrade, and by its workers still running
+/// while the upgrade rolls out, are found until they expire. Returns until
+/// when.
+pub async fn start_layout<C: ConnectionLike + Send>(
+    conn: &mut C,
+    prefix: &str,
+    ttl_s: u64,
+) -> Result<u64, HandleError> {
+    let key = format!("{prefix}:store:since");
+    let (now, _): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg(now)
+        .arg("NX")
+        .arg("EX")
+        .arg(366 * 86_400)
+        .query_async(conn)
+        .await?;
+    let since: u64 = redis::cmd("GET").arg(&key).query_async(conn).await?;
+    let until = since.saturating_add(2 * (ttl_s + CLOCK_SKEW_S));
+    EARLIER_UNTIL.store(until, Ordering::Relaxed);
+    Ok(until)
+}
+
+/// Whether tokens made now ask to read the earlier layout too.
+fn reads_earlier_layout() -> bool {
+    let until = EARLIER_UNTIL.load(Ordering::Relaxed);
+    until == u64::MAX || chrono::Utc::now().timestamp().max(0).unsigned_abs() < until
+}
+
+/// A token as `lua/lib/answer.lua` reads it: the request's digest, its
+/// fingerprint, the TTL and `now` (0: the script reads the clock) as
+/// big-endian u32.
+fn token(digest: &[u8], fingerprint: &Fingerprint, ttl_s: u64, now: u64) -> Vec<u8> {
+    let mut token = Vec::with_capacity(DIGEST_BYTES + 16);
+    token.extend_from_slice(&digest[..DIGEST_BYTES]);
+    token.extend_from_slice(&fingerprint.0);
+    let mut ttl = u32::try_from(ttl_s).unwrap_or(EARLIER - 1).min(EARLIER - 1);
+    if reads_earlier_layout() {
+        ttl |= EARLIER;
     }
+    token.extend_from_slice(&ttl.to_be_bytes());
+    token.extend_from_slice(&u32::try_from(now).unwrap_or(u32::MAX).to_be_bytes());
+    token
 }
 
 /// Where one request's claim and answer live, and what it asked: the
@@ -145,18 +207,14 @@ fn layout(hashes: bool) -> &'static str {
 pub struct Tokens {
     /// The claim store of the id's group: `<prefix>:<space>:{<group>}`.
     pub claim_store: String,
-    /// `"<ttl>[h]::" ‖ 16 bytes of SHA-256(id) ‖ 8 fingerprint bytes`
-    /// (`h`: new epochs as hash buckets, see [`layout`]).
+    /// 16 bytes of SHA-256(id) ‖ 8 fingerprint bytes ‖ TTL ‖ 0 (see [`token`]).
     pub claim: Vec<u8>,
-    /// `"<ttl>[h]:<now>:" ‖ 16 bytes of SHA-256(fingerprint ‖ id) ‖ 8
-    /// fingerprint bytes`; `now` is empty until [`Tokens::at`] sets it.
+    /// 16 bytes of SHA-256(fingerprint ‖ id) ‖ 8 fingerprint bytes ‖ TTL ‖
+    /// now; `now` is 0 until [`Tokens::at`] sets it.
     pub answer: Vec<u8>,
     id: String,
     ttl_s: u64,
     fingerprint: Fingerprint,
-    /// Whether the stores' new epochs are hash buckets
-    /// ([`crate::config::hash_buckets`]).
-    hashes: bool,
 }
 
 impl Tokens {
@@ -166,77 +224,38 @@ impl Tokens {
     pub fn new(prefix: &str, space: &str, id: &str, fingerprint: Fingerprint, ttl_s: u64) -> Self {
         let h = Sha256::digest(id.as_bytes());
         let group = u16::from_be_bytes([h[0], h[1]]) % CLAIM_GROUPS;
-        let hashes = crate::config::hash_buckets();
-        let mut claim = format!("{ttl_s}{}::", layout(hashes)).into_bytes();
-        claim.extend_from_slice(&h[..DIGEST_BYTES]);
-        claim.extend_from_slice(&fingerprint.0);
         let mut tokens = Self {
             claim_store: format!("{prefix}:{space}:{{{group}}}"),
-            claim,
+            claim: token(&h, &fingerprint, ttl_s, 0),
             answer: Vec::new(),
             id: id.to_owned(),
             ttl_s,
             fingerprint,
-            hashes,
         };
-        tokens.answer = tokens.answer_token(None);
-        tokens
-    }
-
-    /// The same tokens, opening new epochs as hash buckets or as string
-    /// buckets, whatever this process's setting: for tests of both layouts
-    /// side by side.
-    pub fn with_hash_buckets(&self, hashes: bool) -> Self {
-        let mut tokens = self.clone();
-        tokens.hashes = hashes;
-        let digits = tokens
-            .claim
-            .iter()
-            .take_while(|b| b.is_ascii_digit())
-            .count();
-        let rest = tokens.claim[digits..].to_vec();
-        let rest = rest.strip_prefix(b"h").unwrap_or(&rest);
-        tokens.claim = [&tokens.claim[..digits], layout(hashes).as_bytes(), rest].concat();
-        let now = tokens
-            .answer
-            .split(|&b| b == b':')
-            .nth(1)
-            .map(<[u8]>::to_vec);
-        tokens.answer = tokens.answer_token(
-            now.and_then(|n| String::from_utf8(n).ok())
-                .and_then(|n| n.parse().ok()),
-        );
+        tokens.answer = tokens.answer_token(0);
         tokens
     }
 
     /// The same request asking `fingerprint` instead.
     pub fn with_fingerprint(&self, fingerprint: Fingerprint) -> Self {
         let mut tokens = self.clone();
-        tokens
-            .claim
-            .truncate(self.claim.len() - fingerprint.0.len());
-        tokens.claim.extend_from_slice(&fingerprint.0);
+        tokens.claim = token(&self.claim, &fingerprint, self.ttl_s, 0);
         tokens.fingerprint = fingerprint;
-        tokens.answer = tokens.answer_token(None);
+        tokens.answer = tokens.answer_token(0);
         tokens
     }
 
     /// Sets the time (unix seconds, Redis's clock) the answer token carries:
     /// the time the request's claim read, so its pool step reads no clock.
     pub fn at(&mut self, now: u64) {
-        self.answer = self.answer_token(Some(now));
+        self.answer = self.answer_token(now);
     }
 
-    fn answer_token(&self, now: Option<u64>) -> Vec<u8> {
+    fn answer_token(&self, now: u64) -> Vec<u8> {
         let mut hash = Sha256::new();
         hash.update(self.fingerprint.0);
         hash.update(self.id.as_bytes());
-        let h = hash.finalize();
-        let now = now.map(|n| n.to_string()).unwrap_or_default();
-        let mut answer = format!("{}{}:{now}:", self.ttl_s, layout(self.hashes)).into_bytes();
-        answer.extend_from_slice(&h[..DIGEST_BYTES]);
-        answer.extend_from_slice(&self.fingerprint.0);
-        answer
+        token(&hash.finalize(), &self.fingerprint, self.ttl_s, now)
     }
 }
 
@@ -312,6 +331,11 @@ pub async fn stored<C: ConnectionLike + Send>(
         .arg(how)
         .invoke_async(conn)
         .await?;
+    // A claim holds the fingerprint, and `s` after it once shared.
+    let claim = claim.map(|mut record| {
+        record.truncate(8);
+        record
+    });
     let bound = claim
         .as_deref()
         .and_then(|fp| <[u8; 8]>::try_from(fp).ok())
@@ -477,13 +501,21 @@ mod tests {
 
     #[test]
     fn a_store_holds_answers_until_its_newest_epoch_expires() {
-        // lua/lib/answer.lua: buckets expire at start + EPOCHS × length + SKEW.
+        // lua/lib/answer.lua: buckets expire two lengths after their epoch
+        // starts; the earlier layout's five lengths and the skew after.
         let lua = include_str!("../../lua/lib/answer.lua");
-        assert!(lua.contains("local EPOCHS = 5\n") && lua.contains("local SKEW = 300\n"));
-        assert_eq!(epochs_end("1000:10:4;900:40:1o"), 900 + 200 + 300);
-        assert_eq!(epochs_end("1000:10:4"), 1000 + 50 + 300);
-        assert_eq!(epochs_end(""), 0);
-        assert_eq!(epochs_end("junk;1:x:1"), 0);
+        assert!(lua.contains("return t + 2 * l\n") && lua.contains("local SKEW = 300\n"));
+        let be =
+            |numbers: &[u32]| -> Vec<u8> { numbers.iter().flat_map(|n| n.to_be_bytes()).collect() };
+        let epochs = be(&[1000, 10, 4, 0, 900, 40, 1, 3]);
+        assert_eq!(store_end(Some(&epochs), None), 1000 + 20);
+        assert_eq!(
+            store_end(None, Some("1000:10:4;900:40:1o")),
+            900 + 200 + 300
+        );
+        assert_eq!(store_end(Some(&epochs), Some("1000:10:4")), 1000 + 50 + 300);
+        assert_eq!(store_end(Some(b""), Some("")), 0);
+        assert_eq!(store_end(None, Some("junk;1:x:1")), 0);
     }
 
     #[test]
@@ -513,31 +545,29 @@ mod tests {
     }
 
     #[test]
-    fn tokens_carry_the_ttl_full_digests_and_the_fingerprint() {
+    fn tokens_carry_full_digests_the_fingerprint_the_ttl_and_the_time() {
         let fp = fingerprint("draw", &[&"p", &1, &1]);
         let t = Tokens::new("pp", "rq", "req-1", fp, 90_000);
         let h = Sha256::digest(b"req-1");
         let group = u16::from_be_bytes([h[0], h[1]]) % CLAIM_GROUPS;
         assert_eq!(t.claim_store, format!("pp:rq:{{{group}}}"));
-        let head = b"90000::";
-        assert_eq!(t.claim[..head.len()], head[..]);
-        assert_eq!(t.claim[head.len()..head.len() + 16], h[..16]);
-        assert_eq!(t.claim[head.len() + 16..], fp.0);
+        // Digest, fingerprint, TTL (with the flag to read the earlier
+        // layout: this process never ran start_layout), no time yet.
+        let tail = |ttl: u32, now: u32| [(ttl | EARLIER).to_be_bytes(), now.to_be_bytes()].concat();
+        assert_eq!(t.claim[..16], h[..16]);
+        assert_eq!(t.claim[16..24], fp.0);
+        assert_eq!(t.claim[24..], tail(90_000, 0)[..]);
         // The answer's digest covers the fingerprint and the id.
         let mut both = fp.0.to_vec();
         both.extend_from_slice(b"req-1");
         let a = Sha256::digest(&both);
-        assert_eq!(t.answer[..head.len()], head[..]);
-        assert_eq!(t.answer[head.len()..head.len() + 16], a[..16]);
-        assert_eq!(t.answer[head.len() + 16..], fp.0);
+        assert_eq!(t.answer[..16], a[..16]);
+        assert_eq!(t.answer[16..24], fp.0);
         // The claim's time rides in the answer token only.
         let mut timed = t.clone();
         timed.at(1_700_000_000);
-        assert!(timed.answer.starts_with(b"90000:1700000000:"));
-        assert_eq!(
-            timed.answer[b"90000:1700000000:".len()..],
-            t.answer[head.len()..]
-        );
+        assert_eq!(timed.answer[24..], tail(90_000, 1_700_000_000)[..]);
+        assert_eq!(timed.answer[..24], t.answer[..24]);
         assert_eq!(timed.claim, t.claim);
         // Another id, another digest; another content, another fingerprint
         // and another answer digest.
@@ -546,12 +576,9 @@ mod tests {
         assert_ne!(other_id.answer, t.answer);
         let other = fingerprint("draw", &[&"p", &1, &2]);
         let changed = Tokens::new("pp", "rq", "req-1", other, 90_000);
-        assert_eq!(changed.claim[..head.len() + 16], t.claim[..head.len() + 16]);
+        assert_eq!(changed.claim[..16], t.claim[..16]);
         assert_ne!(changed.claim, t.claim);
-        assert_ne!(
-            changed.answer[..head.len() + 16],
-            t.answer[..head.len() + 16]
-        );
+        assert_ne!(changed.answer[..16], t.answer[..16]);
         assert_eq!(t.with_fingerprint(other), changed);
     }
 

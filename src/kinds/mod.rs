@@ -263,8 +263,10 @@ impl Kinds {
             return Ok(Some(*resolved));
         }
         let mut conn = self.redis.clone();
-        // `r.e`: the epochs of the pool's own answer store, there once an
-        // answer was stored under the pool's id (lua/lib/answer.lua).
+        // `r.e`: the epochs of the pool's own answer store in the layout
+        // before this one, there once an answer was stored under the
+        // pool's id (lua/lib/answer.lua); the store's own `<store>:ep`
+        // below.
         let values: Vec<Option<String>> = redis::cmd("HMGET")
             .arg(self.keys(id).meta())
             .arg(&self.meta_fields)
@@ -295,9 +297,14 @@ impl Kinds {
                 )))
             }
         };
-        let answered_until = match meta.get("r.e") {
-            Some(epochs) if shards > 1 => answer::epochs_end(epochs),
-            _ => 0,
+        let answered_until = if shards > 1 {
+            let epochs: Option<Vec<u8>> = redis::cmd("GET")
+                .arg(format!("{}:ep", self.keys(id).results()))
+                .query_async(&mut conn)
+                .await?;
+            answer::store_end(epochs.as_deref(), meta.get("r.e"))
+        } else {
+            0
         };
         let mut kinds = self.kinds.write().await;
         if kinds.len() >= MAX_CACHED_KINDS {

@@ -21,7 +21,7 @@ const WORKERS: [&str; 3] = [
 ];
 
 /// Every variable a worker reads, as `--help` must list it.
-const VARIABLES: [&str; 28] = [
+const VARIABLES: [&str; 27] = [
     "AMQP_URL",
     "REDIS_URL",
     "DATABASE_URL",
@@ -36,7 +36,6 @@ const VARIABLES: [&str; 28] = [
     "MAX_BATCH",
     "DRAW_SHARDS",
     "RESULT_TTL_S",
-    "ANSWER_BUCKETS",
     "TRANSIENT_RETRY_MS",
     "SHUTDOWN_GRACE_MS",
     "DRAW_EVENTS",
