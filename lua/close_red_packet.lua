@@ -27,11 +27,18 @@ for _, share in ipairs(left) do sum = sum + tonumber(string.match(share, ':(%d+)
 redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[1], 'closed', 1, 'refunded', sum)
 local retention = tonumber(ARGV[2])
--- The meta hash also keeps the epochs of the packet's answer store in
--- the layout before this one (`r.e`, lib/answer.lua reads them): it stays
--- until their buckets are gone.
+-- The meta hash also keeps the epochs of the packet's answer store
+-- (`ep`, lib/answer.lua, and the earlier layout's `r.e`): it stays until
+-- their buckets are gone.
 local until_s = math.floor(tonumber(ARGV[1]) / 1000) + retention
-for t, l in string.gmatch(redis.call('HGET', KEYS[1], 'r.e') or '', '(%d+):(%d+):%d+') do
+local ep, old = unpack(redis.call('HMGET', KEYS[1], 'ep', 'r.e'))
+if ep then
+  local v = {struct.unpack(ep_format(#ep), ep)}
+  for i = 1, math.floor(#ep / 16) do
+    until_s = math.max(until_s, expiry_of(v[4 * i - 3], v[4 * i - 2]))
+  end
+end
+for t, l in string.gmatch(old or '', '(%d+):(%d+):%d+') do
   until_s = math.max(until_s, tonumber(t) + 5 * tonumber(l) + SKEW)
 end
 redis.call('EXPIREAT', KEYS[1], until_s)

@@ -44,22 +44,28 @@
 -- it saw and half as much again at PER records a bucket, the volume
 -- counted by sampling (one new record in SAMPLE is counted, chosen by a
 -- byte of its digest, so without a counter per write). A store's first
--- epoch has FIRST buckets. When an epoch has taken PER records a bucket,
+-- epoch has FIRST buckets (a claim store's one). When an epoch has taken PER records a bucket,
 -- the next epoch opens at once with GROW times its buckets (growth), as
 -- long as a lookup then reads at most LIVE epochs; past that, buckets grow
 -- beyond 128 fields and stay correct. No record ever moves.
 --
--- The epochs are kept in a string of their own (`<store>:ep`), newest
--- first, each as four big-endian 32-bit numbers (struct '>I4I4I4I4'):
+-- The epochs are kept in the field `ep` of a pool's meta hash (which its
+-- draw step reads anyway, in one HMGET with its pool) or a string of a
+-- claim store's own (`<store>:ep`), newest first, each as four big-endian
+-- 32-bit numbers (struct '>I4I4I4I4'):
 -- its start `t` (unix seconds), its length `l` (seconds), its buckets `n`
 -- and the new records counted since the last epoch its time opened `c`
 -- (an epoch opened by growth counts on).
 -- Binary, so a step reads it in one C call (struct.unpack): parsing a
--- text form with Lua patterns cost more than the lookups themselves. It
--- expires with the store's last bucket. Keys (`<store>` is KEYS[n] of the
--- script: a pool's answer store `<pool keys>rs`, a claim store
--- `<prefix>:<space>:{<group>}`):
---   <store>:ep                    string: the epochs
+-- text form with Lua patterns cost more than the lookups themselves. A
+-- claim store's expires with its last bucket; a pool's meta hash that
+-- expires (a closed red packet's) is pushed back to it, and one that holds
+-- only the store's field (a refusal for a pool that does not exist)
+-- expires with it (loading the pool keeps it for good: PERSIST in the
+-- loaders). Keys (`<store>` is KEYS[n] of the script: a pool's answer
+-- store `<pool keys>rs`, a claim store `<prefix>:<space>:{<group>}`):
+--   <pool keys>meta               hash: ep (a pool's answer store)
+--   <store>:ep                    string: the epochs (a claim store)
 --   <store>:e<epoch start>:<i>    hash: digest -> record, and '' -> ''
 --   <store>:x:<hex digest>        string: a long body
 --
@@ -75,8 +81,9 @@ local SKEW = 300
 -- Records a bucket is planned to hold: at 80 on average, a bucket passes
 -- Redis's 128 listpack fields at more than five standard deviations.
 local PER = 80
--- Buckets of a store's first epoch, and the most an epoch has.
-local FIRST = 16
+-- Buckets of a store's first epoch (a claim store's, which takes one id
+-- group's share of the requests, FIRST_CLAIMS), and the most an epoch has.
+local FIRST, FIRST_CLAIMS = 16, 1
 local MAX_BUCKETS = 16777216
 -- One new record in SAMPLE is counted.
 local SAMPLE = 16
@@ -89,9 +96,8 @@ local EARLIER = 2147483648
 -- Longer bodies get a key of their own: a longer value would turn the
 -- bucket from a listpack into a table (hash-max-listpack-value, 64).
 local INLINE = 64
--- The fields of a pool's meta hash a draw step reads for its answer store
--- (none: the store keeps its epochs in a key of its own).
-local STORE_FIELDS = {}
+-- The fields of a pool's meta hash a draw step reads for its answer store.
+local STORE_FIELDS = {'ep'}
 
 -- An integer as decimal digits. Lua's tostring writes 1e+14 and above in
 -- exponent notation, which neither Redis nor the Rust side read as an integer.
@@ -164,7 +170,20 @@ end
 local function epochs_save(s)
   local ep, n, exp = s.ep, 4 * s.k, 0
   for i = 1, s.k do exp = math.max(exp, expiry_of(ep[4 * i + EP_T], ep[4 * i + EP_L])) end
-  redis.call('SET', s.key .. ':ep', struct.pack(ep_format(4 * n), unpack(ep, 1, n)), 'EXAT', exp)
+  local field = struct.pack(ep_format(4 * n), unpack(ep, 1, n))
+  if s.meta == s.key then
+    redis.call('SET', s.key .. ':ep', field, 'EXAT', exp)
+    return
+  end
+  redis.call('HSET', s.meta, 'ep', field)
+  if s.opened then
+    if s.ephemeral then
+      redis.call('EXPIREAT', s.meta, exp)
+    else
+      -- GT leaves a hash kept for good (a loaded pool's) as it is.
+      redis.call('EXPIREAT', s.meta, exp, 'GT')
+    end
+  end
 end
 
 -- The name of bucket `i` of epoch `t`. (The middle of the names of recent
@@ -182,18 +201,28 @@ end
 
 local legacy_open, legacy_find
 
--- Opens the store `key` for the request of `token`.
-local function store_open(key, token)
+-- Opens the store `key` for the request of `token`. `pre`, when given,
+-- holds the STORE_FIELDS values the caller read from the pool's meta hash
+-- already (from index `at` on).
+local function store_open(key, token, pre, at)
   local d, fp, ttl, now = struct.unpack('c16c8>I4I4', token)
   if now == 0 then now = tonumber(redis.call('TIME')[1]) end
   local earlier = ttl >= EARLIER
   if earlier then ttl = ttl - EARLIER end
-  local field = redis.call('GET', key .. ':ep') or ''
+  local meta, field = meta_of(key)
+  if meta == key then
+    field = redis.call('GET', key .. ':ep')
+  elseif pre then
+    field = pre[at or 1]
+  else
+    field = redis.call('HGET', meta, 'ep')
+  end
+  field = field or ''
   -- Where the record lives among an epoch's buckets: bytes 4-6 of its
   -- digest (bytes 1-2 pick a claim's store among the id groups); byte 7
   -- says whether it is counted.
   local x, y, z, w = string.byte(d, 4, 7)
-  local s = {key = key, meta = meta_of(key), now = now, len = ttl + SKEW, d = d, fp = fp,
+  local s = {key = key, meta = meta, now = now, len = ttl + SKEW, d = d, fp = fp,
     h = (x * 256 + y) * 256 + z, counted = w % SAMPLE == 0,
     ep = {struct.unpack(ep_format(#field), field)}, k = math.floor(#field / 16)}
   if earlier then legacy_open(s) end
@@ -233,13 +262,17 @@ local function open_epoch(s, n, counted)
   ep[1], ep[2], ep[3], ep[4] = t, s.len, n, counted
   s.k = s.k + 1
   while s.k > 1 and not readable(s, s.k) do s.k = s.k - 1 end
+  s.opened = true
 end
 
 -- The buckets of the next epoch: those the volume counted in the current
 -- one and half as much again need over the new epoch's length, or FIRST
 -- for a new store.
 local function planned(s)
-  if s.k == 0 then return FIRST end
+  if s.k == 0 then
+    if s.meta == s.key then return FIRST_CLAIMS end
+    return FIRST
+  end
   local n = math.ceil(1.5 * s.ep[4] * SAMPLE * s.len / s.ep[2] / PER)
   return math.max(1, math.min(n, MAX_BUCKETS))
 end
@@ -362,10 +395,10 @@ end
 local OPEN = {}
 
 -- The first answer of a request, if it has one: {"dup", body, 0}. `key` is
--- the pool's answer store, `token` the request's. (The scripts pass their
--- read of the pool's meta hash too, for STORE_FIELDS: none now.)
-local function replay(key, token)
-  local s = store_open(key, token)
+-- the pool's answer store, `token` the request's; `pre` and `at` as for
+-- store_open.
+local function replay(key, token, pre, at)
+  local s = store_open(key, token, pre, at)
   local body = store_find(s)
   OPEN[key .. token] = s
   if body then return {'dup', body, 0} end
@@ -389,9 +422,11 @@ local function refuse(key, token, ttl, code)
 end
 
 -- The refusal of a request naming a pool that is not there (`kind` is the
--- kind its meta hash names, nil when there is none). The store keeps it
--- in keys of its own: no meta hash is made for the missing pool.
+-- kind its meta hash names, nil when there is none): if storing it creates
+-- the meta hash, that hash expires with the store.
 local function refuse_unknown(key, token, ttl, kind)
+  local s = OPEN[key .. token]
+  if s and not kind then s.ephemeral = true end
   return refuse(key, token, ttl, 'unknown_pool')
 end
 

@@ -338,7 +338,7 @@ pub async fn run(
     shutdown: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<()> {
     let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
-    crate::kinds::answer::start_layout(
+    let earlier = crate::kinds::answer::start_layout(
         &mut redis,
         &config.redis_prefix,
         config.result_ttl.as_secs(),
@@ -360,6 +360,7 @@ pub async fn run(
         return Ok(());
     }
     let worker = Arc::new(DrawWorker::new(config.clone(), redis));
+    worker.kinds.read_earlier_layout_until(earlier);
     amqp::run(&config, worker, health, shutdown).await
 }
 

@@ -42,10 +42,7 @@
 //!   lucky-gift or lottery draw, paid under a new entry id; a red-packet
 //!   grab that finds the user's share already taken).
 
-use std::{
-    fmt::Display,
-    sync::atomic::{AtomicU64, Ordering},
-};
+use std::fmt::Display;
 
 use redis::aio::ConnectionLike;
 use sha2::{Digest, Sha256};
@@ -112,8 +109,8 @@ pub const DIGEST_BYTES: usize = 16;
 pub const CLOCK_SKEW_S: u64 = 300;
 
 /// When the last answer of a store can expire, unix seconds, from its
-/// epochs (`<store>:ep`: per epoch four big-endian u32, start, length,
-/// buckets and count) and `r.e` (the earlier layout's epochs in the meta
+/// epochs (a pool's meta field `ep`: per epoch four big-endian u32, start,
+/// length, buckets and count) and `r.e` (the earlier layout's epochs in the meta
 /// hash, "<start>:<length>:<buckets>…;…"): an epoch's buckets expire two
 /// lengths after it starts (`expiry_of` in `lua/lib/answer.lua`), an
 /// earlier epoch's five lengths and [`CLOCK_SKEW_S`] after; 0 when neither
@@ -144,56 +141,77 @@ pub fn store_end(epochs: Option<&[u8]>, earlier: Option<&str>) -> u64 {
     end
 }
 
-/// Until when (unix seconds) this process's tokens ask the scripts to read
-/// the answer store's earlier layout too (`EARLIER` in `lua/lib/answer.lua`):
-/// always, until [`start_layout`] sets it.
-static EARLIER_UNTIL: AtomicU64 = AtomicU64::new(u64::MAX);
-
 /// The token's flag on the TTL: read the earlier layout too.
 const EARLIER: u32 = 1 << 31;
 
-/// Notes, once per deployment (`<prefix>:store:since`, kept a year), when
-/// the first worker of this layout started, and has this process read the
-/// earlier layout for two TTLs and skews after it: records stored by the
+/// Notes, once per deployment (`<prefix>:store:since`, kept a year),
+/// whether the answer stores may hold records of the earlier layout, and
+/// returns until when (unix seconds) workers read it: two TTLs and skews
+/// after the first worker of this layout started, so records stored by the
 /// earlier version before the upgrade, and by its workers still running
-/// while the upgrade rolls out, are found until they expire. Returns until
-/// when.
-pub async fn start_layout<C: ConnectionLike + Send>(
+/// while the upgrade rolls out, are found until they expire; 0 for a
+/// deployment the earlier layout never ran in (none of its claim stores,
+/// `<prefix>:rq:{<group>}` and `<prefix>:gr:{<group>}` hashes with `r.e`,
+/// is there).
+pub async fn start_layout<C: ConnectionLike + Clone + Send>(
     conn: &mut C,
     prefix: &str,
     ttl_s: u64,
 ) -> Result<u64, HandleError> {
     let key = format!("{prefix}:store:since");
-    let (now, _): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
-    let _: () = redis::cmd("SET")
-        .arg(&key)
-        .arg(now)
-        .arg("NX")
-        .arg("EX")
-        .arg(366 * 86_400)
-        .query_async(conn)
-        .await?;
-    let since: u64 = redis::cmd("GET").arg(&key).query_async(conn).await?;
-    let until = since.saturating_add(2 * (ttl_s + CLOCK_SKEW_S));
-    EARLIER_UNTIL.store(until, Ordering::Relaxed);
-    Ok(until)
+    let since: Option<u64> = redis::cmd("GET").arg(&key).query_async(conn).await?;
+    let since = match since {
+        Some(since) => since,
+        None => {
+            let (now, _): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
+            let probes = ["rq", "gr"].into_iter().flat_map(|space| {
+                (0..CLAIM_GROUPS).map(move |g| format!("{prefix}:{space}:{{{g}}}"))
+            });
+            let found = futures_util::future::try_join_all(probes.map(|store| {
+                let mut conn = conn.clone();
+                async move {
+                    redis::cmd("HEXISTS")
+                        .arg(store)
+                        .arg("r.e")
+                        .query_async::<bool>(&mut conn)
+                        .await
+                }
+            }))
+            .await?;
+            let since = if found.into_iter().any(|f| f) { now } else { 0 };
+            let _: () = redis::cmd("SET")
+                .arg(&key)
+                .arg(since)
+                .arg("NX")
+                .arg("EX")
+                .arg(366 * 86_400)
+                .query_async(conn)
+                .await?;
+            redis::cmd("GET").arg(&key).query_async(conn).await?
+        }
+    };
+    Ok(if since == 0 {
+        0
+    } else {
+        since.saturating_add(2 * (ttl_s + CLOCK_SKEW_S))
+    })
 }
 
-/// Whether tokens made now ask to read the earlier layout too.
-fn reads_earlier_layout() -> bool {
-    let until = EARLIER_UNTIL.load(Ordering::Relaxed);
+/// Whether tokens made now ask to read the earlier layout too, for a
+/// worker that reads it until `until` ([`start_layout`]).
+pub fn reads_earlier_layout(until: u64) -> bool {
     until == u64::MAX || chrono::Utc::now().timestamp().max(0).unsigned_abs() < until
 }
 
 /// A token as `lua/lib/answer.lua` reads it: the request's digest, its
 /// fingerprint, the TTL and `now` (0: the script reads the clock) as
 /// big-endian u32.
-fn token(digest: &[u8], fingerprint: &Fingerprint, ttl_s: u64, now: u64) -> Vec<u8> {
+fn token(digest: &[u8], fingerprint: &Fingerprint, ttl_s: u64, now: u64, earlier: bool) -> Vec<u8> {
     let mut token = Vec::with_capacity(DIGEST_BYTES + 16);
     token.extend_from_slice(&digest[..DIGEST_BYTES]);
     token.extend_from_slice(&fingerprint.0);
     let mut ttl = u32::try_from(ttl_s).unwrap_or(EARLIER - 1).min(EARLIER - 1);
-    if reads_earlier_layout() {
+    if earlier {
         ttl |= EARLIER;
     }
     token.extend_from_slice(&ttl.to_be_bytes());
@@ -215,31 +233,44 @@ pub struct Tokens {
     id: String,
     ttl_s: u64,
     fingerprint: Fingerprint,
+    /// Whether the scripts read the earlier layout too.
+    earlier: bool,
 }
 
 impl Tokens {
     /// The tokens of id `id` in namespace `space` (`rq` for request ids,
     /// `gr` for grant ids) under `prefix`, asking `fingerprint`, remembered
-    /// for `ttl_s` seconds.
+    /// for `ttl_s` seconds; they ask to read the earlier layout too (see
+    /// [`Tokens::with_earlier`]).
     pub fn new(prefix: &str, space: &str, id: &str, fingerprint: Fingerprint, ttl_s: u64) -> Self {
         let h = Sha256::digest(id.as_bytes());
         let group = u16::from_be_bytes([h[0], h[1]]) % CLAIM_GROUPS;
         let mut tokens = Self {
             claim_store: format!("{prefix}:{space}:{{{group}}}"),
-            claim: token(&h, &fingerprint, ttl_s, 0),
+            claim: token(&h, &fingerprint, ttl_s, 0, true),
             answer: Vec::new(),
             id: id.to_owned(),
             ttl_s,
             fingerprint,
+            earlier: true,
         };
         tokens.answer = tokens.answer_token(0);
         tokens
     }
 
+    /// The same tokens, asking to read the earlier layout too or not
+    /// ([`reads_earlier_layout`]).
+    pub fn with_earlier(mut self, earlier: bool) -> Self {
+        self.earlier = earlier;
+        self.claim = token(&self.claim, &self.fingerprint, self.ttl_s, 0, earlier);
+        self.answer = self.answer_token(0);
+        self
+    }
+
     /// The same request asking `fingerprint` instead.
     pub fn with_fingerprint(&self, fingerprint: Fingerprint) -> Self {
         let mut tokens = self.clone();
-        tokens.claim = token(&self.claim, &fingerprint, self.ttl_s, 0);
+        tokens.claim = token(&self.claim, &fingerprint, self.ttl_s, 0, self.earlier);
         tokens.fingerprint = fingerprint;
         tokens.answer = tokens.answer_token(0);
         tokens
@@ -255,7 +286,13 @@ impl Tokens {
         let mut hash = Sha256::new();
         hash.update(self.fingerprint.0);
         hash.update(self.id.as_bytes());
-        token(&hash.finalize(), &self.fingerprint, self.ttl_s, now)
+        token(
+            &hash.finalize(),
+            &self.fingerprint,
+            self.ttl_s,
+            now,
+            self.earlier,
+        )
     }
 }
 

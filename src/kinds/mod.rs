@@ -166,6 +166,9 @@ pub struct Kinds {
     redis: RedisConn,
     scripts: Scripts,
     prefix: String,
+    /// Until when the answer stores' earlier layout is read too
+    /// ([`answer::start_layout`]); always, until set.
+    earlier_until: std::sync::atomic::AtomicU64,
     /// Kind and sub-pool count of each pool id seen. An id never changes
     /// kind (the registry in Postgres enforces one namespace) and a pool
     /// never changes its shards (`pool load` refuses it), so entries never
@@ -180,6 +183,21 @@ pub struct Kinds {
 }
 
 impl Kinds {
+    /// Reads the answer stores' earlier layout until `until` only
+    /// ([`answer::start_layout`]).
+    pub fn read_earlier_layout_until(&self, until: u64) {
+        self.earlier_until
+            .store(until, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether this dispatch's tokens ask to read the earlier layout too.
+    pub(crate) fn reads_earlier_layout(&self) -> bool {
+        answer::reads_earlier_layout(
+            self.earlier_until
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
     /// The dispatch over `redis`, with keys under `prefix`.
     pub fn new(redis: RedisConn, prefix: &str) -> Self {
         let scripts = Scripts::new();
@@ -194,6 +212,7 @@ impl Kinds {
             states: KINDS.iter().map(|k| k.open()).collect(),
             scripts,
             prefix: prefix.to_owned(),
+            earlier_until: std::sync::atomic::AtomicU64::new(u64::MAX),
             kinds: RwLock::new(HashMap::new()),
             meta_fields,
         }
@@ -265,8 +284,7 @@ impl Kinds {
         let mut conn = self.redis.clone();
         // `r.e`: the epochs of the pool's own answer store in the layout
         // before this one, there once an answer was stored under the
-        // pool's id (lua/lib/answer.lua); the store's own `<store>:ep`
-        // below.
+        // pool's id (lua/lib/answer.lua); `ep` (binary) below.
         let values: Vec<Option<String>> = redis::cmd("HMGET")
             .arg(self.keys(id).meta())
             .arg(&self.meta_fields)
@@ -298,8 +316,9 @@ impl Kinds {
             }
         };
         let answered_until = if shards > 1 {
-            let epochs: Option<Vec<u8>> = redis::cmd("GET")
-                .arg(format!("{}:ep", self.keys(id).results()))
+            let epochs: Option<Vec<u8>> = redis::cmd("HGET")
+                .arg(self.keys(id).meta())
+                .arg("ep")
                 .query_async(&mut conn)
                 .await?;
             answer::store_end(epochs.as_deref(), meta.get("r.e"))

@@ -95,7 +95,8 @@ impl Kinds {
     /// `ttl` seconds.
     pub async fn open(&self, req: DrawRequest, ttl: u64) -> Result<Opened, HandleError> {
         let fingerprint = fingerprint("draw", &[&req.pool, &req.user_id, &req.count]);
-        let mut tokens = Tokens::new(&self.prefix, "rq", &req.request_id, fingerprint, ttl);
+        let mut tokens = Tokens::new(&self.prefix, "rq", &req.request_id, fingerprint, ttl)
+            .with_earlier(self.reads_earlier_layout());
         let mut conn = self.redis();
         if answer::claim(&mut conn, self.scripts(), &mut tokens).await? == Claim::Reused {
             return Err(answer::reused("request_id", &req.request_id));
@@ -276,7 +277,8 @@ impl Kinds {
             &grant.grant_id,
             fingerprint,
             lottery::GRANT_TTL_S,
-        );
+        )
+        .with_earlier(self.reads_earlier_layout());
         let mut conn = self.redis();
         if answer::claim(&mut conn, self.scripts(), &mut tokens).await? == Claim::Reused {
             return Err(answer::reused("grant_id", &grant.grant_id));

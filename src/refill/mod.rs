@@ -132,13 +132,7 @@ pub async fn run(
     health: crate::ops::Health,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<()> {
-    let mut redis = crate::redis_conn::connect(&config.redis_url).await?;
-    crate::kinds::answer::start_layout(
-        &mut redis,
-        &config.redis_prefix,
-        config.result_ttl.as_secs(),
-    )
-    .await?;
+    let redis = crate::redis_conn::connect(&config.redis_url).await?;
     let db = crate::db::connect(&config.database_url).await?;
     // Commitments Postgres could not take while it was away reach it from
     // the outbox in Redis once it is back.

@@ -980,11 +980,15 @@ async fn twenty_copies_at_once_of_a_grant_a_grab_and_a_create_act_once() {
     );
     let mut redis = env.redis.clone();
     // Each user's chances are the activity's meta fields `u:<user>`.
-    let meta: HashMap<String, String> = redis::cmd("HGETALL")
+    let meta: HashMap<String, Vec<u8>> = redis::cmd("HGETALL")
         .arg(env.keys("act").meta())
         .query_async(&mut redis)
         .await
         .unwrap();
+    let meta: HashMap<String, String> = meta
+        .into_iter()
+        .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
+        .collect();
     let chances: HashMap<String, i64> = meta
         .iter()
         .filter_map(|(k, v)| Some((k.strip_prefix("u:")?.to_owned(), v.parse().unwrap())))

@@ -24,22 +24,26 @@ use proptest::prelude::*;
 /// Everything a draw may touch, minus the `due` mark and the result keys.
 async fn snapshot(env: &TestEnv, keys: &PoolKeys, day: &str) -> Vec<String> {
     let mut redis = env.redis.clone();
-    let mut meta: BTreeMap<String, String> = redis::cmd("HGETALL")
+    let mut meta: BTreeMap<String, Vec<u8>> = redis::cmd("HGETALL")
         .arg(keys.meta())
         .query_async(&mut redis)
         .await
         .unwrap();
     meta.remove("due");
-    // The answer store's epochs ("<start>:<length>:<buckets>;…"): their
-    // start is the clock when the first answer was stored, which two pools
-    // drawn a moment apart need not share; their geometry must agree.
-    if let Some(epochs) = meta.get_mut("r.e") {
+    // The answer store's epochs (`ep`: start, length, buckets, count, as
+    // big-endian u32 each): their start is the clock when the first answer
+    // was stored, which two pools drawn a moment apart need not share;
+    // their geometry must agree.
+    if let Some(epochs) = meta.get_mut("ep") {
         *epochs = epochs
-            .split(';')
-            .map(|e| e.split_once(':').map_or(e, |(_, rest)| rest))
-            .collect::<Vec<_>>()
-            .join(";");
+            .chunks(16)
+            .flat_map(|e| e.get(4..).unwrap_or_default().to_vec())
+            .collect();
     }
+    let meta: BTreeMap<String, String> = meta
+        .into_iter()
+        .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
+        .collect();
     let mut out = vec![format!("{meta:?}")];
     for list in [keys.queue(), keys.held()] {
         let items: Vec<String> = redis::cmd("LRANGE")

@@ -8,10 +8,10 @@
 //!
 //! | key    | type   | holds |
 //! |--------|--------|-------|
-//! | `meta` | hash   | settings (`unit_price`, `storage`, jackpot rule, `codes`, `config`, `v<version>`) and counters (`gen`, `stocked`, `drawn`, `due`, `spent` (the day's consumption, `"<day>:<amount>"`), `held_n`, the storage's own, stocking lease, fairness record with cached batch starts `hs`/`ns`), and the answer store's epochs (`r.e`): a draw reads them in one `HMGET` and writes in one `HSET` |
+//! | `meta` | hash   | settings (`unit_price`, `storage`, jackpot rule, `codes`, `config`, `v<version>`) and counters (`gen`, `stocked`, `drawn`, `due`, `spent` (the day's consumption, `"<day>:<amount>"`), `held_n`, the storage's own, stocking lease, fairness record with cached batch starts `hs`/`ns`): a draw reads them in one `HMGET` and writes in one `HSET` |
 //! | `held` | list   | gated jackpots, first in line for the first draw that may win them |
 //! | `spent:YYYYMMDD` | string | the day's consumption as an earlier version kept it, read on a day's first draw only |
-//! | `rs:<epoch>:<i>`, `rs:x:<digest>` | string | the answer store: every draw's answer as a record named by 16 bytes of SHA-256 (see [`crate::kinds::answer`], `lua/lib/answer.lua`); an award stored as `"<serial>\|<version>\|<trigger>\|<codes>"`, codes as runs (`lua/lib/award.lua`) |
+//! | `rs:e<epoch>:<i>`, `rs:ep`, `rs:x:<digest>` | hash, string | the answer store: every draw's answer as a record named by 16 bytes of SHA-256 (see [`crate::kinds::answer`], `lua/lib/answer.lua`); an award stored as `"<serial>\|<version>\|<trigger>\|<codes>"`, codes as runs (`lua/lib/award.lua`) |
 //!
 //! Conservation holds at every instant because each Lua step moves counters
 //! together: `stocked = drawn + drawable + len(held)`, where the storage
@@ -278,10 +278,16 @@ pub async fn fair_state<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &PoolKeys,
 ) -> Result<FairState, redis::RedisError> {
-    let meta: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+    // Read as bytes: the answer store's epochs (`ep`) are binary.
+    let meta: std::collections::HashMap<String, Vec<u8>> = redis::cmd("HGETALL")
         .arg(keys.meta())
         .query_async(conn)
         .await?;
+    let meta: std::collections::HashMap<String, String> = meta
+        .into_iter()
+        .filter(|(field, _)| field != "ep")
+        .map(|(field, value)| (field, String::from_utf8_lossy(&value).into_owned()))
+        .collect();
     let record = |text: &str| -> Option<(i64, crate::fairness::Seed)> {
         let (version, seed) = text.split_once('|')?;
         Some((
