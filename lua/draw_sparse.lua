@@ -29,8 +29,8 @@
 
 local m = redis.call('HMGET', KEYS[1], 'kind', 'storage', 'max_index', 'cur', 'unit_price',
   'jackpot_threshold', 'jackpot_codes', 'max_count', 'gen', 'version', 'asset', 'due', 'hgen',
-  'drawn', 'spent', 'held_n', 'hs', 'ns', 'jackpot_min', unpack(STORE_FIELDS))
-local seen = replay_award(KEYS[1], KEYS[7], ARGV[5], m, 20)
+  'drawn', 'spent', 'held_n', 'hs', 'ns', 'jackpot_min', 'mults', 'tally', unpack(STORE_FIELDS))
+local seen = replay_award(KEYS[1], KEYS[7], ARGV[5], m, 22)
 if seen then return seen end
 if m[1] ~= 'lucky_gift' or m[2] ~= 'sparse' then return refuse_unknown(KEYS[7], ARGV[5], ARGV[2], m[1]) end
 local count = tonumber(ARGV[1])
@@ -119,5 +119,5 @@ return draw_award({meta = KEYS[1], result = KEYS[7], spent_key = KEYS[6], token 
   unit_price = unit_price, count = count, spent = spent, trigger = trigger,
   held_n = held_len - plan.from_held + #plan.parked, held_was = m[16],
   codes = codes, origins = origins, from_held = plan.from_held, parked_at = plan.parked_at,
-  read_at = plan.read_at, jackpot_min = m[19],
+  read_at = plan.read_at, jackpot_min = m[19], mults = m[20], tally = m[21],
   track = track, hgen0 = hgen0, next_pos = new_cur, fields = fields})

@@ -231,6 +231,10 @@ pub const METRIC_HELP: &[(&str, &str)] = &[
     ("prizepool_batch_draws_total", "Draws that arrived inside draw.batch messages"),
     ("prizepool_batches_stocked_total", "Lucky-gift batches stocked by the refill worker"),
     ("prizepool_build_info", "Always 1; the version label names the running build"),
+    ("prizepool_completed_batches", "Completed batches (every prize paid, none parked), by lucky-gift pool and the config version the batch was stocked under, read from Redis by the refill worker every 5 s"),
+    ("prizepool_completed_paid_multiplier", "Sum of the multipliers the prizes of completed batches paid (in unit prices), by lucky-gift pool and batch config version, read from Redis by the refill worker every 5 s"),
+    ("prizepool_completed_prizes", "Prizes of completed batches, by lucky-gift pool and batch config version, read from Redis by the refill worker every 5 s"),
+    ("prizepool_configured_rtp", "Configured return to player of a lucky-gift pool's config version (sum of multiplier x stock over sum of stock), read from Redis by the refill worker every 5 s"),
     ("prizepool_draws_per_call", "Draws served by one call of a draw script (coalesced draws of one pool)"),
     ("prizepool_draws_total", "Draws answered, by prize kind and outcome (ok or the refusal's error code)"),
     ("prizepool_group_bodies", "Bodies per grouped message (settle.batch, draw.completed.batch), by type"),
@@ -239,6 +243,7 @@ pub const METRIC_HELP: &[(&str, &str)] = &[
     ("prizepool_handler_panics_total", "Handler panics caught (the delivery is dead-lettered with code internal)"),
     ("prizepool_ledger_entries_total", "Ledger entries written by the settle worker (duplicates not counted)"),
     ("prizepool_messages_total", "Deliveries handled, by queue and outcome (acked, dead_lettered, requeued, rejected)"),
+    ("prizepool_paid_multiplier_total", "Sum of the multipliers of the prizes lucky-gift draws paid (first answers only, in unit prices), by pool and the draw's config version"),
     ("prizepool_pool_batches", "Batches stocked so far, by lucky-gift pool (every sub-pool of a sharded pool together), read by the refill worker every 5 s"),
     ("prizepool_pool_draws_total", "Draws awarded, by pool or activity (every red packet under pool=\"red-packets\")"),
     ("prizepool_pool_paid_total", "What awards paid through the ledger, by pool or activity and asset (red packets under pool=\"red-packets\")"),
@@ -262,6 +267,7 @@ pub const METRIC_HELP: &[(&str, &str)] = &[
     ("prizepool_stalled", "1 while the worker holds deliveries and has answered none for STALL_AFTER_MS while Redis and Postgres answer its pings (/healthz and /readyz fail), else 0"),
     ("prizepool_stalls_total", "Times the worker was found stalled (deliveries in hand, none answered for STALL_AFTER_MS, its servers up)"),
     ("prizepool_urgent_refills_total", "Urgent refills asked by draws that found their pool short"),
+    ("prizepool_version_prizes_drawn_total", "Prizes lucky-gift draws paid (first answers only), by pool and the draw's config version"),
 ];
 
 /// Registers the `# HELP` text of every `prizepool_*` metric.

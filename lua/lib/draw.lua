@@ -16,6 +16,110 @@ local function draw_short(meta_key, gen, due, in_pool)
   return {'short', int(in_pool), gen}
 end
 
+-- The realised return to player (docs/operations.md, "Realised against
+-- configured"): every prize paid is tallied against the batch it came
+-- from, in the pool's meta, and a batch's tally joins its config version's
+-- totals when its seed is revealed (the draw that leaves none of its
+-- prizes in the pool, lib/jackpot.lua), so completed batches are counted
+-- whole, exactly, once. Only first answers reach draw_award, so a replay
+-- tallies nothing. Meta fields:
+--   `mults`          "<m0>,<m1>,...": the multiplier of each code, by code
+--                    (written by every `pool load`; absent: no tally)
+--   `tally`          "<from>|<g>|<prizes>|<paid>": batches from `from` on
+--                    are tallied; batch g is the running one (read and
+--                    written with the draw's own HMGET and HSET, so a draw
+--                    within one batch costs no command more)
+--   `tp:<g>` `tm:<g>` prizes and multipliers paid of another batch still
+--                    open (the batch a draw moved on from, or one whose
+--                    parked jackpots are paid from `held`)
+--   `rtp:<v>`        "<batches>|<prizes>|<paid>" over the completed
+--                    batches of config version v
+-- A pool that had drawn before its first tally starts with its next batch
+-- (the running one is part drawn); batch 0 (stocked before batches were
+-- committed) is never tallied.
+
+-- Tallies the prizes of an award (`codes` with their flat `origins`).
+-- Returns the running tally {from, g, prizes, paid} to write, or nil for a
+-- pool without `mults`.
+local function tally_draw(mults, tally, drawn, hgen0, meta_key, codes, origins)
+  if not mults then return nil end
+  local from, tg, tp, tm = string.match(tally or '', '^(%d+)|(%d+)|(%d+)|(%d+)$')
+  if from then
+    from, tg, tp, tm = tonumber(from), tonumber(tg), tonumber(tp), tonumber(tm)
+  else
+    from = ((tonumber(drawn) or 0) == 0) and 1 or hgen0 + 1
+    tg, tp, tm = 0, 0, 0
+  end
+  local mult, k = {}, 0
+  for x in string.gmatch(mults, '[^,]+') do
+    mult[k] = tonumber(x) or 0
+    k = k + 1
+  end
+  -- Prizes of batches other than the running one, by batch.
+  local others, order, top = {}, {}, tg
+  for i = 1, #codes do
+    local g = origins[2 * i - 1]
+    if g >= from and g > 0 then
+      -- A code past `mults` pays what its decoder says; tallied as 0 it
+      -- shows as a departure, which it is.
+      local m = mult[codes[i]] or 0
+      if g == tg then
+        tp, tm = tp + 1, tm + m
+      else
+        local o = others[g]
+        if not o then
+          o = {0, 0}
+          others[g] = o
+          order[#order + 1] = g
+        end
+        o[1], o[2] = o[1] + 1, o[2] + m
+        if g > top then top = g end
+      end
+    end
+  end
+  if top ~= tg then
+    -- The draw moved on to a newer batch: it runs now, the old one waits
+    -- in `tp:`/`tm:` for its reveal.
+    others[tg] = {tp, tm}
+    order[#order + 1] = tg
+    tg, tp, tm = top, others[top][1], others[top][2]
+    others[top] = nil
+  end
+  for _, g in ipairs(order) do
+    local o = others[g]
+    if o and g > 0 and o[1] > 0 then
+      redis.call('HINCRBY', meta_key, 'tp:' .. int(g), o[1])
+      redis.call('HINCRBY', meta_key, 'tm:' .. int(g), o[2])
+    end
+  end
+  return {from = from, g = tg, prizes = tp, paid = tm}
+end
+
+-- Adds each batch the draw completed (`revealed`: g1, v1, g2, v2, ...) to
+-- its version's totals `rtp:<v>`, taking its tally out of the running one
+-- or `tp:`/`tm:`. Rare: once per batch.
+local function tally_reveals(meta_key, tally, revealed)
+  for k = 1, #revealed, 2 do
+    local g, v = revealed[k], revealed[k + 1]
+    if g >= tally.from then
+      local p, m = 0, 0
+      if g == tally.g then
+        p, m = tally.prizes, tally.paid
+        tally.prizes, tally.paid = 0, 0
+      end
+      local spilt = redis.call('HMGET', meta_key, 'tp:' .. int(g), 'tm:' .. int(g))
+      if spilt[1] then
+        p, m = p + (tonumber(spilt[1]) or 0), m + (tonumber(spilt[2]) or 0)
+        redis.call('HDEL', meta_key, 'tp:' .. int(g), 'tm:' .. int(g))
+      end
+      local b0, p0, m0 = string.match(redis.call('HGET', meta_key, 'rtp:' .. int(v)) or '',
+        '^(%d+)|(%d+)|(%d+)$')
+      redis.call('HSET', meta_key, 'rtp:' .. int(v), int((tonumber(b0) or 0) + 1) .. '|'
+        .. int((tonumber(p0) or 0) + p) .. '|' .. int((tonumber(m0) or 0) + m))
+    end
+  end
+end
+
 -- The last writes of an awarded draw, after the storage's own: the
 -- fairness record, then one HSET of the pool's meta (the serial, the refill
 -- point taken, the day's consumption, the `held` count, the batch pointer
@@ -34,11 +138,20 @@ end
 --   jackpot_min                 meta's `jackpot_min` (raw)
 --   track, hgen0, next_pos      the positions() tracker, meta's `hgen`, and
 --                               the running position after the draw
+--   mults, tally                meta's `mults` and `tally` (raw), for
+--                               tally_draw
 --   fields                      the storage's meta writes (name, value, ...)
 local function draw_award(d)
   local fields = d.fields
+  local tally = tally_draw(d.mults, d.tally, d.drawn, d.hgen0, d.meta, d.codes, d.origins)
   local record, g, p = fair_record(d.meta, d.track, d.hgen0, d.origins, d.from_held, d.parked_at,
     d.next_pos, fields, d.read_at, d.jackpot_min)
+  if tally then
+    if d.track.revealed then tally_reveals(d.meta, tally, d.track.revealed) end
+    fields[#fields + 1] = 'tally'
+    fields[#fields + 1] = int(tally.from) .. '|' .. int(tally.g) .. '|' .. int(tally.prizes) .. '|'
+      .. int(tally.paid)
+  end
   local serial = (tonumber(d.drawn) or 0) + d.count
   fields[#fields + 1] = 'drawn'
   fields[#fields + 1] = int(serial)

@@ -322,6 +322,12 @@ local function reveals_of(meta_key, t, candidates)
         if v then
           reveals[#reveals + 1] = int(g) .. '.' .. v .. '.' .. seed
           redis.call('HSET', meta_key, 'revealed', int(g) .. '|' .. c)
+          -- The batches this draw completed, for the realised RTP
+          -- (lib/draw.lua, tally_reveals): g1, v1, g2, v2, ...
+          local done = t.revealed or {}
+          done[#done + 1] = g
+          done[#done + 1] = tonumber(v)
+          t.revealed = done
         end
         redis.call('HDEL', meta_key, 'c:' .. int(g))
       end

@@ -62,6 +62,75 @@ struct PoolView {
     /// takes its prizes from one sub-pool, so one can run short alone.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     sub_pools: Vec<SubPoolView>,
+    /// Realised against configured return to player.
+    rtp: RtpView,
+}
+
+/// A pool's realised return to player, read from the tally its draws keep
+/// in Redis (`crate::kinds::lucky_gift::rtp`): exact, and current.
+#[derive(Clone, Debug, Serialize)]
+struct RtpView {
+    /// Whether the pool keeps the tally (false for a pool last loaded by
+    /// a version of prizepool that did not: load it again).
+    tallied: bool,
+    /// The first batch tallied.
+    from_batch: Option<u64>,
+    /// Per config version, over its completed batches.
+    versions: Vec<VersionRtp>,
+    /// The batches still open (the running one, and any whose parked
+    /// jackpots wait): what they paid so far.
+    in_progress: InProgress,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct VersionRtp {
+    version: i64,
+    configured_rtp: Option<f64>,
+    completed_batches: u64,
+    completed_prizes: u64,
+    /// Σ multiplier of the completed batches' prizes, in `unit_price`s.
+    completed_paid: u64,
+    realised_rtp: Option<f64>,
+    /// Realised equals configured exactly (as fractions); `null` when
+    /// nothing is completed or the configuration is not known.
+    exact: Option<bool>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct InProgress {
+    batches: Vec<u64>,
+    prizes: u64,
+    paid: u64,
+    rtp: Option<f64>,
+}
+
+impl From<crate::kinds::lucky_gift::rtp::Realised> for RtpView {
+    fn from(r: crate::kinds::lucky_gift::rtp::Realised) -> Self {
+        let open = r.in_progress_total();
+        Self {
+            tallied: r.tallied,
+            from_batch: r.from_batch,
+            versions: r
+                .versions
+                .iter()
+                .map(|(v, f)| VersionRtp {
+                    version: *v,
+                    configured_rtp: f.configured_rtp(),
+                    completed_batches: f.batches,
+                    completed_prizes: f.completed.prizes,
+                    completed_paid: f.completed.paid,
+                    realised_rtp: f.completed.rtp(),
+                    exact: f.exact(),
+                })
+                .collect(),
+            in_progress: InProgress {
+                batches: r.in_progress.keys().copied().collect(),
+                prizes: open.prizes,
+                paid: open.paid,
+                rtp: open.rtp(),
+            },
+        }
+    }
 }
 
 /// One sub-pool of a sharded pool.
@@ -87,7 +156,7 @@ struct SettleView {
 #[derive(Clone, Debug, Serialize)]
 struct Problem {
     /// `no_consumers`, `queue_missing`, `dead_letters`, `dlq_growing`,
-    /// `pool_short`, `settle_lagging`, `postgres_unreachable`.
+    /// `pool_short`, `rtp_departs`, `settle_lagging`, `postgres_unreachable`.
     kind: &'static str,
     /// The queue or pool concerned.
     subject: String,
@@ -258,8 +327,12 @@ async fn pools(
                 in_pool: s.in_pool,
             })
             .collect();
+        let rtp = crate::kinds::lucky_gift::rtp::realised(redis, &config.redis_prefix, &id)
+            .await
+            .with_context(|| format!("reading the realised RTP of pool {id}"))?;
         let s = status.total;
         out.push(PoolView {
+            rtp: rtp.into(),
             sub_pools,
             batches: s.generation,
             stocked: s.stocked,
@@ -355,6 +428,23 @@ fn problems(now: &FleetStatus, before: Option<&FleetStatus>) -> Vec<Problem> {
         }
     }
     for p in &now.pools {
+        for v in p.rtp.versions.iter().filter(|v| v.exact == Some(false)) {
+            add(
+                "rtp_departs",
+                &p.pool,
+                format!(
+                    "version {}: {} completed batches paid {} over {} prizes, realised {} against configured {}: a fault or tampering (prizepool audit verify)",
+                    v.version,
+                    v.completed_batches,
+                    v.completed_paid,
+                    v.completed_prizes,
+                    rtp_text(v.realised_rtp),
+                    rtp_text(v.configured_rtp),
+                ),
+            );
+        }
+    }
+    for p in &now.pools {
         let Some(max_count) = p.max_count else {
             continue;
         };
@@ -420,6 +510,7 @@ fn print(s: &FleetStatus) {
             p.in_pool,
             paid.join(", ")
         );
+        print_rtp(&p.rtp);
     }
     let lag = s
         .settle
@@ -435,4 +526,42 @@ fn print(s: &FleetStatus) {
     for p in &s.problems {
         println!("WRONG {} {}: {}", p.kind, p.subject, p.detail);
     }
+}
+
+/// An RTP as status prints it: six decimals, `-` when unknown.
+fn rtp_text(rtp: Option<f64>) -> String {
+    rtp.map_or("-".to_owned(), |r| format!("{r:.6}"))
+}
+
+/// A pool's realised RTP, a line per version and one for the open batches.
+fn print_rtp(r: &RtpView) {
+    if !r.tallied {
+        println!("  rtp: not tallied (load the pool again to start)");
+        return;
+    }
+    for v in &r.versions {
+        let verdict = match v.exact {
+            Some(true) => "exact",
+            Some(false) => "DEPARTS",
+            None => "-",
+        };
+        println!(
+            "  rtp v{}: configured {}, realised {} over {} completed batches ({} prizes paid {}) {verdict}",
+            v.version,
+            rtp_text(v.configured_rtp),
+            rtp_text(v.realised_rtp),
+            v.completed_batches,
+            v.completed_prizes,
+            v.completed_paid,
+        );
+    }
+    let open = &r.in_progress;
+    let batches: Vec<String> = open.batches.iter().map(u64::to_string).collect();
+    println!(
+        "  rtp in progress: batches [{}]: {} prizes paid {} (realised {})",
+        batches.join(", "),
+        open.prizes,
+        open.paid,
+        rtp_text(open.rtp),
+    );
 }

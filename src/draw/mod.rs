@@ -387,6 +387,16 @@ fn record_pool_metrics(award: &crate::kinds::Award) {
     metrics::counter!("prizepool_pool_draws_total", "pool" => pool.clone()).increment(1);
     metrics::counter!("prizepool_pool_prizes_drawn_total", "pool" => pool.clone())
         .increment(award.prizes_drawn);
+    // Lucky gift: prizes and the multipliers they paid, by the config
+    // version of the draw (the one its reply names), so realised RTP can be
+    // read while a pool runs. Pools are configured and their versions
+    // counted by loads: the labels stay few.
+    if let (Some(total), Some(version)) = (award.result.total_multiplier, award.result.version) {
+        let labels = [("pool", pool.clone()), ("version", version.to_string())];
+        metrics::counter!("prizepool_version_prizes_drawn_total", &labels)
+            .increment(award.prizes_drawn);
+        metrics::counter!("prizepool_paid_multiplier_total", &labels).increment(total);
+    }
     if let Some(entry) = &award.entry {
         let paid = u64::try_from(entry.amount).unwrap_or(0);
         metrics::counter!("prizepool_pool_paid_total", "pool" => pool, "asset" => entry.asset.clone())

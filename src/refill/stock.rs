@@ -3,7 +3,9 @@
 //! `prizepool_pool_batches{pool}` (batches stocked so far), for every
 //! lucky-gift pool in the registry, read every few seconds by the refill
 //! worker like the queue depths ([`crate::amqp::depth`]), so a pool's stock
-//! is on the dashboard beside its draws and payouts.
+//! is on the dashboard beside its draws and payouts. With them, each pool's
+//! realised RTP over completed batches against its configured RTP, per
+//! config version ([`crate::kinds::lucky_gift::rtp::export`]).
 
 use std::time::Duration;
 
@@ -52,8 +54,12 @@ async fn read(db: &PgPool, redis: &mut RedisConn, prefix: &str) -> anyhow::Resul
         };
         metrics::gauge!("prizepool_pool_stock", "pool" => pool.clone())
             .set(status.total.in_pool as f64);
-        metrics::gauge!("prizepool_pool_batches", "pool" => pool)
+        metrics::gauge!("prizepool_pool_batches", "pool" => pool.clone())
             .set(status.total.generation as f64);
+        let realised = crate::kinds::lucky_gift::rtp::realised(redis, prefix, &pool)
+            .await
+            .with_context(|| format!("reading the realised RTP of pool {pool}"))?;
+        crate::kinds::lucky_gift::rtp::export(&pool, &realised);
     }
     Ok(())
 }

@@ -107,14 +107,14 @@ fn every_metric_the_code_names_has_help_text() {
 
 /// The value of the series `name` (its name and labels, as exported) in
 /// the exposition `metrics`.
-fn series(metrics: &str, name: &str) -> Option<f64> {
+pub(crate) fn series(metrics: &str, name: &str) -> Option<f64> {
     metrics
         .lines()
         .find_map(|l| l.strip_prefix(name))
         .and_then(|v| v.trim().parse().ok())
 }
 
-async fn scrape(port: u16) -> String {
+pub(crate) async fn scrape(port: u16) -> String {
     let deadline = tokio::time::Instant::now() + T;
     loop {
         let got = async {

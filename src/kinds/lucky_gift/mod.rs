@@ -8,10 +8,10 @@
 //!
 //! | key    | type   | holds |
 //! |--------|--------|-------|
-//! | `meta` | hash   | settings (`unit_price`, `storage`, jackpot rule, `codes`, `config`, `v<version>`) and counters (`gen`, `stocked`, `drawn`, `due`, `spent` (the day's consumption, `"<day>:<amount>"`), `held_n`, the storage's own, stocking lease, fairness record with cached batch starts `hs`/`ns`): a draw reads them in one `HMGET` and writes in one `HSET` |
+//! | `meta` | hash   | settings (`unit_price`, `storage`, jackpot rule, `codes`, `config`, `v<version>`) and counters (`gen`, `stocked`, `drawn`, `due`, `spent` (the day's consumption, `"<day>:<amount>"`), `held_n`, the storage's own, stocking lease, fairness record with cached batch starts `hs`/`ns`, the realised-RTP tally `mults`/`tally`/`rtp:<v>`, see [`rtp`]), and the answer store's epochs (`ep`, binary): a draw reads them in one `HMGET` and writes in one `HSET` |
 //! | `held` | list   | gated jackpots, first in line for the first draw that may win them |
 //! | `spent:YYYYMMDD` | string | the day's consumption as an earlier version kept it, read on a day's first draw only |
-//! | `rs:e<epoch>:<i>`, `rs:ep`, `rs:x:<digest>` | hash, string | the answer store: every draw's answer as a record named by 16 bytes of SHA-256 (see [`crate::kinds::answer`], `lua/lib/answer.lua`); an award stored as `"<serial>\|<version>\|<trigger>\|<codes>"`, codes as runs (`lua/lib/award.lua`) |
+//! | `rs:e<epoch>:<i>`, `rs:x:<digest>` | hash, string | the answer store: every draw's answer as a record named by 16 bytes of SHA-256 (see [`crate::kinds::answer`], `lua/lib/answer.lua`); an award stored as `"<serial>\|<version>\|<trigger>\|<codes>"`, codes as runs (`lua/lib/award.lua`) |
 //!
 //! Conservation holds at every instant because each Lua step moves counters
 //! together: `stocked = drawn + drawable + len(held)`, where the storage
@@ -62,6 +62,7 @@ pub mod jackpot;
 mod kind;
 pub mod reasons;
 pub mod refill;
+pub mod rtp;
 pub mod scripts;
 mod stocking;
 mod storage;
@@ -159,6 +160,9 @@ pub async fn configure<C: ConnectionLike + Send>(
         .arg("config")
         .arg(serde_json::to_string(config)?);
     for (field, value) in jackpot::meta_fields(config, table) {
+        inv.arg(field).arg(value);
+    }
+    for (field, value) in rtp::meta_fields(config, version, table) {
         inv.arg(field).arg(value);
     }
     let reply: Vec<String> = inv.invoke_async(conn).await?;
