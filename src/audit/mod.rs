@@ -39,6 +39,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 pub use commitments::{pool_refilled, CATCH_UP};
+pub(crate) use recorder::{database_away, keep_in_outbox, mark_database};
 pub use recorder::{
     drain_outbox, keep_draining, sweep_outboxes, PgRecorder, OUTBOX, OUTBOX_INDEX, RECORD_WAIT,
 };
