@@ -10,7 +10,8 @@
 -- KEYS[5]: result key of this request (idempotency)
 -- KEYS[6]: today's PV counter
 -- KEYS[7]: today's UV HyperLogLog
--- KEYS[8]: seeds hash (lottery_seed.lua)
+-- KEYS[8]: seeds hash (lottery_seed.lua; the committed seed a draw uses is
+--          its copy in meta, `seed:<period>`)
 -- ARGV[1]: user id
 -- ARGV[2]: now, unix ms
 -- ARGV[3]: the draw's values, integers in [0, 2^52), comma-separated: values
@@ -62,10 +63,11 @@ if total == 0 then return lottery_refuse(m, 'sold_out') end
 
 -- The values must come from the committed seed of the period `now` is in:
 -- a seed whose commitment is not on record is never used.
-local len = tonumber(redis.call('HGET', KEYS[1], 'seed_period_s')) or 86400
+-- Both were read with the activity (lottery_gate): no command of their own.
+local len = tonumber(m[LOTTERY_PERIOD_AT]) or 86400
 local now_s = math.floor(tonumber(ARGV[2]) / 1000)
 local period = now_s - now_s % len
-local committed = redis.call('HGET', KEYS[8], string.format('%d', period))
+local committed = m[LOTTERY_SEED_AT]
 if tonumber(ARGV[7]) ~= period or not committed or string.sub(committed, 1, 64) ~= ARGV[8] then
   return {'short', '0', period}
 end

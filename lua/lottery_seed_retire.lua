@@ -4,6 +4,7 @@
 -- is retired too: its commitment may be on record.
 --
 -- KEYS[1]: activity seeds hash (lottery_seed.lua)
+-- KEYS[2]: activity meta hash (its copy `seed:<period>` of a committed seed)
 -- ARGV[1]: the start of the oldest period still open, unix seconds: every
 --          period before it is over, and no seed is chosen for it any more
 -- Returns: {"ok", number of seeds retired}
@@ -21,6 +22,7 @@ for i = 1, #all, 2 do
   if period and tonumber(period) < open then
     redis.call('HSET', KEYS[1], 'r:' .. period, value)
     redis.call('HDEL', KEYS[1], field)
+    redis.call('HDEL', KEYS[2], 'seed:' .. period)
     moved = moved + 1
   end
 end

@@ -275,6 +275,7 @@ pub async fn commit<C: ConnectionLike + Send>(
     record_or_keep(db, outbox, prefix, &c).await?;
     let (status, _): (String, String) = lua::LOTTERY_SEED_COMMIT
         .key(keys.lottery_seeds())
+        .key(keys.meta())
         .arg(period)
         .arg(&c.commitment)
         .invoke_async(conn)
@@ -368,6 +369,7 @@ pub async fn reveal_ended(
     }
     let _: (String, u64) = lua::LOTTERY_SEED_RETIRE
         .key(keys.lottery_seeds())
+        .key(keys.meta())
         .arg(open)
         .invoke_async(&mut conn)
         .await?;
