@@ -3,8 +3,9 @@
 -- awarded, then the consolation prize when every prize is gone.
 -- Prepended by lib/answer.lua and lib/lottery.lua.
 --
--- KEYS and ARGV as in draw_wheel.lua (ARGV[3], the random values, is unused:
--- the ladder is deterministic).
+-- KEYS and ARGV as in draw_wheel.lua (ARGV[3], ARGV[7], ARGV[8] and KEYS[8],
+-- the values and the seed they came from, are unused: the ladder is
+-- deterministic).
 -- Returns: {"ok", "<serial>|<prize>|<chances left>", 0}, {"dup", body, 0}, {"reused", "", 0},
 --          {"refused", code, 0} for unknown_pool, not_started, ended, no_chances, sold_out
 

@@ -10,15 +10,23 @@
 -- KEYS[5]: result key of this request (idempotency)
 -- KEYS[6]: today's PV counter
 -- KEYS[7]: today's UV HyperLogLog
+-- KEYS[8]: seeds hash (lottery_seed.lua; the committed seed a draw uses is
+--          its copy in meta, `seed:<period>`)
 -- ARGV[1]: user id
 -- ARGV[2]: now, unix ms
--- ARGV[3]: random integers in [0, 2^52) from the caller, comma-separated
+-- ARGV[3]: the draw's values, integers in [0, 2^52), comma-separated: values
+--          k .. k+3 derived from the period's seed (docs/fairness.md, Lotteries)
 -- ARGV[4]: result TTL, seconds
 -- ARGV[5]: PV/UV TTL, seconds
 -- ARGV[6]: the request's answer token (lib/answer.lua)
+-- ARGV[7]: the start of the seed period of ARGV[2] (unix seconds), whose
+--          seed the values came from
+-- ARGV[8]: that seed's commitment (64 hex digits)
 -- Returns: {status, text, 0}:
---          {"ok", "<serial>~<value>;<prize>:<weight>,...|<prize>|<chances left>", 0}
---          (the random value used and the weights it was read against),
+--          {"ok", "<serial>~<value>;<prize>:<weight>,...;<period>|<prize>|<chances left>", 0}
+--          (the value used, the weights it was read against, the period),
+--          {"short", "0", <period>} when the period's seed is not committed
+--          (or is another one): nothing changed; commit it and call again,
 --          {"dup", body, 0}, {"reused", "", 0},
 --          {"refused", code, 0} for unknown_pool, not_started, ended, no_chances, sold_out,
 --          {"retry", "", 0} when every random value fell in the rejected tail
@@ -53,6 +61,17 @@ end
 -- Every prize is gone and there is no consolation: no chance is spent.
 if total == 0 then return lottery_refuse(m, 'sold_out') end
 
+-- The values must come from the committed seed of the period `now` is in:
+-- a seed whose commitment is not on record is never used.
+-- Both were read with the activity (lottery_gate): no command of their own.
+local len = tonumber(m[LOTTERY_PERIOD_AT]) or 86400
+local now_s = math.floor(tonumber(ARGV[2]) / 1000)
+local period = now_s - now_s % len
+local committed = m[LOTTERY_SEED_AT]
+if tonumber(ARGV[7]) ~= period or not committed or string.sub(committed, 1, 64) ~= ARGV[8] then
+  return {'short', '0', period}
+end
+
 local SPAN = 4503599627370496 -- 2^52
 local limit = SPAN - (SPAN % total)
 local r, value = nil, nil
@@ -68,4 +87,5 @@ for i = 1, #ids do
   if r < weights[i] then pick = i break end
   r = r - weights[i]
 end
-return lottery_award(m, chances, c, ids[pick], pick <= finite, int(value) .. ';' .. table.concat(candidates, ','))
+return lottery_award(m, chances, c, ids[pick], pick <= finite,
+  int(value) .. ';' .. table.concat(candidates, ',') .. ';' .. int(period))

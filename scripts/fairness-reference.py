@@ -7,6 +7,13 @@ document alone, for cross-checking prizepool's own (src/fairness.rs).
     fairness-reference.py SEED_HEX POOL GENERATION VERSION COMBOS_JSON
         prints the lucky-gift batch of COMBOS_JSON ([[[multiplier, count], ...], ...])
         as [[combo index, [multiplier, ...]], ...].
+    fairness-reference.py lottery SEED_HEX ACTIVITY PERIOD REQUEST_ID WEIGHTS_JSON
+        prints the lottery draw of REQUEST_ID in the seed period starting at
+        PERIOD (unix seconds) over WEIGHTS_JSON ([weight, ...], the candidates
+        in the order the draw walked them) as {"commitment", "context", "key",
+        "words" (the first 4 keystream words), "values" (their top 52 bits),
+        "value" (the first accepted), "index" (of the value), "pick" (the
+        candidate, counting from 0)}.
 """
 import hashlib
 import hmac
@@ -64,7 +71,42 @@ class Stream:
             a[i], a[j] = a[j], a[i]
 
 
+def lottery(seed, activity, period, request_id, weights):
+    """docs/fairness.md, "Lotteries": values are the top 52 bits of the
+    keystream words of the draw's context; the first below the largest
+    multiple of the total weight under 2^52 is used, modulo the total."""
+    context = f"prizepool/lottery/v1\n{activity}\n{period}\n{request_id}"
+    stream = Stream(seed, context)
+    total = sum(weights)
+    limit = 2**52 - (2**52 % total)
+    words, values, k = [], [], 0
+    while True:
+        word = stream.next_u64()
+        words.append(word)
+        values.append(word >> 12)
+        if values[-1] < limit:
+            break
+        k += 1
+    value, r = values[k], values[k] % total
+    pick = 0
+    while r >= weights[pick]:
+        r -= weights[pick]
+        pick += 1
+    while len(words) < 4:
+        words.append(stream.next_u64())
+        values.append(words[-1] >> 12)
+    return {"commitment": hashlib.sha256(seed).hexdigest(), "context": context,
+            "key": stream.key.hex(), "words": words[:4], "values": values[:4],
+            "value": value, "index": k, "pick": pick}
+
+
 def main(args):
+    if args[0] == "lottery":
+        seed = bytes.fromhex(args[1])
+        assert len(seed) == 32
+        out = lottery(seed, args[2], int(args[3]), args[4], json.loads(args[5]))
+        print(json.dumps(out))
+        return
     seed = bytes.fromhex(args[0])
     assert len(seed) == 32
     if len(args) == 3:

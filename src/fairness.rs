@@ -78,6 +78,50 @@ pub fn lucky_gift_context(pool: &str, generation: u64, version: i64) -> String {
     format!("prizepool/lucky_gift/v1\n{pool}\n{generation}\n{version}")
 }
 
+/// The context of the draw of request `request_id` of lottery `activity`
+/// in the seed period starting at `period` (unix seconds).
+pub fn lottery_context(activity: &str, period: u64, request_id: &str) -> String {
+    format!("prizepool/lottery/v1\n{activity}\n{period}\n{request_id}")
+}
+
+/// How many bits of each keystream word a lottery value keeps: the top 52
+/// (Lua numbers are doubles, exact below 2^53).
+pub const LOTTERY_VALUE_BITS: u32 = 52;
+
+/// The lottery values `from .. from + n` of a draw (`docs/fairness.md`,
+/// "Lotteries"): value `k` is the top 52 bits of keystream word `k` of
+/// the draw's context, counting from 0.
+pub fn lottery_values(seed: &Seed, context: &str, from: usize, n: usize) -> Vec<u64> {
+    let mut stream = seed.stream(context);
+    (0..from + n)
+        .map(|_| stream.next_u64() >> (64 - LOTTERY_VALUE_BITS))
+        .skip(from)
+        .collect()
+}
+
+/// The pick of a lottery draw from its values and its candidates' weights
+/// (in the order the draw walked them): the first value below the largest
+/// multiple of the total weight that fits in 2^52 (rejection: no modulo
+/// bias), and the index of the candidate where `value mod total` falls.
+/// `None` when every weight is zero or every value is rejected.
+pub fn lottery_pick(values: &[u64], weights: &[u64]) -> Option<(u64, usize)> {
+    let total = weights.iter().try_fold(0u64, |a, w| a.checked_add(*w))?;
+    let span = 1u64 << LOTTERY_VALUE_BITS;
+    if total == 0 || total > span {
+        return None;
+    }
+    let limit = span - span % total;
+    let value = *values.iter().find(|v| **v < limit)?;
+    let mut r = value % total;
+    for (i, w) in weights.iter().enumerate() {
+        if r < *w {
+            return Some((value, i));
+        }
+        r -= w;
+    }
+    None
+}
+
 /// A ChaCha20 keystream read as little-endian `u64`s.
 pub struct Stream(ChaCha20Rng);
 

@@ -23,6 +23,11 @@ local LOTTERY_FIELDS = {'kind', 'starts_at', 'ends_at', 'prizes', 'consolation',
 local LOTTERY_STORE_AT = 10
 -- Then the user's `u:<user>`.
 local LOTTERY_USER_AT = LOTTERY_STORE_AT + #STORE_FIELDS
+-- Then the activity's seed period length and the committed seed of period
+-- ARGV[7] (`seed:<period>`, a copy lottery_seed_commit.lua keeps in meta so
+-- a draw reads it with the rest): a seeded strategy's.
+local LOTTERY_PERIOD_AT = LOTTERY_USER_AT + 1
+local LOTTERY_SEED_AT = LOTTERY_USER_AT + 2
 
 -- Meta's `c` as a table: `left` and `awarded` by prize id, `order` the ids
 -- in the field's order.
@@ -125,12 +130,15 @@ end
 -- The checks every strategy shares, before its pick: the request's stored
 -- answer, the activity, its window and the user's chances. Returns the
 -- activity's meta (LOTTERY_FIELDS, then the store's, then `u:<user>`) and
--- the user's chances, or nil and the reply to give (a replay, or a
+-- the user's chances (then the period length and the committed seed of
+-- period ARGV[7]), or nil and the reply to give (a replay, or a
 -- remembered refusal).
 local function lottery_gate()
   local fields = {unpack(LOTTERY_FIELDS)}
   for _, f in ipairs(STORE_FIELDS) do fields[#fields + 1] = f end
   fields[#fields + 1] = 'u:' .. ARGV[1]
+  fields[#fields + 1] = 'seed_period_s'
+  fields[#fields + 1] = 'seed:' .. (ARGV[7] or '')
   local m = redis.call('HMGET', KEYS[1], unpack(fields))
   local seen = replay(KEYS[5], ARGV[6], m, LOTTERY_STORE_AT)
   if seen then return nil, seen end

@@ -21,6 +21,7 @@
 
 mod commitments;
 pub mod incoming;
+mod lottery;
 mod recorder;
 mod records;
 mod verify;
@@ -39,6 +40,8 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 pub use commitments::{pool_refilled, CATCH_UP};
+pub use lottery::{is_activity, verify_activity, LotteryMismatch, LotteryVerdict, PeriodVerdict};
+pub(crate) use recorder::{database_away, keep_in_outbox, mark_database};
 pub use recorder::{
     drain_outbox, keep_draining, sweep_outboxes, PgRecorder, OUTBOX, OUTBOX_INDEX, RECORD_WAIT,
 };

@@ -110,30 +110,12 @@ impl<'a> PgRecorder<'a> {
                 return;
             }
         };
-        let mut conn = redis.clone();
-        let kept: Result<(), redis::RedisError> = redis::cmd("HSET")
-            .arg(PoolKeys::new(prefix, &c.pool).fair_outbox())
-            .arg(c.generation)
-            .arg(json)
-            .query_async(&mut conn)
-            .await;
-        match kept {
+        match keep_in_outbox(redis, prefix, &c.pool, &c.generation.to_string(), &json).await {
             Ok(()) => {
                 tracing::info!(
                     pool = %c.pool, generation = c.generation,
                     "commitment kept in the pool's Redis outbox until Postgres is back"
                 );
-                let indexed: Result<(), redis::RedisError> = redis::cmd("SADD")
-                    .arg(format!("{prefix}{OUTBOX_INDEX}"))
-                    .arg(&c.pool)
-                    .query_async(&mut conn)
-                    .await;
-                if let Err(e) = indexed {
-                    tracing::warn!(
-                        pool = %c.pool, generation = c.generation, error = %e,
-                        "the outbox index is not reachable; the next sweep of the pools' outboxes finds the commitment"
-                    );
-                }
             }
             // Stocking goes on through the same Redis: it fails and is tried
             // again (recording again) if Redis is away.
@@ -148,34 +130,14 @@ impl<'a> PgRecorder<'a> {
 impl Recorder for PgRecorder<'_> {
     async fn record(&self, c: &Commitment) {
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(c.clone());
-        let options = self.db.connect_options();
-        let database = format!(
-            "{}:{}/{}",
-            options.get_host(),
-            options.get_port(),
-            options.get_database().unwrap_or_default()
-        );
-        let away = |until: Option<std::time::Instant>| {
-            let mut all = AWAY_UNTIL.lock().unwrap_or_else(|e| e.into_inner());
-            let now = std::time::Instant::now();
-            all.retain(|(d, t)| *d != database && *t > now);
-            if let Some(until) = until {
-                all.push((database.clone(), until));
-            }
-        };
-        let skip = AWAY_UNTIL
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .any(|(d, until)| *d == database && std::time::Instant::now() < *until);
-        if skip {
+        if database_away(self.db) {
             tracing::debug!(pool = %c.pool, generation = c.generation, "Postgres was away a moment ago");
             return self.keep(c).await;
         }
         match tokio::time::timeout(RECORD_WAIT, record_batch(self.db, c)).await {
-            Ok(Ok(())) => away(None),
+            Ok(Ok(())) => mark_database(self.db, false),
             Ok(Err(e)) => {
-                away(Some(std::time::Instant::now() + AWAY_FOR));
+                mark_database(self.db, true);
                 tracing::warn!(
                     pool = %c.pool, generation = c.generation, error = %e,
                     "commitment not recorded in Postgres yet"
@@ -183,12 +145,78 @@ impl Recorder for PgRecorder<'_> {
                 self.keep(c).await;
             }
             Err(_) => {
-                away(Some(std::time::Instant::now() + AWAY_FOR));
+                mark_database(self.db, true);
                 tracing::warn!(pool = %c.pool, generation = c.generation, "Postgres is slow");
                 self.keep(c).await;
             }
         }
     }
+}
+
+/// The database's name in [`AWAY_UNTIL`]: host, port and database.
+fn database_of(db: &PgPool) -> String {
+    let options = db.connect_options();
+    format!(
+        "{}:{}/{}",
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or_default()
+    )
+}
+
+/// Whether commitments skip `db` now: it failed to take one less than
+/// [`AWAY_FOR`] ago.
+pub(crate) fn database_away(db: &PgPool) -> bool {
+    let database = database_of(db);
+    AWAY_UNTIL
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .any(|(d, until)| *d == database && std::time::Instant::now() < *until)
+}
+
+/// Notes that `db` took a commitment (`away` false) or failed to (then
+/// commitments skip it for [`AWAY_FOR`]).
+pub(crate) fn mark_database(db: &PgPool, away: bool) {
+    let database = database_of(db);
+    let mut all = AWAY_UNTIL.lock().unwrap_or_else(|e| e.into_inner());
+    let now = std::time::Instant::now();
+    all.retain(|(d, t)| *d != database && *t > now);
+    if away {
+        all.push((database, now + AWAY_FOR));
+    }
+}
+
+/// Keeps `json` under `field` in the outbox of `pool` (its own slot) and
+/// names the pool in the index; an index that cannot be written is logged
+/// (the sweep finds the outbox). The outbox's own write is the one that
+/// counts: its error is returned.
+pub(crate) async fn keep_in_outbox(
+    redis: &RedisConn,
+    prefix: &str,
+    pool: &str,
+    field: &str,
+    json: &str,
+) -> Result<(), redis::RedisError> {
+    let mut conn = redis.clone();
+    redis::cmd("HSET")
+        .arg(PoolKeys::new(prefix, pool).fair_outbox())
+        .arg(field)
+        .arg(json)
+        .query_async::<()>(&mut conn)
+        .await?;
+    let indexed: Result<(), redis::RedisError> = redis::cmd("SADD")
+        .arg(format!("{prefix}{OUTBOX_INDEX}"))
+        .arg(pool)
+        .query_async(&mut conn)
+        .await;
+    if let Err(e) = indexed {
+        tracing::warn!(
+            %pool, %field, error = %e,
+            "the outbox index is not reachable; the next sweep of the pools' outboxes finds the commitment"
+        );
+    }
+    Ok(())
 }
 
 /// Writes the commitments kept under `prefix` to Postgres and takes each
@@ -226,11 +254,11 @@ pub async fn drain_outbox(db: &PgPool, redis: &RedisConn, prefix: &str) -> anyho
     Ok(written)
 }
 
-/// Writes the commitments in the outbox of every lucky-gift pool Postgres
-/// knows (each sub-pool of a sharded one) to Postgres, index or not; the
-/// number written.
+/// Writes the commitments in the outbox of every lucky-gift pool and
+/// lottery activity Postgres knows (each sub-pool of a sharded pool) to
+/// Postgres, index or not; the number written.
 pub async fn sweep_outboxes(db: &PgPool, redis: &RedisConn, prefix: &str) -> anyhow::Result<usize> {
-    let pools: Vec<(String, Option<i64>)> = sqlx::query_as(
+    let mut pools: Vec<(String, Option<i64>)> = sqlx::query_as(
         "SELECT DISTINCT v.pool_id, (v.config->>'shards')::bigint
            FROM pool_versions v JOIN pools p ON p.id = v.pool_id
           WHERE p.kind = $1",
@@ -238,6 +266,11 @@ pub async fn sweep_outboxes(db: &PgPool, redis: &RedisConn, prefix: &str) -> any
     .bind(crate::kinds::lucky_gift::KIND)
     .fetch_all(db)
     .await?;
+    let activities: Vec<String> = sqlx::query_scalar("SELECT id FROM pools WHERE kind = $1")
+        .bind(crate::kinds::lottery::KIND)
+        .fetch_all(db)
+        .await?;
+    pools.extend(activities.into_iter().map(|a| (a, None)));
     let mut written = 0;
     for (pool, shards) in pools {
         let shards = u32::try_from(shards.unwrap_or(1)).map_or(1, |k| {
@@ -268,6 +301,26 @@ async fn drain_hash(db: &PgPool, redis: &RedisConn, key: &str) -> anyhow::Result
         .await?;
     let mut written = 0;
     for (field, json) in kept {
+        if field.starts_with(crate::kinds::lottery::seeds::OUTBOX_FIELD) {
+            // A lottery period's commitment (the activity's own outbox).
+            match serde_json::from_str::<crate::kinds::lottery::seeds::SeedCommitment>(&json) {
+                Ok(c) => {
+                    if !crate::kinds::lottery::seeds::record_commitment(db, &c).await? {
+                        tracing::error!(%key, %field, "another commitment is recorded for this period; the outbox's is dropped");
+                    }
+                    written += 1;
+                }
+                Err(e) => {
+                    tracing::error!(%key, %field, error = %e, "a commitment in the outbox that does not read; dropped")
+                }
+            }
+            redis::cmd("HDEL")
+                .arg(key)
+                .arg(&field)
+                .query_async::<()>(&mut conn)
+                .await?;
+            continue;
+        }
         match serde_json::from_str::<Commitment>(&json) {
             Ok(c) => {
                 record_batch(db, &c).await?;
@@ -303,6 +356,17 @@ pub async fn keep_draining(
 ) {
     let mut round = 0u32;
     loop {
+        if round.is_multiple_of(SWEEP_EVERY) {
+            // Lottery periods that ended with no draw after them (an
+            // activity over) are revealed here.
+            match crate::kinds::lottery::seeds::reveal_every_activity(&db, &redis, &prefix).await {
+                Ok(n) if n > 0 => tracing::info!(seeds = n, "lottery seeds revealed"),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(error = format!("{e:#}"), "lottery seeds not revealed yet")
+                }
+            }
+        }
         let drained = if round.is_multiple_of(SWEEP_EVERY) {
             sweep_outboxes(&db, &redis, &prefix).await
         } else {

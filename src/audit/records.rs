@@ -64,6 +64,25 @@ pub(super) async fn record_draws_of<'a>(
     for result in results {
         rows.push(result);
     }
+    if !rows.lottery.activities.is_empty() {
+        let l = &rows.lottery;
+        sqlx::query(
+            "INSERT INTO fair_lottery_draws (activity, serial, request_id, user_id, period, value, weights, prize)
+             SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::bigint[],
+                                  $6::bigint[], $7::jsonb[], $8::text[])
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(&l.activities)
+        .bind(&l.serials)
+        .bind(&l.request_ids)
+        .bind(&l.users)
+        .bind(&l.periods)
+        .bind(&l.values)
+        .bind(&l.weights)
+        .bind(&l.prizes)
+        .execute(db)
+        .await?;
+    }
     if rows.reveal_pools.is_empty() && rows.pools.is_empty() {
         return Ok(());
     }
@@ -111,6 +130,41 @@ struct Rows<'a> {
     prizes: Vec<Option<Json<PrizesRecord<'a>>>>,
     runs: Vec<Option<Json<&'a [crate::messages::PrizeRun]>>>,
     held_back: Vec<Option<Json<HeldBackRecord<'a>>>>,
+    lottery: LotteryRows<'a>,
+}
+
+/// The `fair_lottery_draws` rows of a group: seeded lottery draws.
+#[derive(Default)]
+struct LotteryRows<'a> {
+    activities: Vec<&'a str>,
+    serials: Vec<i64>,
+    request_ids: Vec<&'a str>,
+    users: Vec<i64>,
+    periods: Vec<i64>,
+    values: Vec<i64>,
+    weights: Vec<Json<&'a [crate::messages::PrizeWeight]>>,
+    prizes: Vec<&'a str>,
+}
+
+/// What `fair_lottery_draws` keeps of a seeded lottery draw: activity,
+/// user, serial, period, the pick and the prize; `None` for other results.
+fn lottery_record(
+    result: &DrawResult,
+) -> Option<(&str, i64, i64, u64, &crate::messages::LotteryPick, &str)> {
+    let (Status::Ok, Some(activity), Some(user), Some(serial), Some(pick)) = (
+        result.status,
+        result.pool.as_deref(),
+        result.user_id,
+        result.serial,
+        result.pick.as_ref(),
+    ) else {
+        return None;
+    };
+    let period = pick.period?;
+    let [crate::messages::Prize::Item { prize, .. }] = result.prizes.as_slice() else {
+        return None;
+    };
+    Some((activity, user, serial, period, pick, prize.as_str()))
 }
 
 /// `fair_draws.held_back` of a full record: the positions held back, as
@@ -127,6 +181,18 @@ enum HeldBackRecord<'a> {
 impl<'a> Rows<'a> {
     /// Adds what `result` records: nothing unless it is a lucky-gift award.
     fn push(&mut self, result: &'a DrawResult) {
+        if let Some((activity, user, serial, period, pick, prize)) = lottery_record(result) {
+            let l = &mut self.lottery;
+            l.activities.push(activity);
+            l.serials.push(serial);
+            l.request_ids.push(&result.request_id);
+            l.users.push(user);
+            l.periods.push(period as i64);
+            l.values.push(pick.value as i64);
+            l.weights.push(Json(&pick.weights));
+            l.prizes.push(prize);
+            return;
+        }
         let Some((pool, user, serial, version)) = recordable(result) else {
             return;
         };
@@ -238,7 +304,9 @@ enum PrizesRecord<'a> {
 
 /// Whether `result` leaves anything in the trail: a draw or a seed.
 pub(super) fn records_anything(result: &DrawResult) -> bool {
-    recordable(result).is_some() && !(result.positions.is_empty() && result.revealed.is_empty())
+    lottery_record(result).is_some()
+        || recordable(result).is_some()
+            && !(result.positions.is_empty() && result.revealed.is_empty())
 }
 
 /// The pool, user, serial and config version of a draw the trail records

@@ -20,6 +20,15 @@ pub(super) enum AuditCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Reveal the seeds of a lottery activity's periods that are over
+    /// (the refill worker does it too, within minutes) and print them
+    /// (docs/fairness.md, Lotteries). The current period's seed stays
+    /// secret.
+    Reveal {
+        activity: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// Check a closed red packet: its revealed split against the commitment
     /// its create answered, every grab the ledger paid against its share,
     /// and the refund (docs/fairness.md). Exits 1 when something does not hold.
@@ -38,6 +47,9 @@ pub(super) async fn run(config: &Config, command: AuditCommand) -> anyhow::Resul
             generation,
             json,
         } => (pool, generation, json),
+        AuditCommand::Reveal { activity, json } => {
+            return reveal(config, &db, &activity, json).await;
+        }
         AuditCommand::Packet { packet_id, json } => {
             let verdict = crate::kinds::red_packet::fair::verify(&db, &packet_id)
                 .await
@@ -60,6 +72,9 @@ pub(super) async fn run(config: &Config, command: AuditCommand) -> anyhow::Resul
             return Ok(());
         }
     };
+    if generation.is_none() && crate::audit::is_activity(&db, &pool).await? {
+        return verify_activity(&db, &pool, json).await;
+    }
     if !pool_known(&db, &pool).await? {
         // Nothing to verify is no verdict: an operator who mistyped a pool
         // id must not read "ok".
@@ -143,4 +158,84 @@ fn print_verdict(verdict: &crate::audit::Verdict) {
         }
     }
     println!("verdict: {}", if verdict.ok { "ok" } else { "MISMATCH" });
+}
+
+/// `audit verify ACTIVITY`: every recorded period and draw of a lottery
+/// activity; exits 1 on a mismatch.
+async fn verify_activity(db: &sqlx::PgPool, activity: &str, json: bool) -> anyhow::Result<()> {
+    let verdict = crate::audit::verify_activity(db, activity)
+        .await
+        .context("reading the audit trail")?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&verdict)?);
+    } else {
+        if verdict.periods.is_empty() {
+            println!("activity {activity}: no committed period recorded");
+        }
+        for p in &verdict.periods {
+            let commitment = p.commitment.as_deref().unwrap_or("(none recorded)");
+            match p.status {
+                "unrevealed" => println!(
+                    "period {}: unrevealed (commitment {commitment}); it can be checked once its seed is revealed",
+                    p.period
+                ),
+                "ok" => println!(
+                    "period {}: ok: seed {} matches commitment {commitment}; {} draws checked",
+                    p.period,
+                    p.seed.as_deref().unwrap_or_default(),
+                    p.draws_checked
+                ),
+                _ => println!(
+                    "period {}: MISMATCH: {}",
+                    p.period,
+                    p.first_mismatch
+                        .as_ref()
+                        .map(ToString::to_string)
+                        .unwrap_or_default()
+                ),
+            }
+        }
+        println!("verdict: {}", if verdict.ok { "ok" } else { "MISMATCH" });
+    }
+    if !verdict.ok {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// `audit reveal ACTIVITY`: reveals the periods that are over and prints
+/// every revealed seed of the activity.
+async fn reveal(
+    config: &Config,
+    db: &sqlx::PgPool,
+    activity: &str,
+    json: bool,
+) -> anyhow::Result<()> {
+    let redis = crate::redis_conn::connect(&config.redis_url).await?;
+    let now = crate::scripts::now_ms();
+    let revealed =
+        crate::kinds::lottery::seeds::reveal_ended(db, &redis, &config.redis_prefix, activity, now)
+            .await
+            .map_err(|e| anyhow::anyhow!("revealing the seeds of {activity}: {e}"))?;
+    let seeds: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT period, seed FROM fair_lottery_reveals WHERE activity = $1 ORDER BY period",
+    )
+    .bind(activity)
+    .fetch_all(db)
+    .await?;
+    if json {
+        let seeds: Vec<_> = seeds
+            .iter()
+            .map(|(period, seed)| serde_json::json!({"period": period, "seed": seed}))
+            .collect();
+        let out =
+            serde_json::json!({"activity": activity, "revealed_now": revealed, "seeds": seeds});
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!("activity {activity}: {revealed} seeds revealed now");
+        for (period, seed) in seeds {
+            println!("period {period}: seed {seed}");
+        }
+    }
+    Ok(())
 }

@@ -140,8 +140,13 @@ impl DrawWorker {
                 return self.answer(draw.request(), step);
             };
             if asked != Some(generation) {
-                self.ask_refill(draw.ask().pool, generation, publisher)
-                    .await?;
+                self.ask_refill(
+                    draw.kind().short_message(),
+                    draw.ask().pool,
+                    generation,
+                    publisher,
+                )
+                .await?;
                 asked = Some(generation);
             }
             if waiting.is_none() {
@@ -181,11 +186,14 @@ impl DrawWorker {
         }
     }
 
-    /// Asks for batch `generation + 1` of `pool` now, unless this worker
-    /// asked for it within the short-pool wait; the refill worker stocks one
-    /// batch per trigger however often it is asked.
+    /// Asks for batch `generation + 1` of `pool` now (for a lottery, with
+    /// `message` `lottery.seed`: the commitment of the seed of period
+    /// `generation`), unless this worker asked for it within the short-pool
+    /// wait; the refill worker stocks one batch per trigger however often
+    /// it is asked.
     async fn ask_refill(
         &self,
+        message: &'static str,
         pool: &str,
         generation: u64,
         publisher: &Publisher,
@@ -211,7 +219,7 @@ impl DrawWorker {
         publisher
             .publish(Outgoing::work_raw(
                 amqp::REFILL.routing_key,
-                typed_json("refill", &refill),
+                typed_json(message, &refill),
             ))
             .await?;
         metrics::counter!("prizepool_urgent_refills_total").increment(1);

@@ -137,6 +137,12 @@ impl Kind {
     pub fn label(self) -> &'static str {
         self.draw.label()
     }
+
+    /// What a short draw of this kind asks the refill worker for
+    /// ([`registry::Draw::short_message`]).
+    pub fn short_message(self) -> &'static str {
+        self.draw.short_message()
+    }
 }
 
 /// Most pool ids whose kind a worker remembers; past it the memory starts

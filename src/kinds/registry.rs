@@ -93,6 +93,14 @@ pub trait Draw: std::fmt::Debug + Send + Sync {
         asks: &'a [Ask<'a>],
     ) -> BoxFuture<'a, Vec<Result<Step, HandleError>>>;
 
+    /// The `type` of the message a short draw asks the refill worker for
+    /// ([`super::Step::Short`]): the next batch (`refill`), or for a lottery
+    /// the commitment of the period's seed (`lottery.seed`). Its body is a
+    /// [`crate::messages::RefillRequest`].
+    fn short_message(&self) -> &'static str {
+        "refill"
+    }
+
     /// The Lua call one draw step makes for `ask`, with the same keys and
     /// arguments, but nothing around it (`prizepool bench`).
     fn script_call(&self, keys: &PoolKeys, ask: &Ask<'_>) -> ScriptInvocation<'static>;

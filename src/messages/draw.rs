@@ -101,8 +101,10 @@ pub struct DrawResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous: Option<Prize>,
     /// Lucky gift: how many prizes the pool (or its sub-pool) has given
-    /// out, this draw's included: it counts prizes, not draws. The serial
-    /// of the draw's ledger entry id; names the draw for ever.
+    /// out, this draw's included: it counts prizes, not draws. Lottery: how
+    /// many awards the activity has made, this one included (one per
+    /// draw). The serial of the draw's ledger entry id; names the draw for
+    /// ever.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serial: Option<i64>,
     /// Lucky gift: the config version the draw used.
@@ -157,14 +159,19 @@ impl DrawResult {
     }
 }
 
-/// The random pick of a lottery draw: `value` (uniform in `[0, 2^52)`,
-/// below the largest multiple of the total weight) and the candidates it
-/// was read against, in order. The prize is the candidate where
+/// The random pick of a lottery draw: `value` (derived from the period's
+/// committed seed, in `[0, 2^52)`, below the largest multiple of the total
+/// weight) and the candidates it was read against, in order. The prize is the candidate where
 /// `value mod total` falls when the weights are laid end to end.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct LotteryPick {
     pub value: u64,
     pub weights: Vec<PrizeWeight>,
+    /// The start (unix seconds) of the seed period whose committed seed
+    /// `value` was derived from (`docs/fairness.md`, "Lotteries"); absent
+    /// in answers stored before picks were seeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period: Option<u64>,
 }
 
 /// One candidate of a lottery pick.

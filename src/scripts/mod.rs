@@ -154,6 +154,14 @@ impl PoolKeys {
         self.key("awarded")
     }
 
+    /// Lottery: the seeds of its periods (`lua/lottery_seed.lua`): the
+    /// committed seed of each period not revealed yet, a seed chosen but not
+    /// committed yet, one retired and not yet in Postgres, and the last
+    /// period retired.
+    pub fn lottery_seeds(&self) -> String {
+        self.key("seeds")
+    }
+
     /// Lottery: a processed grant, for idempotent grants.
     pub fn grant(&self, grant_id: &str) -> String {
         self.key(&format!("g:{grant_id}"))

@@ -92,3 +92,72 @@ stock = { "50" = 1, "0" = 2 }
     assert_ne!(second, derived(&names, &as_written));
     assert_ne!(second, derived(&names, &as_text));
 }
+
+/// The lottery vectors of the page ("Lotteries"): what the fleet's
+/// derivation gives, written on the page, and each wrong reading the page
+/// lists gives another answer.
+#[test]
+fn the_pages_lottery_vectors_hold_and_tell_wrong_readings_apart() {
+    use prizepool::fairness::{lottery_context, lottery_pick, lottery_values};
+    let page =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/fairness.md")).unwrap();
+    let context = lottery_context("spring-2027", 1_799_971_200, "r-1");
+    assert_eq!(
+        context,
+        "prizepool/lottery/v1\nspring-2027\n1799971200\nr-1"
+    );
+    let mut stream = seed().stream(&context);
+    let words: Vec<u64> = (0..2).map(|_| stream.next_u64()).collect();
+    let values = lottery_values(&seed(), &context, 0, 4);
+    assert_eq!(
+        values,
+        [
+            3366721482123628,
+            4331380465362076,
+            1603442658340615,
+            1848630284411929
+        ]
+    );
+    let weights = [1, 100, 500];
+    assert_eq!(lottery_pick(&values, &weights), Some((3366721482123628, 0)));
+    for number in [
+        "dcb4f026b93e26846c7d7317c84ed79ab8944bb1c91ecd3332a093ad6be0b256",
+        "13790091190778384216",
+        "3366721482123628",
+        "4331380465362076",
+    ] {
+        assert!(page.contains(number), "the page lacks {number}");
+    }
+    // Wrong readings: another value, and another prize than `ipad`.
+    let pick_of = |v: u64| lottery_pick(&[v], &weights).map(|(_, i)| i);
+    let big_endian = u64::from_be_bytes(words[0].to_le_bytes()) >> 12;
+    let low_bits = words[0] & ((1 << 52) - 1);
+    let from_one = values[1];
+    for (reading, value) in [
+        ("big-endian", big_endian),
+        ("low 52 bits", low_bits),
+        ("counting from 1", from_one),
+    ] {
+        assert_ne!(pick_of(value), Some(0), "{reading}");
+        assert!(page.contains(&value.to_string()), "{reading}: {value}");
+    }
+    let whole_word = words[0] % 601;
+    assert_eq!(whole_word, 322);
+    assert!(page.contains("322"));
+
+    // Rejection against plain modulo: value 0 is rejected for a total of
+    // 2^51 + 1, value 1 is used and lands on the first candidate; modulo
+    // of value 0 would land on the second.
+    let context = lottery_context("spring-2027", 1_799_971_200, "r-4");
+    let values = lottery_values(&seed(), &context, 0, 2);
+    assert_eq!(values, [4242066891580541, 542179691994928]);
+    let weights = [1u64 << 50, (1 << 50) + 1];
+    assert_eq!(lottery_pick(&values, &weights), Some((542179691994928, 0)));
+    assert_eq!(lottery_pick(&values[..1], &weights), None);
+    let total: u64 = weights.iter().sum();
+    assert_eq!(values[0] % total, 1990267077895292);
+    assert!(values[0] % total >= weights[0]);
+    for number in ["4242066891580541", "542179691994928", "1990267077895292"] {
+        assert!(page.contains(number), "the page lacks {number}");
+    }
+}

@@ -1157,3 +1157,42 @@ async fn lottery_draws_record_their_random_value_and_weights() {
     }
     assert_eq!(ipads, 3, "three ipads in 60 draws at 40/91 each");
 }
+
+/// Lottery draws (docs/fairness.md, "Lotteries"): the same values, value
+/// and pick as the reference, for random seeds, activities, periods and
+/// request ids, over weights whose rejection zone is small and large.
+#[test]
+fn lottery_picks_match_an_independent_implementation() {
+    use prizepool::fairness::{lottery_context, lottery_pick, lottery_values};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(20261130);
+    for i in 0..12 {
+        let seed = Seed(rng.random());
+        let activity = format!("act-{}", rng.random::<u16>());
+        let period = rng.random_range(0..2_000_000_000u64);
+        let request = format!("req-{i}-\u{00e9}");
+        let weights: Vec<u64> = match i % 3 {
+            0 => vec![1, 100, 500],
+            1 => (0..5).map(|_| rng.random_range(1..1_000_000_000)).collect(),
+            // A total just above 2^51: about half the values are rejected.
+            _ => vec![1 << 50, (1 << 50) + 1],
+        };
+        let context = lottery_context(&activity, period, &request);
+        let values = lottery_values(&seed, &context, 0, 12);
+        let (value, pick) = lottery_pick(&values, &weights).unwrap();
+        let theirs = reference(&[
+            "lottery",
+            &seed.to_hex(),
+            &activity,
+            &period.to_string(),
+            &request,
+            &serde_json::to_string(&weights).unwrap(),
+        ]);
+        assert_eq!(theirs["context"], context);
+        assert_eq!(theirs["values"], json!(values[..4]), "{theirs}");
+        assert_eq!(
+            (theirs["value"].as_u64(), theirs["pick"].as_u64()),
+            (Some(value), Some(pick as u64)),
+            "{theirs}"
+        );
+    }
+}

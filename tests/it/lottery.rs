@@ -220,6 +220,18 @@ async fn the_wheel_script_picks_exactly_as_the_reference_model() {
     lottery::grant(&mut redis, &keys, "model", "g", 1, 1000)
         .await
         .unwrap();
+    // `activity load` committed the seed of the current period: the
+    // values below stand for ones derived from it (the script checks the
+    // seed by its commitment, not the values: docs/fairness.md).
+    let now_ms = prizepool::scripts::now_ms();
+    let period = prizepool::kinds::lottery::seeds::period_of((now_ms / 1000) as u64, 86_400);
+    let committed: String = redis::cmd("HGET")
+        .arg(keys.lottery_seeds())
+        .arg(period)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let commitment = committed[..64].to_owned();
     let names = ["a", "b", "points-10"];
     let weights = [3u64, 5, 1];
     let span = 1u64 << 52;
@@ -231,7 +243,7 @@ async fn the_wheel_script_picks_exactly_as_the_reference_model() {
         cases.push(vec![top, 7]);
     }
     // One wheel draw of the activity, with the random values `list`.
-    let wheel = |list: String, token: Vec<u8>| {
+    let wheel_with = |list: String, token: Vec<u8>, commitment: &str| {
         let mut call = prizepool::kinds::lottery::scripts::DRAW_WHEEL.prepare_invoke();
         call.key(keys.meta())
             .key(keys.chances())
@@ -240,14 +252,31 @@ async fn the_wheel_script_picks_exactly_as_the_reference_model() {
             .key(keys.results())
             .key(keys.pv("d"))
             .key(keys.uv("d"))
+            .key(keys.lottery_seeds())
             .arg(1)
-            .arg(prizepool::scripts::now_ms())
+            .arg(now_ms)
             .arg(list)
             .arg(60)
             .arg(60)
-            .arg(token);
+            .arg(token)
+            .arg(period)
+            .arg(commitment);
         call
     };
+    let wheel = |list: String, token: Vec<u8>| wheel_with(list, token, &commitment);
+    // Values that claim another seed than the period's committed one are
+    // never used: nothing changes, the step answers `short`.
+    let (status, _, short_period): (String, String, u64) = wheel_with(
+        "1".into(),
+        env.tokens("rq", "other-seed").answer,
+        &"0".repeat(64),
+    )
+    .invoke_async(&mut redis)
+    .await
+    .unwrap();
+    assert_eq!((status.as_str(), short_period), ("short", period));
+    let (_, stored) = env.stored_answer("model", "other-seed").await;
+    assert_eq!(stored, None);
     for (n, random) in cases.iter().enumerate() {
         let list = random
             .iter()
@@ -262,6 +291,13 @@ async fn the_wheel_script_picks_exactly_as_the_reference_model() {
         assert_eq!(status, "ok", "{list}");
         let expected = names[lottery::pick_weighted(&weights, random).unwrap()];
         assert_eq!(text.split('|').nth(1), Some(expected), "random = {list}");
+        assert!(
+            text.split('|')
+                .next()
+                .unwrap()
+                .ends_with(&format!(";{period}")),
+            "{text}"
+        );
     }
     // Every value rejected: nothing changes, the caller is asked to retry.
     let (status, _, _): (String, String, u64) = wheel(

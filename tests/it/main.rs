@@ -46,6 +46,7 @@ mod hostile;
 mod hot_pools;
 mod jackpot_records;
 mod lottery;
+mod lottery_fairness;
 mod lua_properties;
 mod lucky_gift_rules;
 mod observability;

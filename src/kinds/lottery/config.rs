@@ -25,6 +25,7 @@ struct RawActivity {
     prizes: Vec<RawPrize>,
     consolation: Option<RawConsolation>,
     max_cost_per_chance: Option<f64>,
+    seed_period_s: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -80,6 +81,22 @@ pub struct ActivityConfig {
     /// stock) the activity may be loaded with; absent when not declared.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_cost_per_chance: Option<f64>,
+    /// The length of a seed period in seconds (`docs/fairness.md`,
+    /// "Lotteries"): a `wheel` draw's value comes from the committed seed of
+    /// the period it falls in, revealed when the period is over. Periods
+    /// start at multiples of it since the Unix epoch; absent: a UTC day.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed_period_s: Option<u64>,
+}
+
+/// A seed period of a UTC day, unless an activity names another.
+pub const DEFAULT_SEED_PERIOD_S: u64 = 86_400;
+
+impl ActivityConfig {
+    /// The length of the activity's seed periods, in seconds.
+    pub fn seed_period(&self) -> u64 {
+        self.seed_period_s.unwrap_or(DEFAULT_SEED_PERIOD_S)
+    }
 }
 
 impl ActivityConfig {
@@ -256,6 +273,20 @@ fn activity(raw: RawActivity) -> Result<ActivityConfig, ConfigError> {
         prizes,
         consolation,
         max_cost_per_chance: raw.max_cost_per_chance,
+        seed_period_s: match raw.seed_period_s {
+            None => None,
+            // At most a day, so that a request id sent again after its
+            // answer expired (kept at least a day) falls in another period,
+            // with another seed: its value is never the one it had.
+            Some(s @ 1..=86_400) => Some(s as u64),
+            Some(s) => {
+                return Err(err(
+                    &id,
+                    "seed_period_s",
+                    format!("must be between 1 and 86400 seconds, got {s}"),
+                ))
+            }
+        },
     };
     check_max_cost(&config).map_err(|m| err(&id, "max_cost_per_chance", m))?;
     let strategy = super::strategy(&config.strategy).ok_or_else(|| {
@@ -409,6 +440,7 @@ mod tests {
                     weight: 1_000_000_000,
                 })
                 .collect(),
+            period: Some(u64::MAX),
         };
         assert!(serde_json::to_vec(&pick).unwrap().len() < bound);
     }

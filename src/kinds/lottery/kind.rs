@@ -4,11 +4,11 @@
 
 use futures_util::future::BoxFuture;
 
-use super::{draw, random_values, Strategy, KIND};
+use super::{draw, Pick, Strategy, KIND};
 use crate::{
     amqp::HandleError,
     kinds::{
-        registry::{At, Draw, Meta, PrizeKind},
+        registry::{At, Draw, Lifecycle, Meta, PrizeKind},
         Ask, Step,
     },
     scripts::{PoolKeys, ScriptInvocation},
@@ -32,6 +32,12 @@ impl PrizeKind for Lottery {
 
     fn meta_fields(&self) -> &'static [&'static str] {
         &["strategy"]
+    }
+
+    /// The commitment of a period's seed (`lottery.seed`), which a short
+    /// draw asks for.
+    fn lifecycle(&self) -> &'static [Lifecycle] {
+        super::seeds::LIFECYCLE
     }
 
     /// The activity's strategy, resolved once: `activity load` refuses to
@@ -64,8 +70,16 @@ impl Draw for ByStrategy {
         })
     }
 
+    /// A short lottery draw waits for its period's seed to be committed.
+    fn short_message(&self) -> &'static str {
+        super::seeds::SEED_MESSAGE
+    }
+
+    /// The call without a committed seed: a `wheel` draw answers `short`
+    /// (the ladder ignores the seed).
     fn script_call(&self, keys: &PoolKeys, ask: &Ask<'_>) -> ScriptInvocation<'static> {
-        self.0.invocation(keys, ask, &random_values())
+        self.0
+            .invocation(keys, ask, &Pick::unseeded(crate::scripts::now_ms()))
     }
 }
 

@@ -4,7 +4,7 @@
 //! `sold_out` and spends no chance. Deterministic: the first users to draw
 //! get the first prizes.
 
-use super::{ActivityConfig, Strategy};
+use super::{ActivityConfig, Pick, Strategy};
 use crate::kinds::lottery::scripts as lua;
 use crate::{kinds::Ask, scripts::PoolKeys};
 
@@ -28,8 +28,8 @@ impl Strategy for Ladder {
         &self,
         keys: &PoolKeys,
         ask: &Ask<'_>,
-        random: &str,
+        pick: &Pick,
     ) -> crate::scripts::ScriptInvocation<'static> {
-        super::wheel::call(&lua::DRAW_LADDER, keys, ask, random)
+        super::wheel::call(&lua::DRAW_LADDER, keys, ask, pick)
     }
 }

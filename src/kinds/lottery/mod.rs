@@ -29,9 +29,14 @@
 //!   with the same serial, so the ledger entry has the same id and is paid
 //!   once. A refusal (`no_chances`, `ended`, …) is stored too and stays the
 //!   answer.
-//! - **A pick with no usable random value.** The step answers `retry` and
-//!   changes nothing (not even the visit counters); [`draw`] asks again
-//!   with fresh values.
+//! - **A pick with no usable value.** The step answers `retry` and changes
+//!   nothing (not even the visit counters); [`draw`] asks again with the
+//!   next values of the same derivation.
+//! - **A period without a committed seed.** A `wheel` draw's values come
+//!   from its period's committed seed ([`seeds`]); a step that finds none,
+//!   or another one than the values came from, answers `short` and changes
+//!   nothing, and the draw waits for the refill worker to commit one, as a
+//!   draw on a short pool waits for a batch.
 //! - **A reload.** `activity load` rewrites the window and the weights in
 //!   one step and never touches the stock of a prize already stocked, so a
 //!   draw sees the old settings or the new ones, and "never beyond stock"
@@ -44,10 +49,10 @@ mod kind;
 mod ladder;
 pub mod reasons;
 pub mod scripts;
+pub mod seeds;
 mod wheel;
 
 use crate::kinds::lottery::scripts as lua;
-use rand::Rng;
 use redis::aio::ConnectionLike;
 use sqlx::PgPool;
 
@@ -78,35 +83,82 @@ pub const GRANT_TTL_S: u64 = 30 * 24 * 3600;
 /// replays a request's stored answer, refuses with `not_started`, `ended`,
 /// `no_chances`, `sold_out` or `unknown_pool` (stored), or awards and
 /// answers `{"ok", "<prize>|<chances left>", 0}`; `{"retry", "", 0}` asks
-/// for fresh random values and means nothing changed.
+/// for the next values and means nothing changed; a seeded strategy's
+/// `{"short", "0", <period>}` means the period has no committed seed (or
+/// another one than `pick` names) and nothing changed.
 pub trait Strategy: Send + Sync + std::fmt::Debug {
     /// The label activities use in `strategy = "…"`.
     fn label(&self) -> &'static str;
     /// Refuses activities this strategy cannot run.
     fn validate(&self, activity: &ActivityConfig) -> Result<(), String>;
+    /// Whether the strategy's picks are random: then its values come from
+    /// the period's committed seed ([`seeds`]). A deterministic strategy
+    /// (the ladder) needs none.
+    fn seeded(&self) -> bool {
+        false
+    }
     /// The script call of one draw: window, chance, pick and stock in one
-    /// step. `random` is [`random_values`]'s output, for the pick.
+    /// step, with `pick`'s clock, values and seed.
     fn invocation(
         &self,
         keys: &PoolKeys,
         ask: &Ask<'_>,
-        random: &str,
+        pick: &Pick,
     ) -> crate::scripts::ScriptInvocation<'static>;
 }
 
-/// Random values for a strategy's pick: four integers uniform in
-/// `[0, 2^52)`, comma-separated. The script uses the first that falls
-/// below the largest multiple of its total weight (no modulo bias).
-pub(crate) fn random_values() -> String {
-    let mut rng = rand::rng();
-    (0..4)
-        .map(|_| rng.random_range(0..(1u64 << 52)).to_string())
-        .collect::<Vec<_>>()
-        .join(",")
+/// What a draw step's pick gets: the clock the step reads the window and
+/// the period with, the values (comma-separated, see
+/// [`crate::fairness::lottery_values`]) and the period and commitment of
+/// the seed they came from.
+#[derive(Clone, Debug)]
+pub struct Pick {
+    pub now_ms: i64,
+    pub values: String,
+    pub period: u64,
+    pub commitment: String,
 }
 
-/// How often a draw asks for fresh random values before giving up; each
-/// try is rejected with a probability below 2^-48.
+impl Pick {
+    /// A pick without a seed: a deterministic strategy's, or a seeded one's
+    /// that is to find no committed seed (`short`).
+    pub fn unseeded(now_ms: i64) -> Self {
+        Self {
+            now_ms,
+            values: "0".to_owned(),
+            period: 0,
+            commitment: String::new(),
+        }
+    }
+
+    /// Values `try_ * VALUES_PER_TRY ..` of the draw of `ask` under `seed`.
+    fn seeded(now_ms: i64, seed: &seeds::PeriodSeed, ask: &Ask<'_>, try_: usize) -> Self {
+        let context = crate::fairness::lottery_context(ask.pool, seed.period, ask.request_id);
+        let values = crate::fairness::lottery_values(
+            &seed.seed,
+            &context,
+            try_ * VALUES_PER_TRY,
+            VALUES_PER_TRY,
+        );
+        Self {
+            now_ms,
+            values: values
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+            period: seed.period,
+            commitment: seed.seed.commitment(),
+        }
+    }
+}
+
+/// Values a step gets at once; the script uses the first it accepts.
+const VALUES_PER_TRY: usize = 4;
+
+/// How many steps a draw tries, each with the next [`VALUES_PER_TRY`]
+/// values, before giving up; a value is rejected with a probability below
+/// 2^-12 (total weight below 2^40), so all 12 with one below 2^-144.
 const PICK_TRIES: usize = 3;
 
 /// One lottery draw through `strategy`, as the seam asks it.
@@ -129,9 +181,24 @@ pub(crate) async fn draw<C: ConnectionLike + Send>(
         ))
         .into());
     }
-    for _ in 0..PICK_TRIES {
+    let now_ms = crate::scripts::now_ms();
+    let seed = match strategy.seeded() {
+        true => Some(seeds::current(conn, keys, now_ms).await?),
+        false => None,
+    };
+    for try_ in 0..PICK_TRIES {
+        let pick = match &seed {
+            None => Pick::unseeded(now_ms),
+            Some(Ok(seed)) => Pick::seeded(now_ms, seed, ask, try_),
+            // No committed seed known: the step still replays a stored
+            // answer, refuses, or answers `short`.
+            Some(Err(period)) => Pick {
+                period: *period,
+                ..Pick::unseeded(now_ms)
+            },
+        };
         let (status, text, number): (String, String, u64) = strategy
-            .invocation(keys, ask, &random_values())
+            .invocation(keys, ask, &pick)
             .invoke_async(conn)
             .await?;
         let (body, replayed) =
@@ -140,6 +207,15 @@ pub(crate) async fn draw<C: ConnectionLike + Send>(
                 ScriptReply::Replayed(body) => (body, true),
                 ScriptReply::Refused(refusal) => return Ok(Step::Refused(refusal)),
                 ScriptReply::Retry => continue,
+                ScriptReply::Short { generation, .. } => {
+                    // The period's committed seed is not the one this worker
+                    // knew (or there is none yet): ask for it afresh.
+                    seeds::forget(keys);
+                    return Ok(Step::Short {
+                        in_pool: 0,
+                        generation,
+                    });
+                }
                 other => {
                     return Err(HandleError::internal(format!(
                         "unexpected lottery answer {other:?}"
@@ -153,9 +229,14 @@ pub(crate) async fn draw<C: ConnectionLike + Send>(
     ))
 }
 
-/// The pick record `"<value>;<prize>:<weight>,..."` of a stored answer.
+/// The pick record `"<value>;<prize>:<weight>,...[;<period>]"` of a stored
+/// answer (answers stored before picks were seeded name no period).
 fn pick_record(text: &str) -> Option<LotteryPick> {
-    let (value, weights) = text.split_once(';')?;
+    let (value, rest) = text.split_once(';')?;
+    let (weights, period) = match rest.split_once(';') {
+        Some((weights, period)) => (weights, Some(period.parse().ok()?)),
+        None => (rest, None),
+    };
     let weights = weights
         .split(',')
         .map(|w| {
@@ -169,6 +250,7 @@ fn pick_record(text: &str) -> Option<LotteryPick> {
     Some(LotteryPick {
         value: value.parse().ok()?,
         weights,
+        period,
     })
 }
 
@@ -215,6 +297,7 @@ fn award(ask: &Ask<'_>, body: &str, replayed: bool) -> Result<Award, HandleError
                 amount: 1,
             }],
             chances_left: Some(left),
+            serial: Some(i64::try_from(serial).map_err(|_| malformed())?),
             pick,
             ..DrawResult::default()
         },
@@ -265,7 +348,34 @@ pub async fn load<C: ConnectionLike + Send>(
     for (a, (_, version)) in activities.iter().zip(&versions) {
         configure(redis, prefix, a, *version).await?;
     }
+    commit_current_seeds(db, redis, prefix, activities).await?;
     Ok(versions)
+}
+
+/// Commits the seed of the current period of each open activity whose
+/// strategy is seeded (`activity load` does, so the first draws do not
+/// wait for the refill worker); Postgres must take the commitments.
+pub async fn commit_current_seeds<C: ConnectionLike + Send>(
+    db: &PgPool,
+    redis: &mut C,
+    prefix: &str,
+    activities: &[ActivityConfig],
+) -> anyhow::Result<()> {
+    let now = chrono::Utc::now();
+    for a in activities {
+        let seeded = strategy(&a.strategy).is_some_and(|s| s.seeded());
+        if !seeded || now < a.starts_at || now >= a.ends_at {
+            continue;
+        }
+        let len = a.seed_period();
+        let period = seeds::period_of(u64::try_from(now.timestamp()).unwrap_or(0), len);
+        seeds::commit(db, redis, prefix, &a.id, period, len, None)
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!("committing the seed of period {period} of {}: {e}", a.id)
+            })?;
+    }
+    Ok(())
 }
 
 /// Records activity `a` as a new version in Postgres: its id stays an
@@ -294,6 +404,23 @@ async fn store_version(
     .bind(&a.id)
     .fetch_optional(&mut **tx)
     .await?;
+    let previous_period: Option<(Option<i64>,)> = sqlx::query_as(
+        "SELECT (config->>'seed_period_s')::bigint FROM activity_versions WHERE activity_id = $1 ORDER BY version DESC LIMIT 1",
+    )
+    .bind(&a.id)
+    .fetch_optional(&mut **tx)
+    .await?;
+    if let Some((before,)) = previous_period {
+        // Periods are numbered by their start: another length would make
+        // the periods of the seeds committed so far overlap new ones.
+        let before = before.map_or(config::DEFAULT_SEED_PERIOD_S, |s| s as u64);
+        anyhow::ensure!(
+            before == a.seed_period(),
+            "activity {:?}: field `seed_period_s`: cannot change from {before} to {} on a loaded activity",
+            a.id,
+            a.seed_period()
+        );
+    }
     if let Some((Some(previous),)) = previous {
         // Draw workers resolve an activity's strategy once and keep it.
         anyhow::ensure!(
@@ -346,7 +473,8 @@ async fn configure<C: ConnectionLike + Send>(
         .arg(a.starts_at.timestamp_millis())
         .arg(a.ends_at.timestamp_millis())
         .arg(prizes.join(","))
-        .arg(consolation);
+        .arg(consolation)
+        .arg(a.seed_period());
     for p in &a.prizes {
         inv.arg(&p.id).arg(p.stock);
     }

@@ -28,3 +28,11 @@ pub static DRAW_WHEEL: LazyLock<Script> = LazyLock::new(|| lottery!("draw_wheel.
 pub static DRAW_LADDER: LazyLock<Script> = LazyLock::new(|| lottery!("draw_ladder.lua"));
 /// Adds a grant's chances, once.
 pub static GRANT_CHANCES: LazyLock<Script> = LazyLock::new(|| plain!("grant_chances.lua"));
+/// Chooses the seed of a lottery period (`lottery_seed.lua`).
+pub static LOTTERY_SEED: LazyLock<Script> = LazyLock::new(|| plain!("lottery_seed.lua"));
+/// Commits a period's chosen seed once its commitment is on record.
+pub static LOTTERY_SEED_COMMIT: LazyLock<Script> =
+    LazyLock::new(|| plain!("lottery_seed_commit.lua"));
+/// Takes the seeds of the periods that are over out of the draws' reach.
+pub static LOTTERY_SEED_RETIRE: LazyLock<Script> =
+    LazyLock::new(|| plain!("lottery_seed_retire.lua"));

@@ -3,7 +3,7 @@
 //! wins something; without one, a draw after every prize is gone answers
 //! `sold_out` and spends no chance.
 
-use super::{ActivityConfig, Strategy};
+use super::{ActivityConfig, Pick, Strategy};
 use crate::kinds::lottery::scripts as lua;
 use crate::{kinds::Ask, scripts::PoolKeys};
 
@@ -23,13 +23,17 @@ impl Strategy for Wheel {
         Ok(())
     }
 
+    fn seeded(&self) -> bool {
+        true
+    }
+
     fn invocation(
         &self,
         keys: &PoolKeys,
         ask: &Ask<'_>,
-        random: &str,
+        pick: &Pick,
     ) -> crate::scripts::ScriptInvocation<'static> {
-        call(&lua::DRAW_WHEEL, keys, ask, random)
+        call(&lua::DRAW_WHEEL, keys, ask, pick)
     }
 }
 
@@ -39,7 +43,7 @@ pub(super) fn call<'a>(
     script: &'a crate::scripts::Script,
     keys: &PoolKeys,
     ask: &Ask<'_>,
-    random: &str,
+    pick: &Pick,
 ) -> crate::scripts::ScriptInvocation<'a> {
     let day = crate::scripts::utc_day();
     let mut call = script.prepare_invoke();
@@ -50,11 +54,14 @@ pub(super) fn call<'a>(
         .key(keys.results())
         .key(keys.pv(&day))
         .key(keys.uv(&day))
+        .key(keys.lottery_seeds())
         .arg(ask.user)
-        .arg(crate::scripts::now_ms())
-        .arg(random)
+        .arg(pick.now_ms)
+        .arg(&pick.values)
         .arg(ask.result_ttl_s)
         .arg(super::STATS_TTL_S)
-        .arg(ask.token);
+        .arg(ask.token)
+        .arg(pick.period)
+        .arg(&pick.commitment);
     call
 }
