@@ -16,7 +16,9 @@ the cost of everything up to that line; `-` runs the whole step:
 
 FILL=N first stores N refusals in the pool's answer store (as many
 requests answered before), so the buckets the draws read and write are as
-full as a busy store's. `claim` as the argument counts one claim of a new
+full as a busy store's. STEADY=1 stores them an epoch (a day) before the
+measured requests, which then read two planned epochs as a store does
+every day after its first; AIM=1 aims every digest at one bucket. `claim` as the argument counts one claim of a new
 request id instead of a draw step (claim.lua, after FILL claims):
 
     FILL=3000 python3 scripts/lua-cost.py claim
@@ -101,9 +103,26 @@ def answering(name, script):
 DIGESTS = random.Random(7)
 
 
-def token():
-    """A new request's token, as src/kinds/answer.rs builds it."""
-    return DIGESTS.randbytes(24) + struct.pack(">II", 90000, int(time.time()))
+NOW = int(time.time())
+# STEADY=1: the FILL requests were stored a whole epoch (90,000 s and the
+# skew) before the measured ones, so these open a planned epoch and read
+# the filled one before it, as every request does a day into a store's
+# life; otherwise all of them land in the store's first, growing epochs.
+PAST = NOW - 90_301 if os.environ.get("STEADY") == "1" else None
+# AIM=1: every digest agrees on the bytes that place a record (4-6), as
+# ids an attacker crafted would: the filled records and the measured
+# requests all meet in one bucket.
+AIM = os.environ.get("AIM") == "1"
+
+
+def token(at):
+    """A new request's token, as src/kinds/answer.rs builds it, at time
+    `at` (0: the script reads the clock, as a claim does)."""
+    d = bytearray(DIGESTS.randbytes(24))
+    if AIM:
+        d[3:6] = b"\x07\x07\x07"
+        d[6] = 1
+    return bytes(d) + struct.pack(">II", 90000, at)
 
 
 def measure(cut):
@@ -135,17 +154,21 @@ def measure(cut):
     if cut == "claim":
         r.function_load(answering("claim", "claim.lua"), replace=True)
 
+        for _ in range(fill):
+            r.fcall("claim", 1, "pp:rq:{7}", token(PAST or 0), "claim")
+        fill = 20
+
         def draw():
-            return r.fcall("claim", 1, "pp:rq:{7}", token(), "claim")
+            return r.fcall("claim", 1, "pp:rq:{7}", token(0), "claim")
     else:
         r.function_load(library("cost", cut), replace=True)
         r.function_load(answering("fill", "remember_refusal.lua"), replace=True)
         for _ in range(fill):
-            r.fcall("fill", 1, keys[4], token(), "sold_out")
+            r.fcall("fill", 1, keys[4], token(PAST or NOW), "sold_out")
         fill = 20
 
         def draw():
-            return r.fcall("cost", 5, *keys, 4, 10, 90000, 0, token())
+            return r.fcall("cost", 5, *keys, 4, 10, 90000, 0, token(NOW))
 
     for _ in range(max(fill, 20)):
         draw()

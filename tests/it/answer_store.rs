@@ -1189,3 +1189,55 @@ async fn what_a_remembered_result_costs() {
     );
     assert!(per(answered - before) < 120.0);
 }
+
+/// The earlier layout is read only in a deployment it ran in: the first
+/// worker of this layout notes whether a claim store of the earlier one is
+/// there, and every worker after it reads the earlier layout for two TTLs
+/// and skews from that first start, or never.
+#[tokio::test]
+async fn the_earlier_layout_is_read_only_where_it_ran() {
+    let env = TestEnv::new(&[]).await;
+    let mut redis = env.redis.clone();
+    let ttl = 90_000;
+    let fresh = format!("{}:fresh", env.config.redis_prefix);
+    assert_eq!(
+        answer::start_layout(&mut redis, &fresh, ttl).await.unwrap(),
+        0
+    );
+    // Noted: a later worker agrees even once an earlier store shows up.
+    let _: () = redis::cmd("HSET")
+        .arg(format!("{fresh}:rq:{{3}}"))
+        .arg("r.e")
+        .arg("1:1:1")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(
+        answer::start_layout(&mut redis, &fresh, ttl).await.unwrap(),
+        0
+    );
+    assert!(!answer::reads_earlier_layout(0));
+    // A deployment where the earlier layout ran (a grant claim store is
+    // enough).
+    let upgraded = format!("{}:upgraded", env.config.redis_prefix);
+    let _: () = redis::cmd("HSET")
+        .arg(format!("{upgraded}:gr:{{1000}}"))
+        .arg("r.e")
+        .arg("1:1:1")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let (now, _): (u64, u64) = redis::cmd("TIME").query_async(&mut redis).await.unwrap();
+    let until = answer::start_layout(&mut redis, &upgraded, ttl)
+        .await
+        .unwrap();
+    let span = 2 * (ttl + answer::CLOCK_SKEW_S);
+    assert!((now + span..=now + span + 2).contains(&until), "{until}");
+    assert!(answer::reads_earlier_layout(until));
+    assert_eq!(
+        answer::start_layout(&mut redis, &upgraded, ttl)
+            .await
+            .unwrap(),
+        until
+    );
+}
