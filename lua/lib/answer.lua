@@ -45,7 +45,8 @@
 -- counted by sampling (one new record in SAMPLE is counted, chosen by a
 -- byte of its digest, so without a counter per write). A store's first
 -- epoch has FIRST buckets (a claim store's one). When an epoch has taken PER records a bucket,
--- the next epoch opens at once with GROW times its buckets (growth), as
+-- the next epoch opens at once with GROW times its buckets (GROW_CLAIMS
+-- in a claim store, which takes one id group's share) (growth), as
 -- long as a lookup then reads at most LIVE epochs; past that, buckets grow
 -- beyond 128 fields and stay correct. No record ever moves.
 --
@@ -81,16 +82,16 @@ local SKEW = 300
 -- Records a bucket is planned to hold: at 80 on average, a bucket passes
 -- Redis's 128 listpack fields at more than five standard deviations.
 local PER = 80
--- Buckets of a store's first epoch (a claim store's, which takes one id
--- group's share of the requests, FIRST_CLAIMS), and the most an epoch has.
-local FIRST, FIRST_CLAIMS = 16, 1
+-- Buckets of a store's first epoch (a claim store's FIRST_CLAIMS), and the
+-- most an epoch has.
+local FIRST, FIRST_CLAIMS = 4, 4
 local MAX_BUCKETS = 16777216
 -- One new record in SAMPLE is counted.
 local SAMPLE = 16
 -- Epochs a lookup reads at most (growth opens no epoch past it), and
 -- how much larger an epoch opened by growth is.
 local LIVE = 4
-local GROW = 8
+local GROW, GROW_CLAIMS = 16, 4
 -- The TTL's flag in a token: read the earlier layout too.
 local EARLIER = 2147483648
 -- Longer bodies get a key of their own: a longer value would turn the
@@ -294,7 +295,9 @@ local function store_put(s, value)
   elseif ep[4] * SAMPLE >= ep[3] * PER and ep[3] < MAX_BUCKETS and live(s) < LIVE then
     -- The new epoch counts on from the one it relieves: its count is the
     -- period's, which plans the next period.
-    open_epoch(s, math.min(GROW * ep[3], MAX_BUCKETS), ep[4])
+    local grow = GROW
+    if s.meta == s.key then grow = GROW_CLAIMS end
+    open_epoch(s, math.min(grow * ep[3], MAX_BUCKETS), ep[4])
     changed = true
   end
   local exp = expiry_of(ep[1], ep[2])

@@ -38,6 +38,24 @@ end
 -- (the running one is part drawn); batch 0 (stocked before batches were
 -- committed) is never tallied.
 
+-- Each code's multiplier (`mults` read as a table, code 0 first). A
+-- pool's `mults` changes only with a load: its table is kept between calls
+-- (parsing it on every draw cost more than the tally itself).
+local MULTS, mults_kept = {}, 0
+local function multipliers(mults)
+  local mult = MULTS[mults]
+  if mult then return mult end
+  mult = {}
+  local k = 0
+  for x in string.gmatch(mults, '[^,]+') do
+    mult[k] = tonumber(x) or 0
+    k = k + 1
+  end
+  if mults_kept >= 256 then MULTS, mults_kept = {}, 0 end
+  MULTS[mults], mults_kept = mult, mults_kept + 1
+  return mult
+end
+
 -- Tallies the prizes of an award (`codes` with their flat `origins`).
 -- Returns the running tally {from, g, prizes, paid} to write, or nil for a
 -- pool without `mults`.
@@ -50,11 +68,7 @@ local function tally_draw(mults, tally, drawn, hgen0, meta_key, codes, origins)
     from = ((tonumber(drawn) or 0) == 0) and 1 or hgen0 + 1
     tg, tp, tm = 0, 0, 0
   end
-  local mult, k = {}, 0
-  for x in string.gmatch(mults, '[^,]+') do
-    mult[k] = tonumber(x) or 0
-    k = k + 1
-  end
+  local mult = multipliers(mults)
   -- Prizes of batches other than the running one, by batch.
   local others, order, top = {}, {}, tg
   for i = 1, #codes do

@@ -144,7 +144,7 @@ async fn encodings(env: &TestEnv, pattern: &str) -> Vec<String> {
 }
 
 /// Every claim and answer is found again while the store grows from its
-/// first epoch of 16 buckets through the epochs it opens for the volume,
+/// first epoch of 4 buckets through the epochs it opens for the volume,
 /// and every bucket stays a listpack.
 #[tokio::test]
 async fn every_claim_and_answer_is_found_again_however_the_store_grows() {
@@ -165,12 +165,12 @@ async fn every_claim_and_answer_is_found_again_however_the_store_grows() {
             None
         );
     }
-    // The store grew: a first epoch of 16 buckets, then 128 (6,000 ids
-    // and answers are 12,000 records), at most four read.
+    // The store grew: a first epoch of 4 buckets, then 64 past 320
+    // answers, then 1,024 past 5,120, at most four read.
     let list = epochs(&env, &store).await;
     assert_eq!(
         list.iter().map(|e| e[2]).collect::<Vec<_>>(),
-        [128, 16],
+        [1024, 64, 4],
         "{list:?}"
     );
     // Every id is still bound to its content and its answer.
@@ -241,13 +241,13 @@ async fn each_epoch_is_planned_for_the_volume_of_the_one_before() {
     let first = epochs(&env, &store).await;
     assert_eq!(
         first.iter().map(|e| e[2]).collect::<Vec<_>>(),
-        [1024, 128, 16],
+        [1024, 64, 4],
         "{first:?}"
     );
     fill(1).await;
     let list = epochs(&env, &store).await;
     let planned = list[0][2];
-    // The first day grew the store (16 buckets, then 128, then 1,024, a
+    // The first day grew the store (4 buckets, then 64, then 1,024, a
     // second apart); the second day's epoch is planned for the first
     // day's 20,000 answers and half as much again: 375 buckets, give or
     // take the spread of counting one in 16; it takes the second day's
