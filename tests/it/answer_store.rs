@@ -1109,26 +1109,7 @@ async fn used_memory(redis: &mut redis::aio::MultiplexedConnection) -> u64 {
 /// million.
 #[tokio::test]
 async fn what_a_remembered_result_costs() {
-    let dir = common::tempdir("mem");
-    let port = common::free_port();
-    let _server = common::redis_server(port, &dir, &[]);
-    let url = format!("redis://127.0.0.1:{port}");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let mut redis = loop {
-        // A thousand calls in flight on a busy machine: the workers'
-        // response timeout (5 s), not the client's default of 500 ms.
-        let config =
-            redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(5)));
-        if let Ok(c) = redis::Client::open(url.as_str())
-            .unwrap()
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-        {
-            break c;
-        }
-        assert!(tokio::time::Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let (_server, url, mut redis) = private_redis("mem").await;
     let env = TestEnv::new(&[("REDIS_URL", &url)]).await;
     // The scripts' function libraries are a fixed cost, loaded once per
     // server, not part of what a result costs.
