@@ -327,7 +327,10 @@ async fn pools(
                 in_pool: s.in_pool,
             })
             .collect();
-        let rtp = crate::kinds::lucky_gift::rtp::realised(redis, &config.redis_prefix, &id)
+        let shards = crate::pools::shards_of(redis, &config.redis_prefix, &id)
+            .await
+            .with_context(|| format!("reading the shards of pool {id}"))?;
+        let rtp = crate::kinds::lucky_gift::rtp::realised(redis, &config.redis_prefix, &id, shards)
             .await
             .with_context(|| format!("reading the realised RTP of pool {id}"))?;
         let s = status.total;

@@ -56,7 +56,10 @@ async fn read(db: &PgPool, redis: &mut RedisConn, prefix: &str) -> anyhow::Resul
             .set(status.total.in_pool as f64);
         metrics::gauge!("prizepool_pool_batches", "pool" => pool.clone())
             .set(status.total.generation as f64);
-        let realised = crate::kinds::lucky_gift::rtp::realised(redis, prefix, &pool)
+        let shards = crate::pools::shards_of(redis, prefix, &pool)
+            .await
+            .with_context(|| format!("reading the shards of pool {pool}"))?;
+        let realised = crate::kinds::lucky_gift::rtp::realised(redis, prefix, &pool, shards)
             .await
             .with_context(|| format!("reading the realised RTP of pool {pool}"))?;
         crate::kinds::lucky_gift::rtp::export(&pool, &realised);

@@ -37,7 +37,7 @@ impl PrizeKind for Lottery {
     /// The commitment of a period's seed (`lottery.seed`), which a short
     /// draw asks for.
     fn lifecycle(&self) -> &'static [Lifecycle] {
-        super::seeds::LIFECYCLE
+        super::lifecycle::LIFECYCLE
     }
 
     /// The activity's strategy, resolved once: `activity load` refuses to

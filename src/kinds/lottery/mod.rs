@@ -47,6 +47,7 @@ mod counters;
 pub mod economics;
 mod kind;
 mod ladder;
+mod lifecycle;
 pub mod reasons;
 pub mod scripts;
 pub mod seeds;

@@ -38,19 +38,10 @@ use std::{
 
 use redis::aio::ConnectionLike;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use sqlx::PgPool;
 
 use super::scripts as lua;
-use crate::{
-    amqp::HandleError,
-    fairness::Seed,
-    kinds::registry::{self, LifeStep, Lifecycle},
-    ledger::Unsealed,
-    messages::{decode_payload, typed_json, RefillRequest, RefillResult, Status},
-    redis_conn::RedisConn,
-    scripts::PoolKeys,
-};
+use crate::{amqp::HandleError, fairness::Seed, redis_conn::RedisConn, scripts::PoolKeys};
 
 /// The message a short lottery draw sends to the refill queue.
 pub const SEED_MESSAGE: &str = "lottery.seed";
@@ -158,7 +149,7 @@ pub(super) fn forget(keys: &PoolKeys) {
 
 /// The activity's period length (`seed_period_s` in its meta hash; a day
 /// for an activity loaded before periods had a length).
-async fn period_len<C: ConnectionLike + Send>(
+pub(super) async fn period_len<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &PoolKeys,
 ) -> Result<u64, HandleError> {
@@ -417,62 +408,6 @@ pub async fn reveal_every_activity(
             .map_err(|e| anyhow::anyhow!("{e}"))?;
     }
     Ok(revealed)
-}
-
-/// The refill queue's lottery message.
-pub(super) const LIFECYCLE: &[Lifecycle] = &[Lifecycle {
-    message: SEED_MESSAGE,
-    reply: "refill_result",
-    postgres: false,
-    handle: handle_seed,
-}];
-
-fn handle_seed<'a>(life: &'a registry::Life<'a>, envelope: &'a Value) -> LifeStep<'a> {
-    Box::pin(async move {
-        let request: RefillRequest = decode_payload(envelope)?;
-        request.validate()?;
-        seed_step(life, &request.pool).await
-    })
-}
-
-/// A `lottery.seed`: commits the seed of the activity's current period (the
-/// period by this worker's clock, whatever the message names: an internal
-/// message is checked against state, and only the current period may get
-/// a seed) and reveals the periods that are over.
-async fn seed_step(life: &registry::Life<'_>, activity: &str) -> Result<Unsealed, HandleError> {
-    let prefix = &life.config.redis_prefix;
-    let now = crate::scripts::now_ms();
-    let keys = PoolKeys::new(prefix, activity);
-    let mut conn = life.redis.clone();
-    let len = period_len(&mut conn, &keys).await?;
-    let period = period_of(u64::try_from(now / 1000).unwrap_or(0), len);
-    let committed = commit(
-        life.db,
-        &mut conn,
-        prefix,
-        activity,
-        period,
-        len,
-        Some(life.redis),
-    )
-    .await?;
-    tracing::debug!(%activity, period, ?committed, "lottery seed asked for");
-    if committed != Committed::Unknown {
-        // Postgres away: the reveal waits for the next request or sweep.
-        if let Err(e) = reveal_ended(life.db, life.redis, prefix, activity, now).await {
-            tracing::info!(%activity, error = %e, "lottery seeds not revealed yet");
-        }
-    }
-    let reply = RefillResult {
-        status: Status::Ok,
-        pool: activity.to_owned(),
-        generation: period,
-        error: None,
-    };
-    Ok(Unsealed {
-        reply: Some(typed_json("refill_result", &reply)),
-        ..Unsealed::default()
-    })
 }
 
 #[cfg(test)]

@@ -231,14 +231,14 @@ async fn read_one<C: ConnectionLike + Send>(
     Ok(Realised::from_fields(&fields))
 }
 
-/// The realised RTP of lucky-gift pool `pool`, summed over its sub-pools
-/// if it is sharded.
+/// The realised RTP of lucky-gift pool `pool`, summed over its `shards`
+/// sub-pools if it is sharded (`crate::pools::shards_of`).
 pub async fn realised<C: ConnectionLike + Send>(
     conn: &mut C,
     prefix: &str,
     pool: &str,
+    shards: u32,
 ) -> Result<Realised, redis::RedisError> {
-    let shards = crate::pools::shards_of(conn, prefix, pool).await?;
     if shards <= 1 {
         return read_one(conn, &PoolKeys::new(prefix, pool)).await;
     }
