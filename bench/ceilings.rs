@@ -133,11 +133,8 @@ impl Drawer {
             .collect();
         match caller {
             Caller::Raw => {
-                let reply: redis::Value = self
-                    .kinds
-                    .script_call(kind, &asks[0])
-                    .invoke_async(&mut self.conn)
-                    .await?;
+                let call = self.kinds.script_call(kind, &asks[0]).await?;
+                let reply: redis::Value = call.invoke_async(&mut self.conn).await?;
                 // Every draw script answers {status, ...}; anything but a
                 // draw ends the pass.
                 Ok(matches!(&reply, redis::Value::Array(items)

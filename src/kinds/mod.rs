@@ -386,10 +386,16 @@ impl Kinds {
 
     /// The Lua call one draw step of `kind` makes for `ask`, with the same
     /// keys and arguments, but nothing around it: no reply read, no
-    /// coalescing. What the step's bare round trip costs (`prizepool
-    /// bench`); a draw goes through [`Kinds::draw`].
-    pub fn script_call(&self, kind: Kind, ask: &Ask<'_>) -> crate::scripts::ScriptInvocation<'_> {
-        kind.draw.script_call(&self.keys(ask.pool), ask)
+    /// coalescing (what the step reads first, a lottery's seed, is read
+    /// before). What the step's bare round trip costs (`prizepool bench`);
+    /// a draw goes through [`Kinds::draw`].
+    pub async fn script_call(
+        &self,
+        kind: Kind,
+        ask: &Ask<'_>,
+    ) -> Result<crate::scripts::ScriptInvocation<'static>, HandleError> {
+        let keys = self.keys(ask.pool);
+        kind.draw.prepared_call(&self.redis, &keys, ask).await
     }
 
     /// Draw steps of `kind` for `asks`, all of one pool, applied in order;

@@ -104,6 +104,18 @@ pub trait Draw: std::fmt::Debug + Send + Sync {
     /// The Lua call one draw step makes for `ask`, with the same keys and
     /// arguments, but nothing around it (`prizepool bench`).
     fn script_call(&self, keys: &PoolKeys, ask: &Ask<'_>) -> ScriptInvocation<'static>;
+
+    /// [`Draw::script_call`] with what a step reads before its call (a
+    /// lottery's committed seed), so the call draws as a step's would.
+    fn prepared_call<'a>(
+        &'a self,
+        _redis: &'a RedisConn,
+        keys: &'a PoolKeys,
+        ask: &'a Ask<'a>,
+    ) -> BoxFuture<'a, Result<ScriptInvocation<'static>, HandleError>> {
+        let call = self.script_call(keys, ask);
+        Box::pin(async move { Ok(call) })
+    }
 }
 
 /// What a draw step gets of its dispatch.

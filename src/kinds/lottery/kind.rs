@@ -81,6 +81,30 @@ impl Draw for ByStrategy {
         self.0
             .invocation(keys, ask, &Pick::unseeded(crate::scripts::now_ms()))
     }
+
+    /// The call with the period's committed seed, as a step's first try.
+    fn prepared_call<'a>(
+        &'a self,
+        redis: &'a crate::redis_conn::RedisConn,
+        keys: &'a PoolKeys,
+        ask: &'a Ask<'a>,
+    ) -> futures_util::future::BoxFuture<'a, Result<ScriptInvocation<'static>, HandleError>> {
+        Box::pin(async move {
+            let now_ms = crate::scripts::now_ms();
+            if !self.0.seeded() {
+                return Ok(self.0.invocation(keys, ask, &Pick::unseeded(now_ms)));
+            }
+            let mut conn = redis.clone();
+            let pick = match super::seeds::current(&mut conn, keys, now_ms).await? {
+                Ok(seed) => Pick::seeded(now_ms, &seed, ask, 0),
+                Err(period) => Pick {
+                    period,
+                    ..Pick::unseeded(now_ms)
+                },
+            };
+            Ok(self.0.invocation(keys, ask, &pick))
+        })
+    }
 }
 
 /// Every registered strategy, each as the draw of the activities that name
