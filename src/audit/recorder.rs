@@ -301,34 +301,33 @@ async fn drain_hash(db: &PgPool, redis: &RedisConn, key: &str) -> anyhow::Result
         .await?;
     let mut written = 0;
     for (field, json) in kept {
-        if field.starts_with(crate::kinds::lottery::seeds::OUTBOX_FIELD) {
-            // A lottery period's commitment (the activity's own outbox).
+        // A lottery period's commitment (the activity's own outbox) or a
+        // batch's: Some(recorded), or None when it does not read.
+        let recorded = if field.starts_with(crate::kinds::lottery::seeds::OUTBOX_FIELD) {
             match serde_json::from_str::<crate::kinds::lottery::seeds::SeedCommitment>(&json) {
+                Ok(c) => Some(crate::kinds::lottery::seeds::record_commitment(db, &c).await?),
+                Err(e) => {
+                    tracing::error!(%key, %field, error = %e, "a commitment in the outbox that does not read; dropped");
+                    None
+                }
+            }
+        } else {
+            match serde_json::from_str::<Commitment>(&json) {
                 Ok(c) => {
-                    if !crate::kinds::lottery::seeds::record_commitment(db, &c).await? {
-                        tracing::error!(%key, %field, "another commitment is recorded for this period; the outbox's is dropped");
-                    }
-                    written += 1;
+                    record_batch(db, &c).await?;
+                    Some(true)
                 }
                 Err(e) => {
-                    tracing::error!(%key, %field, error = %e, "a commitment in the outbox that does not read; dropped")
+                    tracing::error!(%key, %field, error = %e, "a commitment in the outbox that does not read; dropped");
+                    None
                 }
             }
-            redis::cmd("HDEL")
-                .arg(key)
-                .arg(&field)
-                .query_async::<()>(&mut conn)
-                .await?;
-            continue;
+        };
+        if recorded == Some(false) {
+            tracing::error!(%key, %field, "another commitment is recorded for this period; the outbox's is dropped");
         }
-        match serde_json::from_str::<Commitment>(&json) {
-            Ok(c) => {
-                record_batch(db, &c).await?;
-                written += 1;
-            }
-            Err(e) => {
-                tracing::error!(%key, %field, error = %e, "a commitment in the outbox that does not read; dropped")
-            }
+        if recorded.is_some() {
+            written += 1;
         }
         redis::cmd("HDEL")
             .arg(key)

@@ -207,16 +207,24 @@ pub fn reads_earlier_layout(until: u64) -> bool {
 /// fingerprint, the TTL and `now` (0: the script reads the clock) as
 /// big-endian u32.
 fn token(digest: &[u8], fingerprint: &Fingerprint, ttl_s: u64, now: u64, earlier: bool) -> Vec<u8> {
-    let mut token = Vec::with_capacity(DIGEST_BYTES + 16);
-    token.extend_from_slice(&digest[..DIGEST_BYTES]);
-    token.extend_from_slice(&fingerprint.0);
+    [
+        &digest[..DIGEST_BYTES],
+        &fingerprint.0,
+        &tail(ttl_s, now, earlier),
+    ]
+    .concat()
+}
+
+/// A token's last 8 bytes: the TTL (with its flag) and `now`.
+fn tail(ttl_s: u64, now: u64, earlier: bool) -> [u8; 8] {
     let mut ttl = u32::try_from(ttl_s).unwrap_or(EARLIER - 1).min(EARLIER - 1);
     if earlier {
         ttl |= EARLIER;
     }
-    token.extend_from_slice(&ttl.to_be_bytes());
-    token.extend_from_slice(&u32::try_from(now).unwrap_or(u32::MAX).to_be_bytes());
-    token
+    let mut tail = [0; 8];
+    tail[..4].copy_from_slice(&ttl.to_be_bytes());
+    tail[4..].copy_from_slice(&u32::try_from(now).unwrap_or(u32::MAX).to_be_bytes());
+    tail
 }
 
 /// Where one request's claim and answer live, and what it asked: the
@@ -235,6 +243,13 @@ pub struct Tokens {
     fingerprint: Fingerprint,
     /// Whether the scripts read the earlier layout too.
     earlier: bool,
+}
+
+/// Sets the TTL (with its flag) and `now` of a token, past its digest and
+/// fingerprint: a token made again costs no SHA-256.
+fn retime(token: &mut Vec<u8>, ttl_s: u64, now: u64, earlier: bool) {
+    let head = token[..DIGEST_BYTES + 8].to_vec();
+    *token = [head.as_slice(), &tail(ttl_s, now, earlier)].concat();
 }
 
 impl Tokens {
@@ -262,8 +277,8 @@ impl Tokens {
     /// ([`reads_earlier_layout`]).
     pub fn with_earlier(mut self, earlier: bool) -> Self {
         self.earlier = earlier;
-        self.claim = token(&self.claim, &self.fingerprint, self.ttl_s, 0, earlier);
-        self.answer = self.answer_token(0);
+        retime(&mut self.claim, self.ttl_s, 0, earlier);
+        retime(&mut self.answer, self.ttl_s, 0, earlier);
         self
     }
 
@@ -279,7 +294,7 @@ impl Tokens {
     /// Sets the time (unix seconds, Redis's clock) the answer token carries:
     /// the time the request's claim read, so its pool step reads no clock.
     pub fn at(&mut self, now: u64) {
-        self.answer = self.answer_token(now);
+        retime(&mut self.answer, self.ttl_s, now, self.earlier);
     }
 
     fn answer_token(&self, now: u64) -> Vec<u8> {
