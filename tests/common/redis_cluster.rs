@@ -66,52 +66,73 @@ impl RedisCluster {
     pub async fn start(masters: usize, replicas: usize) -> Self {
         let dir = std::env::temp_dir().join(format!("pp-cluster-{}", ulid::Ulid::new()));
         std::fs::create_dir_all(&dir).unwrap();
-        let ports: Vec<u16> = (0..masters * (1 + replicas)).map(|_| free_port()).collect();
-        let mut nodes = Vec::new();
-        for port in &ports {
-            let node_dir = dir.join(port.to_string());
-            std::fs::create_dir_all(&node_dir).unwrap();
-            // The bus port is named too, so it cannot land on a port taken meanwhile.
-            let bus = super::free_port().to_string();
-            let options: Vec<String> = [
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-port",
-                bus.as_str(),
-                "--cluster-node-timeout",
-                "2000",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-                // A replica syncs at once, not 5 s after it asks: one
-                // that has not synced cannot replace its master.
-                "--repl-diskless-sync-delay",
-                "0",
-                // The masters that are up serve their slots while a
-                // lost one is replaced (docs/operations.md).
-                "--cluster-require-full-coverage",
-                "no",
-            ]
-            .map(str::to_owned)
-            .to_vec();
-            let process = start_node(*port, &node_dir, &options);
-            nodes.push(Node {
-                port: *port,
-                process: Some(process),
-                dir: node_dir,
-                options,
-            });
-        }
-        for port in &ports {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while std::net::TcpStream::connect(("127.0.0.1", *port)).is_err() {
-                assert!(Instant::now() < deadline, "node {port} did not start");
-                tokio::time::sleep(Duration::from_millis(20)).await;
+        // A free port can be taken by another test's server between the
+        // probe and our node's start (our node then exits, and the port
+        // answers as a server without cluster mode): start again on
+        // other ports until every node is ours and in cluster mode.
+        let mut attempt = 0;
+        let (ports, nodes) = loop {
+            attempt += 1;
+            let ports: Vec<u16> = (0..masters * (1 + replicas)).map(|_| free_port()).collect();
+            let mut nodes: Vec<Node> = Vec::new();
+            for port in &ports {
+                let node_dir = dir.join(port.to_string());
+                std::fs::create_dir_all(&node_dir).unwrap();
+                // The bus port is named too, so it cannot land on a port taken meanwhile.
+                let bus = super::free_port().to_string();
+                let options: Vec<String> = [
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-port",
+                    bus.as_str(),
+                    "--cluster-node-timeout",
+                    "2000",
+                    "--appendonly",
+                    "yes",
+                    "--appendfsync",
+                    "always",
+                    // A replica syncs at once, not 5 s after it asks: one
+                    // that has not synced cannot replace its master.
+                    "--repl-diskless-sync-delay",
+                    "0",
+                    // The masters that are up serve their slots while a
+                    // lost one is replaced (docs/operations.md).
+                    "--cluster-require-full-coverage",
+                    "no",
+                ]
+                .map(str::to_owned)
+                .to_vec();
+                let process = start_node(*port, &node_dir, &options);
+                nodes.push(Node {
+                    port: *port,
+                    process: Some(process),
+                    dir: node_dir,
+                    options,
+                });
             }
-        }
+            for port in &ports {
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while std::net::TcpStream::connect(("127.0.0.1", *port)).is_err() {
+                    assert!(Instant::now() < deadline, "node {port} did not start");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            let ours = nodes.iter_mut().all(|n| {
+                n.process
+                    .as_mut()
+                    .is_some_and(|p| matches!(p.0.try_wait(), Ok(None)))
+                    && cli(n.port, &["CLUSTER", "INFO"]).contains("cluster_state")
+            });
+            if ours {
+                break (ports, nodes);
+            }
+            assert!(
+                attempt < 5,
+                "no free ports for a cluster after {attempt} tries"
+            );
+        };
         let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let out = Command::new("redis-cli")
             .arg("--cluster")

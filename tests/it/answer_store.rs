@@ -1222,3 +1222,38 @@ async fn the_earlier_layout_is_read_only_where_it_ran() {
         until
     );
 }
+
+/// A TTL past what a token carries (32 bits, less the layout flag) is kept
+/// as the longest a token carries: the request is claimed, answered and
+/// found again, and other content is refused, the flag untouched.
+#[tokio::test]
+async fn a_ttl_past_what_a_token_carries_keeps_the_longest() {
+    let env = TestEnv::new(&[]).await;
+    let store = env.keys("huge-ttl").results();
+    for (i, ttl) in [u64::from(u32::MAX), u64::MAX].into_iter().enumerate() {
+        let id = format!("huge-{i}");
+        let mut first = tokens(&env, &id, 1, ttl);
+        assert_eq!(claimed(&env, &mut first).await, Claim::Ours);
+        assert_eq!(
+            remember(&env, &store, &first.answer, ErrorCode::SoldOut).await,
+            None
+        );
+        assert_eq!(
+            claimed(&env, &mut tokens(&env, &id, 2, ttl)).await,
+            Claim::Reused
+        );
+        let mut retry = tokens(&env, &id, 1, 90_000);
+        assert_eq!(claimed(&env, &mut retry).await, Claim::Ours);
+        assert_eq!(
+            remember(&env, &store, &retry.answer, ErrorCode::PoolExhausted).await,
+            Some(ScriptReply::Refused(Refusal::new(ErrorCode::SoldOut))),
+            "TTL {ttl}"
+        );
+    }
+    let list = epochs(&env, &store).await;
+    assert_eq!(
+        list[0][1],
+        u64::from(u32::MAX >> 1) + answer::CLOCK_SKEW_S,
+        "{list:?}"
+    );
+}
